@@ -1,0 +1,22 @@
+# ingero: `make demo` runs the GPU-less demo, `make test` runs the tests.
+# Both prepare the machine first (Debian packages, kernel headers for bcc, the venv); as root.
+
+VENV   ?= $(CURDIR)/.venv
+PYTHON := $(VENV)/bin/python
+
+.PHONY: setup demo test lint-man clean
+
+setup:
+	@bash scripts/setup-debian.sh
+
+demo: setup
+	$(PYTHON) -m ingero demo
+
+test: setup
+	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
+
+lint-man:
+	mandoc -T lint -W warning man/*.[1-8]
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,66 @@
+"""fleetd's Prometheus metrics, on a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from .cohorts import CohortState
+
+
+class FleetMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        by_cohort = ["cohort"]
+        self.threshold = Gauge("ingero_fleet_threshold", "Smoothed straggler threshold",
+                               by_cohort, registry=r)
+        self.median = Gauge("ingero_fleet_median", "Median health score of active nodes",
+                            by_cohort, registry=r)
+        self.mad = Gauge("ingero_fleet_mad", "Median absolute deviation of active nodes' scores",
+                         by_cohort, registry=r)
+        self.active = Gauge("ingero_fleet_active_nodes", "Active nodes in the cohort",
+                            by_cohort, registry=r)
+        self.expected = Gauge("ingero_fleet_expected_nodes", "Expected nodes in the cohort",
+                              by_cohort, registry=r)
+        self.coverage_low = Gauge("ingero_fleet_coverage_low",
+                                  "1 when active nodes fall short of the expected count",
+                                  by_cohort, registry=r)
+        self.quorum = Gauge("ingero_fleet_quorum_met", "1 when the cohort has a quorum",
+                            by_cohort, registry=r)
+        self.panic = Gauge("ingero_fleet_panic", "1 when most of the cohort is under the bar",
+                           by_cohort, registry=r)
+        self.stragglers = Gauge("ingero_fleet_stragglers", "Nodes flagged as stragglers",
+                                by_cohort, registry=r)
+        self.frames = Counter("ingero_fleet_frames_received", "Messages received", registry=r)
+        self.rejected = Counter("ingero_fleet_frames_rejected", "Messages dropped as malformed",
+                                ["reason"], registry=r)
+        self.resent = Counter("ingero_fleet_batches_resent",
+                              "Pushes recognised as resends and not counted again", registry=r)
+        self.batches = Counter("ingero_fleet_batches_accepted", "Pushes accepted", registry=r)
+        self.events = Counter("ingero_fleet_events_accepted", "Events accepted", registry=r)
+        self.auth_refused = Counter("ingero_fleet_auth_refused",
+                                    "Connections refused by CURVE authentication", registry=r)
+        self.flagged = Counter("ingero_fleet_straggler_flags", "Straggler verdicts raised",
+                               by_cohort, registry=r)
+        self._cohorts: set[str] = set()
+
+    def publish(self, cohorts: dict[str, CohortState], coverage_alert: float) -> None:
+        gauges = (self.threshold, self.median, self.mad, self.active, self.expected,
+                  self.coverage_low, self.quorum, self.panic, self.stragglers)
+        for gone in self._cohorts - set(cohorts):
+            for gauge in gauges:
+                try:
+                    gauge.remove(gone)
+                except KeyError:
+                    pass
+        for name, c in cohorts.items():
+            for gauge, value in ((self.threshold, c.threshold), (self.median, c.median),
+                                 (self.mad, c.mad), (self.expected, c.expected)):
+                if value is not None:
+                    gauge.labels(name).set(value)
+            self.active.labels(name).set(c.active)
+            coverage = c.coverage
+            self.coverage_low.labels(name).set(coverage is not None and coverage < coverage_alert)
+            self.quorum.labels(name).set(c.quorum_met)
+            self.panic.labels(name).set(c.panic)
+            self.stragglers.labels(name).set(len(c.stragglers))
+        self._cohorts = set(cohorts)

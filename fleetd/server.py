@@ -1,0 +1,222 @@
+"""fleetd's ROUTER loop: check every frame, answer every agent on the socket it pushed on.
+
+One thread owns the socket. Each pass polls with a short timeout, handles what arrived (each
+message type by its own method), recomputes the thresholds when the timer says so, pings the
+systemd watchdog, and acts on the signals the handlers recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import zmq
+from prometheus_client import start_http_server
+
+from ingero import __version__, curve, wire
+from ingero.errors import FrameError
+from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog
+from ingero.sdnotify import Notifier
+
+from .cohorts import Fleet, ThresholdPolicy, cohort_of
+from .metrics import FleetMetrics
+
+log = logging.getLogger("fleetd")
+
+POLL_MS = 100
+DRAIN_BATCH = 1000
+
+
+class FleetServer:
+    def __init__(self, cfg: SimpleNamespace, flags: SignalFlags | None = None,
+                 notifier: Notifier | None = None, clock=time.monotonic):
+        self.cfg = cfg
+        self.flags = flags or SignalFlags()
+        self.notifier = notifier or Notifier()
+        self.watchdog = Watchdog(self.notifier)
+        self.clock = clock
+        self.metrics = FleetMetrics()
+        self.fleet = Fleet(
+            ThresholdPolicy(cfg.k, cfg.ema_alpha, cfg.mad_floor, cfg.quorum, cfg.ttl_multiplier,
+                            cfg.panic_fraction, cfg.coverage_alert),
+            cfg.expected_nodes, cfg.max_nodes)
+        self.bad_frames = RateLimitedLog(log, 10.0)
+        self.context = zmq.Context()
+        self.auth = None
+        self.socket = None
+        self.http = None
+        self.endpoint = None
+        self.metrics_port = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Bind the socket (and the metrics listener); errors here stop the daemon at start."""
+        socket = self.context.socket(zmq.ROUTER)
+        socket.linger = 1000
+        socket.sndhwm = socket.rcvhwm = 10_000
+        socket.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_bytes + 1024)
+        if not self.cfg.insecure_plaintext_zmq:
+            keypair = curve.load_keypair(self.cfg.secret_key)
+            self.auth = curve.FleetAuthenticator(self.context, self._refused)
+            self.auth.start()
+            count = self.auth.load(self.cfg.authorized_keys)
+            log.info("CURVE on: %d authorised agent key(s) in %s", count,
+                     self.cfg.authorized_keys)
+            curve.serve_curve(socket, keypair)
+        else:
+            log.warning("--insecure-plaintext-zmq: agents are neither authenticated nor encrypted")
+        socket.bind(self.cfg.bind)
+        self.socket = socket
+        self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.cfg.metrics_addr is not None:
+            host, port = self.cfg.metrics_addr
+            self.http, _thread = start_http_server(port, host, self.metrics.registry)
+            self.metrics_port = self.http.server_port
+        log.info("listening on %s%s", self.endpoint,
+                 f", metrics on {host}:{self.metrics_port}" if self.http else "")
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+        if self.auth is not None:
+            self.auth.stop()
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        self.context.term()
+
+    def run(self) -> int:
+        """Serve until SIGTERM; then answer what already arrived, and return 0."""
+        self.open()
+        self.notifier.ready(f"listening on {self.endpoint}")
+        next_recompute = self.clock()
+        try:
+            while not self.flags.stop:
+                now = self.clock()
+                if now >= next_recompute:
+                    self.recompute(now)
+                    next_recompute = now + self.cfg.recompute_interval
+                wait = min(POLL_MS, max(0, int((next_recompute - now) * 1000)))
+                if self.socket.poll(wait, zmq.POLLIN):
+                    self.drain()
+                self.watchdog.tick(self.clock())
+                if self.flags.reload:
+                    self.flags.reload = False
+                    self.reload()
+            self.notifier.stopping()
+            self.drain()
+            log.info("stopping: drained; exiting")
+        finally:
+            self.close()
+        return 0
+
+    def reload(self) -> None:
+        if self.auth is None:
+            return
+        try:
+            count = self.auth.load(self.cfg.authorized_keys)
+            log.info("SIGHUP: %d authorised agent key(s) loaded", count)
+        except Exception as exc:  # keep serving with the keys already loaded
+            log.error("SIGHUP: could not reload authorised keys: %s", exc)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def drain(self) -> int:
+        """Handle what is waiting, at most DRAIN_BATCH messages, without blocking."""
+        handled = 0
+        while handled < DRAIN_BATCH:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            handled += 1
+            self.handle(frames[0], frames[1:])
+        return handled
+
+    def handle(self, identity: bytes, frames: list[bytes]) -> None:
+        self.metrics.frames.inc()
+        recv_at = time.time()
+        try:
+            message = wire.decode(frames, self.cfg.max_frame_bytes)
+            handler = self.HANDLERS.get(type(message))
+            if handler is None:
+                raise FrameError(f"{type(message).__name__} is not sent to fleetd",
+                                 "unexpected_type")
+            answer = handler(self, message, recv_at)
+        except FrameError as exc:
+            self.metrics.rejected.labels(exc.reason).inc()
+            self.bad_frames.warning(exc.reason, "dropped a bad frame (%s): %s", exc.reason, exc)
+            return
+        if answer is not None:
+            self.send(identity, answer)
+
+    def send(self, identity: bytes, message: wire.Message) -> None:
+        try:
+            self.socket.send_multipart([identity, *wire.encode(message)], zmq.NOBLOCK)
+        except zmq.Again:
+            self.bad_frames.warning("send", "reply to a slow agent dropped (queue full)")
+
+    def on_hello(self, hello: wire.Hello, recv_at: float) -> wire.Welcome:
+        log.info("hello from node %s (cluster %s, boot %s, capabilities %s)", hello.node,
+                 hello.cluster, hello.boot_id, ",".join(hello.capabilities) or "-")
+        return wire.Welcome(__version__, recv_at, time.time())
+
+    def on_push(self, push: wire.Push, recv_at: float) -> wire.Reply | None:
+        if self.fleet.full(push.node):
+            self.metrics.rejected.labels("too_many_nodes").inc()
+            self.bad_frames.warning("full", "refused node %s: already tracking %d nodes",
+                                    push.node, self.cfg.max_nodes)
+            return None
+        fresh = self.fleet.observe(push, self.clock())
+        if fresh:
+            self.metrics.batches.inc()
+            self.metrics.events.inc(len(push.events))
+        else:
+            self.metrics.resent.inc()
+        cohort = self.fleet.cohorts[cohort_of(push)]
+        return wire.Reply(
+            ack=push.seq, cohort=cohort.name,
+            threshold=cohort.threshold if cohort.computed else None,
+            quorum_met=cohort.quorum_met, panic=cohort.panic,
+            straggler=push.node in cohort.stragglers, recv_at=recv_at, sent_at=time.time(),
+            agent_sent_at=push.sent_at, duplicate=not fresh)
+
+    def on_query(self, query: wire.Query, recv_at: float) -> wire.Status:
+        c = self.fleet.cohorts.get(query.cohort)
+        if c is None:
+            return wire.Status(query.cohort, False, None, None, None, False, False, 0, None, [],
+                               time.time())
+        return wire.Status(c.name, True, c.threshold, c.median, c.mad, c.quorum_met, c.panic,
+                           c.active, c.expected, sorted(c.stragglers), time.time())
+
+    def on_heartbeat(self, beat: wire.Heartbeat, recv_at: float) -> wire.Heartbeat:
+        return wire.Heartbeat(time.time())
+
+    HANDLERS = {wire.Hello: on_hello, wire.Push: on_push, wire.Query: on_query,
+                wire.Heartbeat: on_heartbeat}
+
+    # -- timers --------------------------------------------------------------------------------
+
+    def recompute(self, now: float) -> None:
+        for edge in self.fleet.recompute(now):
+            cohort = self.fleet.cohorts[edge.cohort]
+            if edge.node is None:
+                log.warning("cohort %s %s: %d of %d active nodes under the bar", edge.cohort,
+                            "PANIC (cohort-wide slowdown, no per-node verdicts)"
+                            if edge.raised else "panic cleared",
+                            cohort.under, cohort.active)
+            elif edge.raised:
+                self.metrics.flagged.labels(edge.cohort).inc()
+                node = self.fleet.nodes[edge.node]
+                log.warning("straggler: node %s in %s, score %.3f under threshold %.3f "
+                            "(median %.3f)", edge.node, edge.cohort, node.score,
+                            cohort.threshold, cohort.median)
+            else:
+                log.info("straggler cleared: node %s in %s", edge.node, edge.cohort)
+        self.metrics.publish(self.fleet.cohorts, self.cfg.coverage_alert)
+
+    def _refused(self, why: str) -> None:
+        self.metrics.auth_refused.inc()
+        self.bad_frames.warning("auth", "refused an agent's connection: %s", why)

@@ -1,0 +1,100 @@
+"""Start and stop real ingero daemons as child processes: used by the demo and the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import curve
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result or time.monotonic() >= deadline:
+            return result or None
+        time.sleep(interval)
+
+
+@dataclass
+class KeyRing:
+    """A fleetd key pair, an agents' key pair and the directory that authorises agents."""
+
+    fleet_secret: Path
+    fleet_public: Path
+    agent_secret: Path
+    agent_public: Path
+    authorized: Path
+
+    @classmethod
+    def create(cls, root: Path) -> "KeyRing":
+        fleet_public, fleet_secret = curve.generate(root / "fleet", "fleetd")
+        agent_public, agent_secret = curve.generate(root / "agent", "agent")
+        authorized = root / "authorized"
+        authorized.mkdir(exist_ok=True)
+        (authorized / "agent.key").write_bytes(agent_public.read_bytes())
+        return cls(fleet_secret, fleet_public, agent_secret, agent_public, authorized)
+
+    def fleetd_flags(self) -> list[str]:
+        return ["--secret-key", str(self.fleet_secret), "--authorized-keys", str(self.authorized)]
+
+    def ingerod_flags(self) -> list[str]:
+        return ["--secret-key", str(self.agent_secret),
+                "--fleet-public-key", str(self.fleet_public)]
+
+    def client_keys(self):
+        return curve.load_keypair(self.agent_secret), curve.load_public(self.fleet_public)
+
+
+class Daemon:
+    """One child process with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+    @classmethod
+    def module(cls, name: str, module: str, args: list[str], log_dir: Path, **kw) -> "Daemon":
+        return cls(name, [sys.executable, "-m", module, *args], log_dir, **kw)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait; returns the exit status (killing it if it will not go)."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        """kill -9: no chance to clean up."""
+        self.process.kill()
+        self.process.wait()
+        self._log.close()

@@ -1,0 +1,48 @@
+"""systemd's notify protocol: READY=1, WATCHDOG=1 and STOPPING=1 over ``$NOTIFY_SOCKET``.
+
+Without ``NOTIFY_SOCKET`` (not started by systemd with Type=notify) every call is a no-op.
+A failed send is ignored: telling systemd is never worth stopping a daemon for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class Notifier:
+    def __init__(self, environ: dict[str, str] | None = None):
+        environ = os.environ if environ is None else environ
+        address = environ.get("NOTIFY_SOCKET", "")
+        if address.startswith("@"):
+            address = "\0" + address[1:]
+        self._address = address or None
+        usec = environ.get("WATCHDOG_USEC", "")
+        pid = environ.get("WATCHDOG_PID", "")
+        watched = usec.isdigit() and (not pid or pid == str(os.getpid()))
+        self.watchdog_interval = int(usec) / 2e6 if watched and int(usec) > 0 else None
+        self._socket = None
+        if self._address:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    def notify(self, state: str) -> None:
+        if self._socket is None:
+            return
+        try:
+            self._socket.sendto(state.encode(), self._address)
+        except OSError:
+            pass
+
+    def ready(self, status: str = "") -> None:
+        self.notify("READY=1" + (f"\nSTATUS={status}" if status else ""))
+
+    def watchdog(self) -> None:
+        self.notify("WATCHDOG=1")
+
+    def stopping(self) -> None:
+        self.notify("STOPPING=1")
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None

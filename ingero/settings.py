@@ -1,0 +1,191 @@
+"""Settings: each declared once, feeding the flags, the YAML file, the environment and the man page.
+
+A daemon lists its ``Setting``s in one table. ``load`` layers them: the declared default, then the
+YAML config file, then ``<PREFIX>_<NAME>`` environment variables, then command-line flags. Every
+value passes through the setting's parser, which raises ``ConfigError`` naming the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import click
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    help: str
+    metavar: str = "VALUE"
+    is_flag: bool = False
+    hidden: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+# -- parsers: each takes a YAML value or a string and returns the checked value ----------------
+
+def text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a non-empty string")
+    return value.strip()
+
+
+def optional_text(value: Any) -> str | None:
+    return None if value in (None, "") else text(str(value))
+
+
+def boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def number(lo: float, hi: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        result = float(value)
+        if not lo <= result <= hi:
+            raise ValueError(f"expected a number in [{lo:g}, {hi:g}]")
+        return result
+    return parse
+
+
+def integer(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, float) or isinstance(value, bool):
+            raise ValueError("expected an integer")
+        result = int(value)
+        if not lo <= result <= hi:
+            raise ValueError(f"expected an integer in [{lo}, {hi}]")
+        return result
+    return parse
+
+
+def optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def parse_optional(value: Any) -> Any:
+        return None if value in (None, "", "none") else parse(value)
+    return parse_optional
+
+
+def choice(*options: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return value
+    return parse
+
+
+def path(value: Any) -> Path:
+    return Path(text(str(value))).expanduser()
+
+
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+
+
+def listen_address(value: Any) -> tuple[str, int] | None:
+    """``host:port`` for an HTTP listener, or ``none`` to turn it off."""
+    if value in (None, "", "none"):
+        return None
+    match = _HOST_PORT.match(str(value))
+    if not match or int(match["port"]) > 65535:
+        raise ValueError("expected HOST:PORT or none")
+    return match["host"].strip("[]"), int(match["port"])
+
+
+def zmq_endpoint(value: Any) -> str:
+    endpoint = text(str(value))
+    if not re.match(r"^(tcp|ipc|inproc)://\S+$", endpoint):
+        raise ValueError("expected a ZeroMQ endpoint such as tcp://head:7470")
+    return endpoint
+
+
+def node_counts(value: Any) -> dict[str, int]:
+    """``cluster=N,...`` on the command line, or a mapping in YAML."""
+    if isinstance(value, dict):
+        pairs = value.items()
+    else:
+        pairs = [item.split("=", 1) for item in str(value).split(",") if item.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError("expected CLUSTER=COUNT[,CLUSTER=COUNT...]")
+    return {text(str(k)): integer(1, 1_000_000)(v) for k, v in pairs}
+
+
+def log_level(value: Any) -> str:
+    return choice("debug", "info", "warning", "error")(str(value).lower())
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+def _parse_one(setting: Setting, value: Any, origin: str) -> Any:
+    try:
+        return setting.parse(value)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{setting.name} ({origin}): {value!r}: {exc}") from None
+
+
+def read_yaml(config: Path) -> dict:
+    try:
+        data = yaml.safe_load(config.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {config}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {config} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {config} must hold a mapping of setting names to values")
+    return data
+
+
+def load(table: list[Setting], prefix: str, config: Path | None, flags: dict[str, Any],
+         environ: dict[str, str] | None = None) -> SimpleNamespace:
+    """Layer default, YAML file, environment and flags; ``flags`` holds only the flags given."""
+    environ = os.environ if environ is None else environ
+    by_name = {s.name: s for s in table}
+    values = {s.name: s.parse(s.default) if s.default is not None else None for s in table}
+    if config is not None:
+        data = read_yaml(config)
+        unknown = sorted(set(data) - set(by_name))
+        if unknown:
+            raise ConfigError(f"config file {config}: unknown setting(s): {', '.join(unknown)}")
+        for name, value in data.items():
+            values[name] = _parse_one(by_name[name], value, str(config))
+    for s in table:
+        env_name = f"{prefix}_{s.name.upper()}"
+        if env_name in environ:
+            values[s.name] = _parse_one(s, environ[env_name], env_name)
+    for name, value in flags.items():
+        if value is not None:
+            values[name] = _parse_one(by_name[name], value, by_name[name].flag)
+    return SimpleNamespace(**values)
+
+
+def click_options(table: list[Setting]) -> Callable:
+    """Decorate a click command with one option per setting; unset options arrive as None."""
+    def decorate(command: Callable) -> Callable:
+        for s in reversed(table):
+            default = f" [default: {s.default}]" if s.default not in (None, False, {}) and "[default:" not in s.help else ""
+            if s.is_flag:
+                option = click.option(s.flag, s.name, is_flag=True, default=None,
+                                      help=s.help, hidden=s.hidden)
+            else:
+                option = click.option(s.flag, s.name, default=None, metavar=s.metavar,
+                                      help=s.help + default, hidden=s.hidden)
+            command = option(command)
+        return command
+    return decorate

@@ -1,0 +1,351 @@
+"""The ingero wire protocol between ingerod (a ZeroMQ DEALER) and fleetd (a ROUTER).
+
+Every message is two frames: an 8-byte header and a msgpack body.
+
+    header  = b"INGR" | major (u8) | minor (u8) | type (u8) | reserved (u8, 0)
+    body    = msgpack map, checked field by field against the type's schema
+
+A receiver checks, in order: frame count, total size, magic, major version, message type, that
+the body unpacks within msgpack's own limits, and then every field: presence, type, finite
+numbers, ranges and string lengths. Unknown fields are ignored so that a newer minor version can
+add optional ones. Anything else raises a ``FrameError`` whose ``reason`` labels the counter of
+rejected frames. The protocol is documented in ingero-wire(7).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+import msgpack
+
+from .errors import BadSchema, BadVersion, FrameError, FrameTooLarge
+
+MAGIC = b"INGR"
+MAJOR = 1
+MINOR = 0
+_HEADER = struct.Struct("!4sBBBB")
+HEADER_SIZE = _HEADER.size
+
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_EVENTS = 4096
+MAX_ATTRS = 32
+MAX_TEXT = 256
+MAX_LIST = 64
+STATES = ("calibrating", "active", "idle")
+SIGNALS = ("throughput", "compute", "memory", "cpu")
+
+
+# -- field checks ------------------------------------------------------------------------------
+
+def _fail(name: str, why: str) -> None:
+    raise BadSchema(f"field {name!r}: {why}")
+
+
+def check_text(name: str, value: Any, max_len: int = MAX_TEXT, empty_ok: bool = False) -> str:
+    if not isinstance(value, str):
+        _fail(name, f"expected a string, got {type(value).__name__}")
+    if len(value) > max_len:
+        _fail(name, f"longer than {max_len} characters")
+    if not value and not empty_ok:
+        _fail(name, "empty")
+    return value
+
+
+def check_int(name: str, value: Any, lo: int = 0, hi: int = 2**63 - 1) -> int:
+    if type(value) is not int:
+        _fail(name, f"expected an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        _fail(name, f"{value} outside [{lo}, {hi}]")
+    return value
+
+
+def check_float(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf) -> float:
+    if type(value) not in (int, float):
+        _fail(name, f"expected a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        _fail(name, "not a finite number")
+    if not lo <= value <= hi:
+        _fail(name, f"{value} outside [{lo}, {hi}]")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if type(value) is not bool:
+        _fail(name, f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def check_scalar(name: str, value: Any) -> Any:
+    """An event attribute: a short string, an integer, a finite number, a boolean or nil."""
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is int:
+        return check_int(name, value, -(2**63), 2**64 - 1)
+    if type(value) is float:
+        return check_float(name, value)
+    return check_text(name, value, empty_ok=True)
+
+
+def check_signals(name: str, value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        _fail(name, "expected a map")
+    if set(value) != set(SIGNALS):
+        _fail(name, f"expected exactly the signals {', '.join(SIGNALS)}")
+    return {k: check_float(f"{name}.{k}", value[k], 0.0, 1.0) for k in SIGNALS}
+
+
+def check_event(name: str, value: Any) -> dict[str, Any]:
+    """One traced event: a node-namespaced id, a wall time, a kind and flat attributes."""
+    if not isinstance(value, dict):
+        _fail(name, "expected a map")
+    attrs = value.get("attrs", {})
+    if not isinstance(attrs, dict) or len(attrs) > MAX_ATTRS:
+        _fail(f"{name}.attrs", f"expected a map of at most {MAX_ATTRS} entries")
+    return {
+        "id": check_text(f"{name}.id", value.get("id"), 128),
+        "t": check_float(f"{name}.t", value.get("t"), 0.0),
+        "kind": check_text(f"{name}.kind", value.get("kind"), 64),
+        "attrs": {check_text(f"{name}.attrs key", k, 64): check_scalar(f"{name}.attrs.{k}", v)
+                  for k, v in attrs.items()},
+    }
+
+
+def check_list(name: str, value: Any, item, max_len: int = MAX_LIST) -> list:
+    if not isinstance(value, list):
+        _fail(name, f"expected a list, got {type(value).__name__}")
+    if len(value) > max_len:
+        _fail(name, f"more than {max_len} items")
+    return [item(f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _text_list(name: str, value: Any) -> list[str]:
+    return check_list(name, value, check_text)
+
+
+def _event_list(name: str, value: Any) -> list[dict]:
+    return check_list(name, value, check_event, MAX_EVENTS)
+
+
+def _state(name: str, value: Any) -> str:
+    if value not in STATES:
+        _fail(name, f"expected one of {', '.join(STATES)}")
+    return value
+
+
+def _optional(check):
+    def optional(name: str, value: Any):
+        return None if value is None else check(name, value)
+    return optional
+
+
+def _seconds(name: str, value: Any) -> float:
+    return check_float(name, value, 0.0)
+
+
+def _interval(name: str, value: Any) -> float:
+    return check_float(name, value, 0.001, 3600.0)
+
+
+def _unit(name: str, value: Any) -> float:
+    return check_float(name, value, 0.0, 1.0)
+
+
+def _count(name: str, value: Any) -> int:
+    return check_int(name, value, 0, 10_000_000)
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+@dataclass
+class Message:
+    """Base of the message types; ``TYPE`` is the header's type byte, ``CHECKS`` the schema."""
+
+    TYPE: ClassVar[int] = 0
+    CHECKS: ClassVar[dict[str, Any]] = {}
+
+
+@dataclass
+class Hello(Message):
+    """ingerod introduces itself after every (re)connect."""
+
+    TYPE: ClassVar[int] = 1
+    node: str
+    cluster: str
+    boot_id: str
+    capabilities: list[str] = field(default_factory=list)
+    interval: float = 5.0
+    agent_version: str = ""
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "node": check_text, "cluster": check_text, "boot_id": check_text,
+        "capabilities": _text_list, "interval": _interval,
+        "agent_version": lambda n, v: check_text(n, v, 64, empty_ok=True),
+    }
+
+
+@dataclass
+class Welcome(Message):
+    """fleetd's answer to hello: its version and its clock."""
+
+    TYPE: ClassVar[int] = 2
+    server_version: str
+    recv_at: float
+    sent_at: float
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "server_version": check_text, "recv_at": _seconds, "sent_at": _seconds,
+    }
+
+
+@dataclass
+class Push(Message):
+    """One batch from ingerod: its health score, state and events, numbered per boot."""
+
+    TYPE: ClassVar[int] = 3
+    seq: int
+    node: str
+    cluster: str
+    boot_id: str
+    score: float
+    signals: dict[str, float]
+    state: str
+    sent_at: float
+    interval: float
+    job: str | None = None
+    job_nodes: int | None = None
+    events: list[dict] = field(default_factory=list)
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "seq": lambda n, v: check_int(n, v), "node": check_text, "cluster": check_text,
+        "boot_id": check_text, "score": _unit, "signals": check_signals, "state": _state,
+        "sent_at": _seconds, "interval": _interval, "job": _optional(check_text),
+        "job_nodes": _optional(_count), "events": _event_list,
+    }
+
+
+@dataclass
+class Reply(Message):
+    """fleetd's answer to a push: the ack, the cohort's bar and fleetd's clock."""
+
+    TYPE: ClassVar[int] = 4
+    ack: int
+    cohort: str
+    threshold: float | None
+    quorum_met: bool
+    panic: bool
+    straggler: bool
+    recv_at: float
+    sent_at: float
+    agent_sent_at: float
+    duplicate: bool = False
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "ack": lambda n, v: check_int(n, v), "cohort": check_text,
+        "threshold": _optional(check_float), "quorum_met": check_bool, "panic": check_bool,
+        "straggler": check_bool, "recv_at": _seconds, "sent_at": _seconds,
+        "agent_sent_at": _seconds, "duplicate": check_bool,
+    }
+
+
+@dataclass
+class Query(Message):
+    """Ask fleetd for a cohort's threshold and stragglers without pushing a score."""
+
+    TYPE: ClassVar[int] = 5
+    cohort: str
+    CHECKS: ClassVar[dict[str, Any]] = {"cohort": check_text}
+
+
+@dataclass
+class Status(Message):
+    """fleetd's answer to a query: the cohort's statistics as of its last recompute."""
+
+    TYPE: ClassVar[int] = 6
+    cohort: str
+    known: bool
+    threshold: float | None
+    median: float | None
+    mad: float | None
+    quorum_met: bool
+    panic: bool
+    active_nodes: int
+    expected_nodes: int | None
+    stragglers: list[str]
+    sent_at: float
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "cohort": check_text, "known": check_bool, "threshold": _optional(check_float),
+        "median": _optional(check_float), "mad": _optional(check_float),
+        "quorum_met": check_bool, "panic": check_bool, "active_nodes": _count,
+        "expected_nodes": _optional(_count),
+        "stragglers": lambda n, v: check_list(n, v, check_text, 10_000), "sent_at": _seconds,
+    }
+
+
+@dataclass
+class Heartbeat(Message):
+    """Liveness, both ways, when nothing else has been said for a heartbeat interval."""
+
+    TYPE: ClassVar[int] = 7
+    sent_at: float
+    CHECKS: ClassVar[dict[str, Any]] = {"sent_at": _seconds}
+
+
+MESSAGE_TYPES: dict[int, type[Message]] = {
+    cls.TYPE: cls for cls in (Hello, Welcome, Push, Reply, Query, Status, Heartbeat)
+}
+
+
+# -- framing -----------------------------------------------------------------------------------
+
+def encode(message: Message) -> list[bytes]:
+    """Two frames ready for ``send_multipart``."""
+    header = _HEADER.pack(MAGIC, MAJOR, MINOR, message.TYPE, 0)
+    return [header, msgpack.packb(asdict(message), use_bin_type=True)]
+
+
+def _reject_ext(code: int, data: bytes) -> None:
+    raise BadSchema(f"msgpack extension type {code} is not part of the protocol")
+
+
+def _unpack(body: bytes) -> dict:
+    try:
+        value = msgpack.unpackb(
+            body, raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext,
+            max_str_len=MAX_FRAME_BYTES, max_bin_len=0, max_array_len=MAX_EVENTS * 4,
+            max_map_len=MAX_EVENTS * 4, max_ext_len=0,
+        )
+    except FrameError:
+        raise
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError, UnicodeDecodeError) as exc:
+        raise BadSchema(f"body is not a well-formed msgpack value: {exc}", "bad_msgpack") from None
+    if not isinstance(value, dict):
+        raise BadSchema("body is not a map")
+    return value
+
+
+def decode(frames: list[bytes], max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """Check two frames completely and return the message they carry."""
+    if len(frames) != 2:
+        raise FrameError(f"expected 2 frames, got {len(frames)}", "frame_count")
+    header, body = frames
+    if len(header) + len(body) > max_bytes:
+        raise FrameTooLarge(f"{len(header) + len(body)} bytes exceeds the {max_bytes}-byte limit")
+    if len(header) != HEADER_SIZE:
+        raise FrameError(f"header is {len(header)} bytes, expected {HEADER_SIZE}", "bad_header")
+    magic, major, _minor, kind, _reserved = _HEADER.unpack(header)
+    if magic != MAGIC:
+        raise FrameError("header magic is not INGR", "bad_header")
+    if major != MAJOR:
+        raise BadVersion(f"protocol major version {major}, this end speaks {MAJOR}")
+    cls = MESSAGE_TYPES.get(kind)
+    if cls is None:
+        raise FrameError(f"unknown message type {kind}", "bad_type")
+    values = _unpack(body)
+    checked = {}
+    for f in fields(cls):
+        if f.name in values:
+            checked[f.name] = cls.CHECKS[f.name](f.name, values[f.name])
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise BadSchema(f"field {f.name!r} is missing")
+    return cls(**checked)

@@ -1,0 +1,157 @@
+"""ingerod's main loop: sample, score, judge, push; read fleetd's replies in between.
+
+The loop computes its next push time first, so a slow cycle never drifts the schedule; an error
+in one cycle is logged and that cycle skipped. fleetd being away never stops the loop: the link
+queues, the detector falls back to a cached or local bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from types import SimpleNamespace
+
+from prometheus_client import start_http_server
+
+from ingero import __version__, wire
+from ingero.runtime import SignalFlags, Watchdog
+from ingero.sdnotify import Notifier
+
+from .detection import Detector
+from .health import HealthModel
+from .link import FleetLink
+from .metrics import AgentMetrics
+from .sources import open_source
+
+log = logging.getLogger("ingerod")
+
+MAX_PENDING_EVENTS = wire.MAX_EVENTS * 16
+POLL_CAP = 0.1
+
+
+class Agent:
+    def __init__(self, cfg: SimpleNamespace, flags: SignalFlags | None = None,
+                 notifier: Notifier | None = None, clock=time.monotonic):
+        self.cfg = cfg
+        self.flags = flags or SignalFlags()
+        self.notifier = notifier or Notifier()
+        self.watchdog = Watchdog(self.notifier)
+        self.clock = clock
+        self.boot_id = uuid.uuid4().hex[:16]
+        self.metrics = AgentMetrics()
+        self.health = HealthModel(cfg.warmup)
+        self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
+                                 cfg.local_threshold)
+        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, ["synthetic"]
+                           if cfg.source == "synthetic" else ["ebpf"], cfg.push_interval,
+                           __version__)
+        self.source = open_source(cfg, clock())
+        self.link = FleetLink(cfg, hello, self.metrics, clock)
+        self.seq = 0
+        self.event_seq = 0
+        self.pending_events: deque[dict] = deque()
+        self.mode = "none"
+        self.state = "calibrating"
+        self.http = None
+
+    def run(self) -> int:
+        if self.cfg.metrics_addr is not None:
+            host, port = self.cfg.metrics_addr
+            self.http, _thread = start_http_server(port, host, self.metrics.registry)
+        log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
+                 self.boot_id, self.cfg.fleet, self.cfg.push_interval, self.cfg.source)
+        self.link.tick(self.clock())
+        self.notifier.ready(f"pushing to {self.cfg.fleet}")
+        next_push = self.clock()
+        try:
+            while not self.flags.stop:
+                now = self.clock()
+                if now >= next_push:
+                    next_push = now + self.cfg.push_interval
+                    self.cycle(now)
+                wait = min(POLL_CAP, self.cfg.heartbeat_interval, max(0.0, next_push - now))
+                for message in self.link.poll(wait):
+                    self.on_message(message)
+                now = self.clock()
+                self.link.tick(now)
+                self._mode_change(self.detector.mode(self.state, self.link.reachable(now), now)[0])
+                self.watchdog.tick(now)
+            self.notifier.stopping()
+            self.drain()
+        finally:
+            self.close()
+        return 0
+
+    def cycle(self, now: float) -> None:
+        """One sample: score it, judge it, push it. An error skips this cycle only."""
+        try:
+            sample = self.source.sample(now)
+            assessment = self.health.assess(sample)
+            verdict = self.detector.judge(assessment.score, assessment.state,
+                                          self.link.reachable(now), now)
+        except Exception:
+            log.exception("sampling failed; skipping this cycle")
+            return
+        self.state = assessment.state
+        self._mode_change(verdict.mode)
+        if verdict.edge is not None:
+            log.warning("%s: score %.3f, bar %.3f (%s mode)", verdict.edge, assessment.score,
+                        verdict.bar, verdict.mode)
+            self.add_events([{"kind": verdict.edge, "t": time.time(), "attrs": {
+                "score": assessment.score, "threshold": verdict.bar, "mode": verdict.mode}}])
+        self.add_events(sample.events)
+        self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
+                          verdict.straggler, self.link.reachable(now))
+        self.link.push(self.build_push(assessment))
+        self.metrics.pushed.inc()
+
+    def build_push(self, assessment) -> wire.Push:
+        batch = [self.pending_events.popleft()
+                 for _ in range(min(len(self.pending_events), wire.MAX_EVENTS))]
+        push = wire.Push(self.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
+                         assessment.score, assessment.signals, assessment.state, time.time(),
+                         self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch)
+        self.seq += 1
+        return push
+
+    def add_events(self, events: list[dict]) -> None:
+        """Give each event its node-namespaced id and queue it for the next push."""
+        for event in events:
+            event["id"] = f"{self.cfg.node}:{self.boot_id}:{self.event_seq}"
+            self.event_seq += 1
+            self.pending_events.append(event)
+        while len(self.pending_events) > MAX_PENDING_EVENTS:
+            self.pending_events.popleft()
+            self.metrics.events_dropped.inc()
+
+    def on_message(self, message: wire.Message) -> None:
+        if isinstance(message, wire.Reply):
+            self.detector.heard(message.threshold, message.quorum_met, message.cohort,
+                                self.clock())
+        elif isinstance(message, wire.Welcome):
+            log.info("fleetd %s answered", message.server_version)
+
+    def _mode_change(self, mode: str) -> None:
+        """Noticed on every pass of the loop, not only at push time."""
+        if mode != self.mode:
+            log.info("detection mode: %s -> %s", self.mode, mode)
+            self.mode = mode
+            self.metrics.show_mode(mode)
+
+    def drain(self) -> None:
+        """On SIGTERM: give fleetd up to drain_timeout to acknowledge what is queued."""
+        deadline = self.clock() + self.cfg.drain_timeout
+        while self.link.unacked and self.clock() < deadline:
+            for message in self.link.poll(min(POLL_CAP, deadline - self.clock())):
+                self.on_message(message)
+        left = len(self.link.unacked)
+        log.info("stopping: %s", f"{left} batch(es) unacknowledged" if left else "all acked")
+
+    def close(self) -> None:
+        self.source.close()
+        self.link.close()
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()

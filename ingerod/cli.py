@@ -1,0 +1,45 @@
+"""``ingerod``: the command line. The logic lives in agent.py."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ingero.cli_common import config_option, keygen_command, load_settings
+from ingero.errors import IngeroError
+from ingero.runtime import SignalFlags, setup_logging
+from ingero.settings import click_options
+
+from .agent import Agent
+from .config import DEFAULT_CONFIG, SETTINGS
+
+
+@click.group(invoke_without_command=True, context_settings={"max_content_width": 100},
+             epilog="Example: ingerod --source synthetic --score 0.9 "
+                    "--fleet tcp://head:7470")
+@config_option(DEFAULT_CONFIG)
+@click_options(SETTINGS)
+@click.pass_context
+def main(ctx: click.Context, config: str | None, **flags) -> None:
+    """Per-node ingero agent: scores this node's health and pushes it to fleetd.
+
+    It connects out to fleetd, never listens for it, and keeps going when fleetd is away.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    flags.setdefault("job", None)
+    if flags["job"] is None and os.environ.get("SLURM_JOB_ID"):
+        flags["job"] = os.environ["SLURM_JOB_ID"]
+    if flags["job_nodes"] is None and os.environ.get("SLURM_JOB_NUM_NODES"):
+        flags["job_nodes"] = os.environ["SLURM_JOB_NUM_NODES"]
+    cfg = load_settings(SETTINGS, "INGEROD", config, DEFAULT_CONFIG, flags)
+    setup_logging(cfg.log_level, "ingerod")
+    try:
+        agent = Agent(cfg, SignalFlags().install())
+        ctx.exit(agent.run())
+    except IngeroError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+main.add_command(keygen_command("/etc/ingero/keys", "ingerod", "this agent"))

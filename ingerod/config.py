@@ -1,0 +1,67 @@
+"""Every ingerod setting, declared once: flags, ingerod.yaml, INGEROD_* variables and ingerod(8)."""
+
+import socket
+
+from ingero.settings import (Setting, boolean, choice, integer, listen_address, log_level, number,
+                             optional, optional_text, path, text, zmq_endpoint)
+
+DEFAULT_CONFIG = "/etc/ingero/ingerod.yaml"
+
+SETTINGS = [
+    Setting("fleet", "tcp://127.0.0.1:7470", zmq_endpoint,
+            "fleetd's ZeroMQ endpoint; ingerod connects out and never listens.", "ENDPOINT"),
+    Setting("node", socket.gethostname(), text, "This node's name [default: the host name].",
+            "NAME"),
+    Setting("cluster", "default", text, "Cluster name; the cohort when no job is named.",
+            "NAME"),
+    Setting("job", None, optional_text,
+            "Slurm job id this agent reports for; its cohort on fleetd [default: $SLURM_JOB_ID].",
+            "JOBID"),
+    Setting("job_nodes", None, optional(integer(1, 1_000_000)),
+            "Nodes in the job, for fleetd's coverage [default: $SLURM_JOB_NUM_NODES].", "N"),
+    Setting("source", "ebpf", choice("ebpf", "synthetic"),
+            "Where the health signals come from: ebpf (trace the job) or synthetic (--score, "
+            "--score-file, --script; for tests and demos).", "SOURCE"),
+    Setting("score", 0.9, number(0.0, 1.0),
+            "synthetic: the fixed score reported (all four signals at this value).", "SCORE"),
+    Setting("score_file", None, optional(path),
+            "synthetic: re-read the score from this file at every sample.", "FILE"),
+    Setting("script", None, optional_text,
+            "synthetic: scores over time, SECONDS:SCORE[,SECONDS:SCORE...]; 'idle' as a score "
+            "reports no job.", "SCRIPT"),
+    Setting("push_interval", 5.0, number(0.05, 600.0),
+            "Seconds between pushes (and health samples).", "SECONDS"),
+    Setting("heartbeat_interval", 1.0, number(0.01, 60.0),
+            "Seconds of silence before a heartbeat is sent.", "SECONDS"),
+    Setting("liveness", 3, integer(1, 100),
+            "Heartbeat intervals without word from fleetd before it counts as unreachable "
+            "and the socket is replaced.", "N"),
+    Setting("reconnect_max", 30.0, number(0.05, 3600.0),
+            "Cap of the reconnect backoff, in seconds.", "SECONDS"),
+    Setting("max_unacked", 64, integer(1, 100_000),
+            "Unacknowledged batches kept for resending; beyond it the oldest is dropped and "
+            "counted.", "N"),
+    Setting("warmup", 6, integer(0, 10_000),
+            "Samples spent calibrating before the score counts.", "N"),
+    Setting("hysteresis", 0.02, number(0.0, 0.5),
+            "Margin around the bar before the straggler state flips.", "MARGIN"),
+    Setting("fleet_fresh", 20.0, number(0.1, 3600.0),
+            "A threshold younger than this (from a reachable fleetd) is used in fleet mode.",
+            "SECONDS"),
+    Setting("fleet_cached", 300.0, number(0.1, 86400.0),
+            "A threshold younger than this is still used, in fleet-cached mode.", "SECONDS"),
+    Setting("local_threshold", 0.85, number(0.0, 1.0),
+            "The bar in local-baseline mode, when no fleet threshold is usable.", "SCORE"),
+    Setting("secret_key", "/etc/ingero/keys/ingerod.key_secret", path,
+            "This agent's CURVE secret key file (create it with 'ingerod keygen').", "FILE"),
+    Setting("fleet_public_key", "/etc/ingero/keys/fleetd.key", path,
+            "fleetd's public key file.", "FILE"),
+    Setting("insecure_plaintext_zmq", False, boolean,
+            "Talk to fleetd without CURVE: no encryption, and fleetd cannot tell who pushes.",
+            is_flag=True),
+    Setting("metrics_addr", "127.0.0.1:9471", listen_address,
+            "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
+    Setting("drain_timeout", 2.0, number(0.0, 60.0),
+            "On SIGTERM, seconds to wait for fleetd to acknowledge what is queued.", "SECONDS"),
+    Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
+]

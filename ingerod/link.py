@@ -1,0 +1,176 @@
+"""The agent's link to fleetd: a DEALER socket that treats its server as possibly gone.
+
+Every push stays in a bounded queue until fleetd acknowledges its sequence number; after a
+reconnect the queue is sent again, in order (fleetd recognises resends by node, boot id and
+sequence). Liveness: any word from fleetd resets it; after ``liveness`` heartbeat intervals of
+silence fleetd counts as unreachable and the socket is replaced by a fresh one, with a capped
+exponential backoff between replacements. Nothing here blocks: sends use NOBLOCK and polls
+have a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ingero import curve, wire
+from ingero.errors import FrameError
+from ingero.runtime import RateLimitedLog
+
+log = logging.getLogger("ingerod")
+
+MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+             | zmq.EVENT_DISCONNECTED)
+
+
+class FleetLink:
+    def __init__(self, cfg: SimpleNamespace, hello: wire.Hello, metrics, clock=time.monotonic):
+        self.cfg = cfg
+        self.hello = hello
+        self.metrics = metrics
+        self.clock = clock
+        self.context = zmq.Context()
+        self.keys = None
+        if not cfg.insecure_plaintext_zmq:
+            self.keys = (curve.load_keypair(cfg.secret_key), curve.load_public(cfg.fleet_public_key))
+        self.unacked: OrderedDict[int, list[bytes]] = OrderedDict()
+        self.socket = None
+        self.monitor = None
+        self.poller = None
+        self.last_heard = None
+        self.last_sent = 0.0
+        self.backoff = cfg.heartbeat_interval * cfg.liveness
+        self.next_reconnect = 0.0
+        self.complaints = RateLimitedLog(log, 30.0)
+
+    # -- socket lifecycle ----------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """A fresh socket; say hello and send every unacknowledged batch again, in order."""
+        self._close_socket()
+        socket = self.context.socket(zmq.DEALER)
+        socket.linger = 0
+        socket.sndhwm = max(1000, self.cfg.max_unacked * 2)
+        socket.reconnect_ivl = 100
+        socket.reconnect_ivl_max = int(self.cfg.reconnect_max * 1000)
+        if self.keys is not None:
+            keypair, server_public = self.keys
+            curve.connect_curve(socket, keypair, server_public)
+        self.monitor = socket.get_monitor_socket(MONITORED)
+        socket.connect(self.cfg.fleet)
+        self.socket = socket
+        self.poller = zmq.Poller()
+        self.poller.register(socket, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self._send(wire.encode(self.hello))
+        for frames in self.unacked.values():
+            self._send(frames)
+        self.metrics.resent.inc(len(self.unacked))
+
+    def _close_socket(self) -> None:
+        if self.socket is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
+            self.socket.close(linger=0)
+            self.socket = self.monitor = None
+
+    def close(self) -> None:
+        self._close_socket()
+        self.context.term()
+
+    # -- traffic -------------------------------------------------------------------------------
+
+    def reachable(self, now: float) -> bool:
+        return self.last_heard is not None and \
+            now - self.last_heard <= self.cfg.heartbeat_interval * self.cfg.liveness
+
+    def push(self, push: wire.Push) -> None:
+        """Queue a batch (dropping the oldest beyond the bound) and send it."""
+        frames = wire.encode(push)
+        self.unacked[push.seq] = frames
+        while len(self.unacked) > self.cfg.max_unacked:
+            self.unacked.popitem(last=False)
+            self.metrics.dropped.inc()
+        self.metrics.queue_depth.set(len(self.unacked))
+        self._send(frames)
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK)
+            self.last_sent = self.clock()
+        except zmq.Again:
+            self.complaints.warning("send", "fleetd link is backed up; the batch waits for "
+                                    "the next reconnect")
+
+    def poll(self, timeout: float) -> list[wire.Message]:
+        """Messages from fleetd within ``timeout`` seconds; acks drop batches from the queue."""
+        received = []
+        for sock, _event in self.poller.poll(max(0, int(timeout * 1000))):
+            if sock is self.monitor:
+                self._on_monitor_event()
+                continue
+            while True:
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                message = self._decode(frames)
+                if message is not None:
+                    received.append(message)
+        return received
+
+    def _decode(self, frames: list[bytes]) -> wire.Message | None:
+        try:
+            message = wire.decode(frames)
+        except FrameError as exc:
+            self.metrics.rejected.inc()
+            self.complaints.warning("frame", "dropped a bad frame from fleetd: %s", exc)
+            return None
+        self.last_heard = self.clock()
+        self.backoff = self.cfg.heartbeat_interval * self.cfg.liveness
+        if isinstance(message, wire.Reply):
+            self.unacked.pop(message.ack, None)
+            self.metrics.queue_depth.set(len(self.unacked))
+        return message
+
+    def _on_monitor_event(self) -> None:
+        try:
+            event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.metrics.auth_failures.inc()
+            self.complaints.warning("auth", "fleetd at %s refused this agent's key (add %s's "
+                                    "public key to fleetd's authorised keys)", self.cfg.fleet,
+                                    self.hello.node)
+        elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            self.metrics.auth_failures.inc()
+            self.complaints.warning("handshake", "handshake with fleetd at %s failed: are both "
+                                    "ends using CURVE (or both --insecure-plaintext-zmq), with "
+                                    "fleetd's right public key?", self.cfg.fleet)
+        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            log.debug("connected to fleetd at %s", self.cfg.fleet)
+
+    def tick(self, now: float) -> None:
+        """Heartbeat when quiet; replace the socket when fleetd has been silent too long."""
+        if self.socket is None:
+            self.connect()
+            self.next_reconnect = now + self.backoff
+            return
+        if now - self.last_sent >= self.cfg.heartbeat_interval:
+            self._send(wire.encode(wire.Heartbeat(time.time())))
+        if not self.reachable(now) and now >= self.next_reconnect:
+            if self.last_heard is not None:
+                self.complaints.warning("silent", "fleetd at %s silent for %.1fs; reconnecting",
+                                        self.cfg.fleet, now - self.last_heard)
+            self.metrics.reconnects.inc()
+            self.connect()
+            self.next_reconnect = now + self.backoff
+            self.backoff = min(self.backoff * 2, self.cfg.reconnect_max)

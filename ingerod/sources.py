@@ -1,0 +1,79 @@
+"""Signal sources: where a node's health signals and events come from.
+
+Every source has ``sample(now) -> Sample`` and ``close()``. ``synthetic`` reports scores it is
+told (fixed, re-read from a file, or scripted over time) for tests and demos; ``ebpf`` traces
+the training job's NCCL and CUDA calls and its host.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+from ingero.errors import ConfigError
+
+from .health import WEIGHTS, Sample
+
+log = logging.getLogger("ingerod")
+
+
+def parse_script(script: str) -> list[tuple[float, float | None]]:
+    """``"0:0.9,30:0.4,60:idle"`` → [(0, 0.9), (30, 0.4), (60, None)], sorted by time."""
+    steps = []
+    for item in script.split(","):
+        at, _, value = item.strip().partition(":")
+        try:
+            seconds = float(at)
+            score = None if value.strip() == "idle" else float(value)
+        except ValueError:
+            raise ConfigError(f"script step {item!r}: expected SECONDS:SCORE or SECONDS:idle") \
+                from None
+        if seconds < 0 or (score is not None and not 0.0 <= score <= 1.0):
+            raise ConfigError(f"script step {item!r}: seconds must be >= 0, score in [0, 1]")
+        steps.append((seconds, score))
+    return sorted(steps)
+
+
+class SyntheticSource:
+    """Reports a score it is told, with all four signals at that value."""
+
+    name = "synthetic"
+
+    def __init__(self, score: float, score_file: Path | None = None, script: str | None = None,
+                 started: float = 0.0):
+        self.score = score
+        self.score_file = score_file
+        self.steps = parse_script(script) if script else []
+        self.started = started
+
+    def current(self, now: float) -> float | None:
+        if self.score_file is not None:
+            try:
+                return float(self.score_file.read_text().strip())
+            except (OSError, ValueError) as exc:
+                log.debug("score file %s unusable (%s); keeping %.3f", self.score_file, exc,
+                          self.score)
+                return self.score
+        score = self.score
+        for at, value in self.steps:
+            if now - self.started >= at:
+                score = value
+        return score
+
+    def sample(self, now: float) -> Sample:
+        score = self.current(now)
+        if score is None:
+            return Sample({name: 1.0 for name in WEIGHTS}, busy=False)
+        self.score = min(1.0, max(0.0, score))
+        return Sample({name: self.score for name in WEIGHTS})
+
+    def close(self) -> None:
+        pass
+
+
+def open_source(cfg: SimpleNamespace, now: float):
+    if cfg.source == "synthetic":
+        return SyntheticSource(cfg.score, cfg.score_file, cfg.script, now)
+    raise ConfigError("the ebpf source is not part of this build yet; run with "
+                      "--source synthetic (tracing NCCL and CUDA with bcc is the next milestone)")
