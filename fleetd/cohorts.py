@@ -118,8 +118,8 @@ class Fleet:
     def full(self, node: str) -> bool:
         return node not in self.nodes and len(self.nodes) >= self.max_nodes
 
-    def observe(self, push: Push, now: float) -> bool:
-        """Record a push; returns False when it is a resend already accepted."""
+    def observe(self, push: Push, now: float) -> tuple[bool, CohortState]:
+        """Record a push; returns whether it is new (not a resend) and the node's cohort."""
         window = self.windows.setdefault((push.node, push.boot_id), SeqWindow())
         fresh = window.accept(push.seq)
         node = self.nodes.get(push.node)
@@ -135,8 +135,7 @@ class Fleet:
             node.cluster = push.cluster
             node.score, node.state, node.interval = push.score, push.state, push.interval
             node.expected_nodes = push.job_nodes
-        self.cohorts.setdefault(node.cohort, CohortState(node.cohort))
-        return fresh
+        return fresh, self.cohorts.setdefault(node.cohort, CohortState(node.cohort))
 
     def expire(self, now: float) -> list[str]:
         gone = [n.node for n in self.nodes.values()

@@ -31,6 +31,8 @@ class FleetMetrics:
         self.stragglers = Gauge("ingero_fleet_stragglers", "Nodes flagged as stragglers",
                                 by_cohort, registry=r)
         self.frames = Counter("ingero_fleet_frames_received", "Messages received", registry=r)
+        self.messages = Counter("ingero_fleet_messages", "Well-formed messages handled, by type",
+                                ["type"], registry=r)
         self.rejected = Counter("ingero_fleet_frames_rejected", "Messages dropped as malformed",
                                 ["reason"], registry=r)
         self.resent = Counter("ingero_fleet_batches_resent",

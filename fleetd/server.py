@@ -19,7 +19,7 @@ from ingero.errors import FrameError
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog
 from ingero.sdnotify import Notifier
 
-from .cohorts import Fleet, ThresholdPolicy, cohort_of
+from .cohorts import Fleet, ThresholdPolicy
 from .metrics import FleetMetrics
 
 log = logging.getLogger("fleetd")
@@ -145,9 +145,14 @@ class FleetServer:
                 raise FrameError(f"{type(message).__name__} is not sent to fleetd",
                                  "unexpected_type")
             answer = handler(self, message, recv_at)
+            self.metrics.messages.labels(type(message).__name__.lower()).inc()
         except FrameError as exc:
             self.metrics.rejected.labels(exc.reason).inc()
             self.bad_frames.warning(exc.reason, "dropped a bad frame (%s): %s", exc.reason, exc)
+            return
+        except Exception:  # a bug must cost one message, never the daemon
+            self.metrics.rejected.labels("internal_error").inc()
+            log.exception("internal error handling a message; dropped it")
             return
         if answer is not None:
             self.send(identity, answer)
@@ -163,19 +168,18 @@ class FleetServer:
                  hello.cluster, hello.boot_id, ",".join(hello.capabilities) or "-")
         return wire.Welcome(__version__, recv_at, time.time())
 
-    def on_push(self, push: wire.Push, recv_at: float) -> wire.Reply | None:
+    def on_push(self, push: wire.Push, recv_at: float) -> wire.Reply:
         if self.fleet.full(push.node):
-            self.metrics.rejected.labels("too_many_nodes").inc()
-            self.bad_frames.warning("full", "refused node %s: already tracking %d nodes",
-                                    push.node, self.cfg.max_nodes)
-            return None
-        fresh = self.fleet.observe(push, self.clock())
+            raise FrameError(f"refused node {push.node}: already tracking {self.cfg.max_nodes} "
+                             "nodes", "too_many_nodes")
+        fresh, cohort = self.fleet.observe(push, self.clock())
         if fresh:
             self.metrics.batches.inc()
             self.metrics.events.inc(len(push.events))
+            log.debug("accepted push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         else:
             self.metrics.resent.inc()
-        cohort = self.fleet.cohorts[cohort_of(push)]
+            log.debug("resend push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         return wire.Reply(
             ack=push.seq, cohort=cohort.name,
             threshold=cohort.threshold if cohort.computed else None,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import fleetclient
-from .launch import Daemon, KeyRing, free_port, wait_for
+from .launch import Daemon, KeyRing, free_port, stop_all, wait_for
 
 COHORT = "cluster:demo"
 
@@ -42,7 +42,7 @@ def run(nodes: int, interval: float, healthy: float, slow: float, say) -> int:
         try:
             return _story(root, names, endpoint, keys, interval, slow, say)
         finally:
-            codes = [d.stop() for d in reversed(daemons)]
+            codes = stop_all(daemons[1:]) + stop_all(daemons[:1])
             say(f"stopped {len(codes)} daemons with SIGTERM; exit codes: "
                 f"{', '.join(sorted(set(map(str, codes))))}")
 

@@ -63,8 +63,10 @@ class KeyRing:
 class Daemon:
     """One child process with its output in a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict | None = None):
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict | None = None,
+                 module: str | None = None):
         self.name = name
+        self.module = module
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")
@@ -73,7 +75,7 @@ class Daemon:
 
     @classmethod
     def module(cls, name: str, module: str, args: list[str], log_dir: Path, **kw) -> "Daemon":
-        return cls(name, [sys.executable, "-m", module, *args], log_dir, **kw)
+        return cls(name, [sys.executable, "-m", module, *args], log_dir, module=module, **kw)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -93,8 +95,19 @@ class Daemon:
         finally:
             self._log.close()
 
+    def terminate(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+
     def kill(self) -> None:
         """kill -9: no chance to clean up."""
         self.process.kill()
         self.process.wait()
         self._log.close()
+
+
+def stop_all(daemons: list[Daemon], timeout: float = 10.0) -> list[int]:
+    """SIGTERM every daemon at once, then collect the exit statuses in order."""
+    for daemon in daemons:
+        daemon.terminate()
+    return [daemon.stop(timeout) for daemon in daemons]

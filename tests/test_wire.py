@@ -1,0 +1,139 @@
+"""The wire protocol: every message type round-trips; every kind of bad frame is named."""
+
+import math
+
+import msgpack
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ingero import wire
+from ingero.errors import BadSchema, BadVersion, FrameError, FrameTooLarge
+
+SIGNALS = {"throughput": 0.9, "compute": 0.8, "memory": 0.7, "cpu": 1.0}
+
+
+def push(**over):
+    fields = dict(seq=3, node="n1", cluster="c", boot_id="b", score=0.9, signals=SIGNALS,
+                  state="active", sent_at=1.7e9, interval=5.0, job="42", job_nodes=2,
+                  events=[{"id": "n1:b:0", "t": 1.7e9, "kind": "straggler",
+                           "attrs": {"score": 0.4, "mode": "fleet", "n": 3, "ok": True,
+                                     "none": None}}])
+    fields.update(over)
+    return wire.Push(**fields)
+
+
+EXAMPLES = [
+    wire.Hello("n1", "c", "b", ["synthetic"], 5.0, "0.1.0"),
+    wire.Welcome("0.1.0", 1.0, 2.0),
+    push(),
+    wire.Reply(3, "job:42", 0.87, True, False, False, 1.0, 2.0, 0.5),
+    wire.Reply(3, "job:42", None, False, False, False, 1.0, 2.0, 0.5, duplicate=True),
+    wire.Query("job:42"),
+    wire.Status("job:42", True, 0.87, 0.9, 0.01, True, False, 20, 20, ["n7"], 3.0),
+    wire.Heartbeat(1.0),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(message):
+    frames = wire.encode(message)
+    assert len(frames[0]) == wire.HEADER_SIZE
+    assert wire.decode(frames) == message
+
+
+def test_optional_fields_may_be_left_out():
+    header, body = wire.encode(push())
+    values = msgpack.unpackb(body)
+    del values["job"], values["job_nodes"], values["events"]
+    decoded = wire.decode([header, msgpack.packb(values)])
+    assert decoded.job is None and decoded.events == []
+
+
+def test_unknown_fields_are_ignored_for_newer_minor_versions():
+    header, body = wire.encode(wire.Heartbeat(1.0))
+    values = msgpack.unpackb(body)
+    values["added_in_1_1"] = [1, 2, 3]
+    assert wire.decode([header, msgpack.packb(values)]) == wire.Heartbeat(1.0)
+
+
+def reencode(message, **changes):
+    header, body = wire.encode(message)
+    values = msgpack.unpackb(body)
+    values.update(changes)
+    return [header, msgpack.packb(values, use_bin_type=True)]
+
+
+@pytest.mark.parametrize("frames, error, reason", [
+    ([b"x"], FrameError, "frame_count"),
+    ([b"a", b"b", b"c"], FrameError, "frame_count"),
+    ([b"INGR", b"\x80"], FrameError, "bad_header"),
+    ([b"XXXX\x01\x00\x07\x00", b"\x80"], FrameError, "bad_header"),
+    ([b"INGR\x02\x00\x07\x00", b"\x80"], BadVersion, "bad_version"),
+    ([b"INGR\x01\x00\x63\x00", b"\x80"], FrameError, "bad_type"),
+    ([b"INGR\x01\x00\x07\x00", b"\xc1"], BadSchema, "bad_msgpack"),
+    ([b"INGR\x01\x00\x07\x00", b"\x93\x01\x02\x03"], BadSchema, "bad_schema"),
+    ([b"INGR\x01\x00\x07\x00", msgpack.packb({"sent_at": 1.0}) + b"\x00"], BadSchema,
+     "bad_msgpack"),
+    ([b"INGR\x01\x00\x07\x00", b"\x81\xa7sent_at\xc7\x01\x05\x00"], BadSchema, "bad_msgpack"),
+])
+def test_bad_frames_are_named(frames, error, reason):
+    with pytest.raises(error) as caught:
+        wire.decode(frames)
+    assert caught.value.reason == reason
+
+
+def test_size_limit_is_checked_before_parsing():
+    header, body = wire.encode(push())
+    with pytest.raises(FrameTooLarge):
+        wire.decode([header, body], max_bytes=len(body))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("score", math.nan), ("score", math.inf), ("score", 1.5), ("score", -0.1), ("score", "0.9"),
+    ("seq", -1), ("seq", 1.0), ("seq", True), ("node", ""), ("node", "x" * 257), ("node", 7),
+    ("state", "sleeping"), ("signals", {"throughput": 1.0}),
+    ("signals", {**SIGNALS, "throughput": 2.0}), ("interval", 0), ("job_nodes", -2),
+    ("events", [{"id": "x", "t": 1.0}]), ("events", "none"),
+    ("events", [{"id": "x", "t": 1.0, "kind": "k", "attrs": {"a": [1, 2]}}]),
+    ("events", [{"id": "x", "t": math.nan, "kind": "k"}]),
+    ("events", [{"id": "x", "t": 1.0, "kind": "k", "attrs": {str(i): i for i in range(40)}}]),
+    ("events", [{"id": "x", "t": 1.0, "kind": "k"}] * (wire.MAX_EVENTS + 1)),
+])
+def test_field_checks(field, value):
+    with pytest.raises(BadSchema):
+        wire.decode(reencode(push(), **{field: value}))
+
+
+def test_missing_required_field():
+    header, body = wire.encode(push())
+    values = msgpack.unpackb(body)
+    del values["boot_id"]
+    with pytest.raises(BadSchema, match="boot_id"):
+        wire.decode([header, msgpack.packb(values)])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=0, max_size=4))
+def test_arbitrary_bytes_raise_only_frame_errors(frames):
+    try:
+        wire.decode(frames)
+    except FrameError:
+        pass
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=20),
+                    st.binary(max_size=20))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(EXAMPLES), st.dictionaries(st.text(max_size=12), values, max_size=6))
+def test_mutated_bodies_raise_only_frame_errors(message, changes):
+    frames = reencode(message, **changes)
+    try:
+        decoded = wire.decode(frames)
+    except FrameError:
+        return
+    assert type(decoded) is type(message)
