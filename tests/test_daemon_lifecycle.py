@@ -1,0 +1,63 @@
+"""systemd readiness and watchdog over a real NOTIFY_SOCKET; SIGTERM drains and exits 0."""
+
+import socket
+import time
+
+import pytest
+
+from ingero.launch import wait_for
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.1)
+    yield path, sock
+    sock.close()
+
+
+def received(sock) -> list[str]:
+    messages = []
+    while True:
+        try:
+            messages += sock.recv(4096).decode().splitlines()
+        except (socket.timeout, BlockingIOError):
+            return messages
+
+
+def lifecycle(spawn, name, module, args, notify_socket):
+    path, sock = notify_socket
+    daemon = spawn(name, module, args, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
+    seen = []
+    assert wait_for(lambda: (seen.extend(received(sock)) or "READY=1" in seen), 20), daemon.log()
+    time.sleep(0.7)
+    seen += received(sock)
+    assert seen.count("WATCHDOG=1") >= 2, seen
+    assert daemon.stop() == 0, daemon.log()
+    seen += received(sock)
+    assert seen.index("READY=1") < seen.index("STOPPING=1")
+    return daemon
+
+
+def test_fleetd_notifies_and_stops_cleanly(spawn, keys, endpoint, notify_socket):
+    daemon = lifecycle(spawn, "fleetd", "fleetd", ["--bind", endpoint, "--metrics-addr", "none",
+                                                   *keys.fleetd_flags()], notify_socket)
+    assert "drained; exiting" in daemon.log()
+
+
+def test_ingerod_notifies_and_drains_on_sigterm(spawn, keys, endpoint, notify_socket):
+    spawn("fleetd", "fleetd", ["--bind", endpoint, "--metrics-addr", "none",
+                               *keys.fleetd_flags()])
+    daemon = lifecycle(spawn, "ingerod", "ingerod", [
+        "--source", "synthetic", "--fleet", endpoint, "--push-interval", "0.2",
+        "--metrics-addr", "none", *keys.ingerod_flags()], notify_socket)
+    assert "stopping: all acked" in daemon.log()
+
+
+def test_without_notify_socket_nothing_is_sent(spawn, keys, endpoint):
+    daemon = spawn("fleetd", "fleetd", ["--bind", endpoint, "--metrics-addr", "none",
+                                        *keys.fleetd_flags()])
+    assert wait_for(lambda: "listening on" in daemon.log(), 20)
+    assert daemon.stop() == 0

@@ -1,0 +1,75 @@
+"""Settings layer default < YAML < environment < flags; bad input gets a clear error."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import SETTINGS as FLEETD
+from ingero.errors import ConfigError
+from ingero.settings import load
+from ingerod.config import SETTINGS as INGEROD
+
+
+def test_layering(tmp_path):
+    config = tmp_path / "fleetd.yaml"
+    config.write_text("quorum: 7\nk: 3\nexpected_nodes: {a: 4}\n")
+    cfg = load(FLEETD, "FLEETD", config, {"k": "2.5"}, {"FLEETD_QUORUM": "9"})
+    assert (cfg.quorum, cfg.k, cfg.expected_nodes) == (9, 2.5, {"a": 4})
+    assert cfg.ema_alpha == 0.2
+
+
+@pytest.mark.parametrize("text, message", [
+    ("quorum: [1\n", "not valid YAML"),
+    ("- a\n- b\n", "must hold a mapping"),
+    ("qourum: 5\n", "unknown setting(s): qourum"),
+    ("quorum: 0\n", "quorum"),
+    ("k: lots\n", "k"),
+    ("bind: localhost:7470\n", "ZeroMQ endpoint"),
+    ("metrics_addr: nowhere\n", "HOST:PORT"),
+])
+def test_bad_config_files(tmp_path, text, message):
+    config = tmp_path / "fleetd.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(FLEETD, "FLEETD", config, {}, {})
+
+
+def test_bad_flag_and_environment():
+    with pytest.raises(ConfigError, match="--push-interval"):
+        load(INGEROD, "INGEROD", None, {"push_interval": "-1"}, {})
+    with pytest.raises(ConfigError, match="INGEROD_SOURCE"):
+        load(INGEROD, "INGEROD", None, {}, {"INGEROD_SOURCE": "gpu"})
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_daemons_turn_config_errors_into_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("quorum: -3\n")
+    result = run("fleetd", "--config", str(bad))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: quorum")
+    missing = run("ingerod", "--config", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 1 and "cannot read config file" in missing.stderr
+
+
+def test_ebpf_source_is_refused_honestly_until_it_exists(tmp_path):
+    result = run("ingerod", "--insecure-plaintext-zmq", "--metrics-addr", "none")
+    assert result.returncode == 1 and "ebpf source is not part of this build" in result.stderr
+
+
+MAN = Path(__file__).resolve().parent.parent / "man"
+
+
+@pytest.mark.parametrize("page, table", [("fleetd.8", FLEETD), ("ingerod.8", INGEROD)])
+def test_every_setting_is_in_its_man_page(page, table):
+    text = (MAN / page).read_text().replace("\\-", "-")
+    undocumented = [s.flag for s in table if s.flag not in text]
+    assert not undocumented, f"{page} does not document {undocumented}"
+    config = (MAN / "ingero.yaml.5").read_text().replace("\\_", "_")
+    assert not [s.name for s in table if s.name not in config]
