@@ -47,7 +47,6 @@ class FleetServer:
         self.socket = None
         self.http = None
         self.endpoint = None
-        self.metrics_port = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -70,12 +69,12 @@ class FleetServer:
         socket.bind(self.cfg.bind)
         self.socket = socket
         self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        where = ""
         if self.cfg.metrics_addr is not None:
             host, port = self.cfg.metrics_addr
             self.http, _thread = start_http_server(port, host, self.metrics.registry)
-            self.metrics_port = self.http.server_port
-        log.info("listening on %s%s", self.endpoint,
-                 f", metrics on {host}:{self.metrics_port}" if self.http else "")
+            where = f", metrics on {host}:{self.http.server_port}"
+        log.info("listening on %s%s", self.endpoint, where)
 
     def close(self) -> None:
         if self.socket is not None:

@@ -70,11 +70,20 @@ def threshold_command(fleet, cohort, secret_key, fleet_public_key, insecure_plai
     elif not status.known:
         raise click.ClickException(f"fleetd knows no cohort {cohort!r}")
     else:
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        click.echo(f"cohort      {status.cohort}\nthreshold   {fmt(status.threshold)}\n"
-                   f"median      {fmt(status.median)}\nmad         {fmt(status.mad)}\n"
-                   f"active      {status.active_nodes}"
-                   f"{'' if status.expected_nodes is None else f' of {status.expected_nodes}'}\n"
-                   f"quorum      {'met' if status.quorum_met else 'NOT met'}\n"
-                   f"panic       {'YES' if status.panic else 'no'}\n"
-                   f"stragglers  {', '.join(status.stragglers) or 'none'}")
+        click.echo(describe(status))
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def describe(status) -> str:
+    active = str(status.active_nodes)
+    if status.expected_nodes is not None:
+        active += f" of {status.expected_nodes}"
+    rows = [("cohort", status.cohort), ("threshold", _number(status.threshold)),
+            ("median", _number(status.median)), ("mad", _number(status.mad)),
+            ("active", active), ("quorum", "met" if status.quorum_met else "NOT met"),
+            ("panic", "YES" if status.panic else "no"),
+            ("stragglers", ", ".join(status.stragglers) or "none")]
+    return "\n".join(f"{name:<11} {value}" for name, value in rows)

@@ -44,9 +44,8 @@ class Agent:
         self.health = HealthModel(cfg.warmup)
         self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
                                  cfg.local_threshold)
-        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, ["synthetic"]
-                           if cfg.source == "synthetic" else ["ebpf"], cfg.push_interval,
-                           __version__)
+        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [cfg.source],
+                           cfg.push_interval, __version__)
         self.source = open_source(cfg, clock())
         self.link = FleetLink(cfg, hello, self.metrics, clock)
         self.seq = 0

@@ -33,6 +33,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        reason = str(reason).removeprefix("Skipped: ")
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where every test must run: {reason}"
 

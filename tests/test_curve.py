@@ -77,3 +77,18 @@ def test_keygen_refuses_to_overwrite(tmp_path):
     assert first.returncode == 0 and (tmp_path / "f.key_secret").stat().st_mode & 0o077 == 0
     again = run("fleetd", "keygen", "--dir", str(tmp_path), "--name", "f")
     assert again.returncode != 0 and "--force" in again.stderr
+
+
+def test_sighup_rereads_the_authorised_keys(spawn, keys, endpoint, tmp_path):
+    import signal
+
+    fleet_port, late_port = free_port(), free_port()
+    server = fleetd(spawn, endpoint, fleet_port, *keys.fleetd_flags())
+    late_public, late_secret = curve.generate(tmp_path / "late", "late")
+    late = agent(spawn, "late", endpoint, late_port, "--secret-key", str(late_secret),
+                 "--fleet-public-key", str(keys.fleet_public))
+    assert wait_for(lambda: metric(fleet_port, "ingero_fleet_auth_refused_total") >= 1, 20)
+    (keys.authorized / "late.key").write_bytes(late_public.read_bytes())
+    server.process.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: metric(late_port, "ingero_agent_fleet_reachable") == 1, 20), late.log()
+    assert "SIGHUP: 2 authorised agent key(s) loaded" in server.log()

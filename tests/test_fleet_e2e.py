@@ -1,6 +1,8 @@
 """Real fleetd, real agents, real sockets on loopback."""
 
 import re
+import subprocess
+import sys
 import time
 
 from ingero import fleetclient
@@ -57,6 +59,18 @@ def test_twenty_agents_one_drops_and_only_it_is_flagged(spawn, keys, endpoint, t
     assert flagged_lines == [victim]
     assert metric(fleet_metrics, "ingero_fleet_active_nodes", cohort="cluster:e2e") == 20
     assert metric(fleet_metrics, "ingero_fleet_stragglers", cohort="cluster:e2e") == 1
+
+    cli = subprocess.run([sys.executable, "-m", "ingero", "threshold", "--fleet", endpoint,
+                          "--cohort", "cluster:e2e", "--secret-key", str(keys.agent_secret),
+                          "--fleet-public-key", str(keys.fleet_public)],
+                         capture_output=True, text=True, timeout=30)
+    assert cli.returncode == 0, cli.stderr
+    assert re.search(r"stragglers\s+node07\n", cli.stdout) and "active      20\n" in cli.stdout
+    unknown = subprocess.run([sys.executable, "-m", "ingero", "threshold", "--fleet", endpoint,
+                              "--cohort", "job:nope", "--secret-key", str(keys.agent_secret),
+                              "--fleet-public-key", str(keys.fleet_public)],
+                             capture_output=True, text=True, timeout=30)
+    assert unknown.returncode == 1 and "knows no cohort 'job:nope'" in unknown.stderr
 
 
 def accepted_pushes(log: str) -> list[tuple[str, str, str]]:
