@@ -165,14 +165,17 @@ class Fleet:
         active = [n for n in nodes if n.state == "active"]
         cohort.active = len(active)
         cohort.expected = self._expected(cohort.name, nodes)
-        cohort.quorum_met = len(active) >= p.quorum
+        had_quorum, cohort.quorum_met = cohort.quorum_met, len(active) >= p.quorum
         flagged: set[str] = set()
         was_panic, cohort.panic = cohort.panic, False
         if active:
             scores = np.array([n.score for n in active])
             cohort.median, cohort.mad = stats.median_mad(scores)
             raw = stats.mad_threshold(scores, p.k, p.mad_floor)
-            cohort.threshold = stats.ema(cohort.threshold, raw, p.ema_alpha)
+            # Smooth only across quorum computations: a bar carried over from the first few
+            # nodes to join would sit above the full cohort's and flag its lower members.
+            smoothed = cohort.threshold if cohort.quorum_met and had_quorum else None
+            cohort.threshold = stats.ema(smoothed, raw, p.ema_alpha)
             under = stats.under_bar(scores, cohort.threshold)
             cohort.under = int(under.sum())
             cohort.panic = cohort.quorum_met and cohort.under > p.panic_fraction * len(active)

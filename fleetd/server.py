@@ -12,11 +12,10 @@ import time
 from types import SimpleNamespace
 
 import zmq
-from prometheus_client import start_http_server
 
 from ingero import __version__, curve, wire
-from ingero.errors import FrameError
-from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog
+from ingero.errors import FrameError, IngeroError
+from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
 from .cohorts import Fleet, ThresholdPolicy
@@ -66,13 +65,17 @@ class FleetServer:
             curve.serve_curve(socket, keypair)
         else:
             log.warning("--insecure-plaintext-zmq: agents are neither authenticated nor encrypted")
-        socket.bind(self.cfg.bind)
+        try:
+            socket.bind(self.cfg.bind)
+        except zmq.ZMQError as exc:
+            socket.close(linger=0)
+            raise IngeroError(f"cannot bind {self.cfg.bind}: {exc}") from None
         self.socket = socket
         self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         where = ""
         if self.cfg.metrics_addr is not None:
             host, port = self.cfg.metrics_addr
-            self.http, _thread = start_http_server(port, host, self.metrics.registry)
+            self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
             where = f", metrics on {host}:{self.http.server_port}"
         log.info("listening on %s%s", self.endpoint, where)
 
@@ -88,10 +91,10 @@ class FleetServer:
 
     def run(self) -> int:
         """Serve until SIGTERM; then answer what already arrived, and return 0."""
-        self.open()
-        self.notifier.ready(f"listening on {self.endpoint}")
-        next_recompute = self.clock()
         try:
+            self.open()
+            self.notifier.ready(f"listening on {self.endpoint}")
+            next_recompute = self.clock()
             while not self.flags.stop:
                 now = self.clock()
                 if now >= next_recompute:

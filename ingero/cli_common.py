@@ -18,13 +18,13 @@ def config_option(default: str):
 
 
 def load_settings(table: list[Setting], prefix: str, config: str | None, default: str,
-                  flags: dict):
+                  flags: dict, defaults: dict | None = None):
     """Settings from the explicit file (which must exist) or the default one (if it exists)."""
     path = Path(config) if config else Path(default)
     if not config and not path.exists():
         path = None
     try:
-        return load(table, prefix, path, flags)
+        return load(table, prefix, path, flags, defaults=defaults)
     except IngeroError as exc:
         raise click.ClickException(str(exc)) from None
 

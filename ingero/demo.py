@@ -19,7 +19,7 @@ COHORT = "cluster:demo"
 
 def agent_args(endpoint: str, node: str, score_file: Path, interval: float,
                keys: KeyRing) -> list[str]:
-    return ["--source", "synthetic", "--score-file", str(score_file), "--node", node,
+    return ["--config", "/dev/null", "--source", "synthetic", "--score-file", str(score_file), "--node", node,
             "--cluster", "demo", "--fleet", endpoint, "--push-interval", str(interval),
             "--heartbeat-interval", str(interval / 5), "--warmup", "2",
             "--metrics-addr", "none", *keys.ingerod_flags()]
@@ -31,7 +31,7 @@ def run(nodes: int, interval: float, healthy: float, slow: float, say) -> int:
         keys = KeyRing.create(root / "keys")
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         daemons = [Daemon.module("fleetd", "fleetd", [
-            "--bind", endpoint, "--metrics-addr", "none", "--recompute-interval",
+            "--config", "/dev/null", "--bind", endpoint, "--metrics-addr", "none", "--recompute-interval",
             str(interval / 4), *keys.fleetd_flags()], root)]
         names = [f"node{i:02d}" for i in range(1, nodes + 1)]
         for name in names:

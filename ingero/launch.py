@@ -60,6 +60,14 @@ class KeyRing:
         return curve.load_keypair(self.agent_secret), curve.load_public(self.fleet_public)
 
 
+def clean_environment(extra: dict | None = None) -> dict:
+    """This environment without what would steer a daemon elsewhere: the daemons' own
+    settings (FLEETD_*, INGEROD_*) and a surrounding Slurm job's identity."""
+    kept = {k: v for k, v in os.environ.items()
+            if not k.startswith(("FLEETD_", "INGEROD_", "SLURM_"))}
+    return {**kept, **(extra or {})}
+
+
 class Daemon:
     """One child process with its output in a log file."""
 
@@ -71,7 +79,7 @@ class Daemon:
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                                        stdin=subprocess.DEVNULL, env=clean_environment(env))
 
     @classmethod
     def module(cls, name: str, module: str, args: list[str], log_dir: Path, **kw) -> "Daemon":

@@ -6,6 +6,10 @@ import logging
 import signal
 import time
 
+from prometheus_client import start_http_server
+
+from .errors import IngeroError
+
 
 class SignalFlags:
     """Signal handlers only record the signal; the main loop reads and clears them."""
@@ -67,3 +71,13 @@ class RateLimitedLog:
 def setup_logging(level: str, name: str) -> logging.Logger:
     logging.basicConfig(level=level.upper(), format=f"{name}: %(levelname)s %(message)s")
     return logging.getLogger(name)
+
+
+def serve_metrics(address: tuple[str, int], registry):
+    """Start the /metrics listener in a thread; a taken port is a clear start-up error."""
+    host, port = address
+    try:
+        server, _thread = start_http_server(port, host, registry)
+    except OSError as exc:
+        raise IngeroError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+    return server

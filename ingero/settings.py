@@ -153,11 +153,18 @@ def read_yaml(config: Path) -> dict:
 
 
 def load(table: list[Setting], prefix: str, config: Path | None, flags: dict[str, Any],
-         environ: dict[str, str] | None = None) -> SimpleNamespace:
-    """Layer default, YAML file, environment and flags; ``flags`` holds only the flags given."""
+         environ: dict[str, str] | None = None,
+         defaults: dict[str, Any] | None = None) -> SimpleNamespace:
+    """Layer default, YAML file, environment and flags; ``flags`` holds only the flags given.
+
+    ``defaults`` replaces declared defaults with ones found at run time (a Slurm job id, say):
+    still the lowest layer, so the file, the environment and the flags override them.
+    """
     environ = os.environ if environ is None else environ
     by_name = {s.name: s for s in table}
     values = {s.name: s.parse(s.default) if s.default is not None else None for s in table}
+    for name, value in (defaults or {}).items():
+        values[name] = _parse_one(by_name[name], value, "default")
     if config is not None:
         data = read_yaml(config)
         unknown = sorted(set(data) - set(by_name))

@@ -13,10 +13,8 @@ import uuid
 from collections import deque
 from types import SimpleNamespace
 
-from prometheus_client import start_http_server
-
 from ingero import __version__, wire
-from ingero.runtime import SignalFlags, Watchdog
+from ingero.runtime import SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
 from .detection import Detector
@@ -57,8 +55,7 @@ class Agent:
 
     def run(self) -> int:
         if self.cfg.metrics_addr is not None:
-            host, port = self.cfg.metrics_addr
-            self.http, _thread = start_http_server(port, host, self.metrics.registry)
+            self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
         log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
                  self.boot_id, self.cfg.fleet, self.cfg.push_interval, self.cfg.source)
         self.link.tick(self.clock())

@@ -28,18 +28,19 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    flags.setdefault("job", None)
-    if flags["job"] is None and os.environ.get("SLURM_JOB_ID"):
-        flags["job"] = os.environ["SLURM_JOB_ID"]
-    if flags["job_nodes"] is None and os.environ.get("SLURM_JOB_NUM_NODES"):
-        flags["job_nodes"] = os.environ["SLURM_JOB_NUM_NODES"]
-    cfg = load_settings(SETTINGS, "INGEROD", config, DEFAULT_CONFIG, flags)
+    cfg = load_settings(SETTINGS, "INGEROD", config, DEFAULT_CONFIG, flags, slurm_defaults())
     setup_logging(cfg.log_level, "ingerod")
     try:
         agent = Agent(cfg, SignalFlags().install())
         ctx.exit(agent.run())
     except IngeroError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def slurm_defaults(environ=os.environ) -> dict:
+    """Inside a Slurm job, its id and node count are the defaults for --job and --job-nodes."""
+    found = {"job": environ.get("SLURM_JOB_ID"), "job_nodes": environ.get("SLURM_JOB_NUM_NODES")}
+    return {name: value for name, value in found.items() if value}
 
 
 main.add_command(keygen_command("/etc/ingero/keys", "ingerod", "this agent"))

@@ -117,3 +117,16 @@ def test_max_nodes():
     fleet.observe(push("a", 0.9), 0.0)
     fleet.observe(push("b", 0.9), 0.0)
     assert fleet.full("c") and not fleet.full("a")
+
+
+def test_the_bar_from_early_joiners_is_not_carried_into_the_quorum():
+    """Found in the 20-agent test: smoothing from a lone high node flagged lower joiners."""
+    fleet = Fleet(ThresholdPolicy(quorum=5))
+    fleet.observe(push("high", 0.918), 0.0)
+    fleet.recompute(0.0)
+    for i, score in enumerate([0.88, 0.882, 0.884, 0.886, 0.90, 0.91]):
+        fleet.observe(push(f"n{i}", score), 1.0)
+    fleet.recompute(1.0)
+    cohort = fleet.cohorts["cluster:c"]
+    assert cohort.quorum_met and cohort.stragglers == set()
+    assert cohort.threshold == pytest.approx(0.886 - 2 * 1.4826 * 0.01)

@@ -73,3 +73,32 @@ def test_every_setting_is_in_its_man_page(page, table):
     assert not undocumented, f"{page} does not document {undocumented}"
     config = (MAN / "ingero.yaml.5").read_text().replace("\\_", "_")
     assert not [s.name for s in table if s.name not in config]
+
+
+def test_slurm_job_is_a_default_that_the_file_and_flags_override(tmp_path):
+    from ingerod.cli import slurm_defaults
+
+    found = slurm_defaults({"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4"})
+    assert load(INGEROD, "INGEROD", None, {}, {}, found).job == "77"
+    config = tmp_path / "ingerod.yaml"
+    config.write_text("job: '12'\n")
+    assert load(INGEROD, "INGEROD", config, {}, {}, found).job == "12"
+    assert load(INGEROD, "INGEROD", config, {"job": "9"}, {}, found).job == "9"
+    assert load(INGEROD, "INGEROD", None, {}, {"INGEROD_JOB_NODES": "2"}, found).job_nodes == 2
+
+
+def test_taken_ports_are_one_line_errors(endpoint):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        metrics = run("fleetd", "--insecure-plaintext-zmq", "--bind", endpoint,
+                      "--metrics-addr", f"127.0.0.1:{port}")
+        assert metrics.returncode == 1 and "Traceback" not in metrics.stderr
+        assert f"cannot serve metrics on 127.0.0.1:{port}" in metrics.stderr
+        bind = run("fleetd", "--insecure-plaintext-zmq", "--bind", f"tcp://127.0.0.1:{port}",
+                   "--metrics-addr", "none")
+        assert bind.returncode == 1 and "Traceback" not in bind.stderr
+        assert f"cannot bind tcp://127.0.0.1:{port}" in bind.stderr
