@@ -51,7 +51,16 @@ class FleetServer:
 
     def open(self) -> None:
         """Bind the socket (and the metrics listener); errors here stop the daemon at start."""
-        socket = self.context.socket(zmq.ROUTER)
+        self.socket = self.context.socket(zmq.ROUTER)
+        self._secure_and_bind(self.socket)
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        where = ""
+        if self.cfg.metrics_addr is not None:
+            self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
+            where = f", metrics on {self.cfg.metrics_addr[0]}:{self.http.server_port}"
+        log.info("listening on %s%s", self.endpoint, where)
+
+    def _secure_and_bind(self, socket: zmq.Socket) -> None:
         socket.linger = 1000
         socket.sndhwm = socket.rcvhwm = 10_000
         socket.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_bytes + 1024)
@@ -68,18 +77,10 @@ class FleetServer:
         try:
             socket.bind(self.cfg.bind)
         except zmq.ZMQError as exc:
-            socket.close(linger=0)
             raise IngeroError(f"cannot bind {self.cfg.bind}: {exc}") from None
-        self.socket = socket
-        self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        where = ""
-        if self.cfg.metrics_addr is not None:
-            host, port = self.cfg.metrics_addr
-            self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
-            where = f", metrics on {host}:{self.http.server_port}"
-        log.info("listening on %s%s", self.endpoint, where)
 
     def close(self) -> None:
+        """Release everything ``open`` got, however far it got."""
         if self.socket is not None:
             self.socket.close()
         if self.auth is not None:

@@ -75,6 +75,7 @@ class Daemon:
                  module: str | None = None):
         self.name = name
         self.module = module
+        self.terminated = False
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")
@@ -93,8 +94,7 @@ class Daemon:
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; returns the exit status (killing it if it will not go)."""
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -104,8 +104,11 @@ class Daemon:
             self._log.close()
 
     def terminate(self) -> None:
-        if self.alive():
+        """One SIGTERM only: a second one could land while Python is finalising, after it
+        has put back the default handler, and kill a daemon that was exiting cleanly."""
+        if self.alive() and not self.terminated:
             self.process.send_signal(signal.SIGTERM)
+            self.terminated = True
 
     def kill(self) -> None:
         """kill -9: no chance to clean up."""
