@@ -4,10 +4,15 @@
 VENV   ?= $(CURDIR)/.venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup demo test lint-man clean
+.PHONY: setup sim demo test lint-man clean
 
 setup:
 	@bash scripts/setup-debian.sh
+	$(MAKE) -C sim
+
+# The GPU-less cluster: the sim's libcudart/libcuda/libnccl, rank driver and CPU hog.
+sim:
+	$(MAKE) -C sim
 
 demo: setup
 	$(PYTHON) -m ingero demo

@@ -1,0 +1,75 @@
+"""A GPU cluster without GPUs.
+
+The C half (built by `make -C sim` into sim/build/) provides libcudart.so.12, libcuda.so.1 and
+libnccl.so.2 with NVIDIA's symbol names and prototypes over a virtual GPU, a rank driver that
+trains through them, and a CPU hog. This package loads scenarios (sim.scenario), runs them as
+real processes (sim.cluster), serves the TCP rendezvous (sim.rendezvous) and reads the ranks'
+ground-truth records (sim.records).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from sim.errors import BuildError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+UNIQUE_ID_BYTES = 128
+# INGERO_SIM_KERNEL_MAGIC of sim/include/ingero_sim.h: a struct ingero_sim_kernel passed as the
+# kernel function gives the kernel its own duration.
+KERNEL_MAGIC = 0x4B534F5245474E49
+_MASK64 = (1 << 64) - 1
+
+
+def build_dir() -> Path:
+    """Where `make -C sim` puts everything it builds."""
+    return PACKAGE_DIR / "build"
+
+
+def lib_dir() -> Path:
+    """The directory holding libcudart.so.12, libcuda.so.1 and libnccl.so.2."""
+    return build_dir() / "lib"
+
+
+def bin_dir() -> Path:
+    return build_dir() / "bin"
+
+
+def rank_binary() -> Path:
+    return bin_dir() / "ingero-sim-rank"
+
+
+def hog_binary() -> Path:
+    return bin_dir() / "ingero-hog"
+
+
+def build(quiet: bool = True) -> Path:
+    """Run `make -C sim` (quick when nothing changed) and return the build directory."""
+    result = subprocess.run(["make", "-C", str(PACKAGE_DIR), *(["-s"] if quiet else [])],
+                            capture_output=quiet, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"make -C {PACKAGE_DIR} failed:\n{result.stdout}{result.stderr}")
+    return build_dir()
+
+
+def splitmix64(x: int) -> int:
+    """One step of splitmix64, exactly as ingero_sim_splitmix64 in sim/include/ingero_sim.h."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def comm_id_hash(unique_id: bytes) -> int:
+    """comm_id_hash of a 128-byte ncclUniqueId: splitmix64 folded over 16 little-endian words."""
+    if len(unique_id) != UNIQUE_ID_BYTES:
+        raise ValueError(f"an ncclUniqueId has {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
+    h = 0
+    for offset in range(0, UNIQUE_ID_BYTES, 8):
+        h = splitmix64(h ^ int.from_bytes(unique_id[offset:offset + 8], "little"))
+    return h
+
+
+__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "rank_binary", "hog_binary",
+           "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES", "KERNEL_MAGIC"]

@@ -1,0 +1,369 @@
+"""Running a scenario as a cluster of real processes.
+
+    cluster = Cluster(scenario, workdir).start()
+    for rank in cluster.ranks: rank.pid, rank.node, rank.record_path …
+    result = cluster.wait(timeout=60)     # ClusterResult; hung ranks are killed and reported
+    cluster.stop()                        # idempotent; also what `with Cluster(...)` does
+
+Each rank is an ingero-sim-rank process with the environment a launcher gives (Slurm and
+torchrun variables), grouped per simulated node; rank 0 writes the ncclUniqueId file the others
+read. Stragglers become rank flags (host delays, hiccups, death, hang), an environment knob (slow
+GPU), or a real competing process (CPU contention: ingero-hog pinned to the rank's CPU).
+With job.rendezvous tcp the ranks meet through sim.rendezvous; with job.netns each node's ranks
+run in their own network namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import sim
+from sim.errors import LaunchError
+from sim.netns import NodeNetworks
+from sim.scenario import Scenario, Straggler
+
+STATUS_BY_EXIT = {0: "ok", 1: "died", 2: "usage", 3: "error"}
+STOP_GRACE_S = 3.0
+FAILURE_GRACE_S = 5.0
+POLL_S = 0.05
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    local_rank: int
+    node: int
+    record_path: Path
+    log_path: Path
+    cpu: int | None
+    namespace: str | None
+    popen: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass
+class HogProcess:
+    """A busy loop competing with `rank` for `cpu` (process name ingero-hog)."""
+    rank: int
+    cpu: int
+    popen: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    local_rank: int
+    node: int
+    pid: int
+    exit_code: int | None     # None: killed by the launcher after the timeout
+    status: str               # ok, died, error, usage, killed
+    record_path: Path
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class ClusterResult:
+    ranks: tuple[RankResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "ok" for r in self.ranks)
+
+    @property
+    def failed(self) -> list[RankResult]:
+        return [r for r in self.ranks if r.status != "ok"]
+
+    def rank(self, rank: int) -> RankResult:
+        return next(r for r in self.ranks if r.rank == rank)
+
+    def describe(self) -> str:
+        """One line per rank, for people."""
+        lines = []
+        for r in self.ranks:
+            code = "killed after timeout" if r.exit_code is None else f"exit {r.exit_code}"
+            lines.append(f"rank {r.rank} (node {r.node}, local {r.local_rank}, pid {r.pid}): "
+                         f"{r.status}, {code}")
+        return "\n".join(lines)
+
+
+def _child_setup(cpus: set[int] | None, nice: int = 0):
+    """Runs in the child before exec: die with the launcher, pin, renice (all inherited)."""
+    def setup():
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if nice:
+            os.nice(nice)
+    return setup
+
+
+def _delay_flag(s: Straggler) -> list[str]:
+    spec = f"ms={s.delay_ms:g},from={s.from_step},every={s.every}"
+    if s.until_step is not None:
+        spec += f",until={s.until_step}"
+    return ["--delay", spec]
+
+
+class Cluster:
+    def __init__(self, scenario: Scenario, workdir: str | os.PathLike,
+                 extra_env: dict[str, str] | None = None,
+                 failure_grace_s: float = FAILURE_GRACE_S):
+        self.scenario = scenario
+        self.failure_grace_s = failure_grace_s
+        self.workdir = Path(workdir)
+        self.extra_env = dict(extra_env or {})
+        self.unique_id_path = self.workdir / "nccl-unique-id"
+        self.ranks: list[RankProcess] = []
+        self.hogs: list[HogProcess] = []
+        self.rendezvous_address: str | None = None
+        self.coordinator: subprocess.Popen | None = None
+        self.networks: NodeNetworks | None = None
+        self.result: ClusterResult | None = None
+        self._first_failure: float | None = None
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "Cluster":
+        for binary in (sim.rank_binary(), sim.hog_binary()):
+            if not os.access(binary, os.X_OK):
+                raise LaunchError(f"{binary} is missing: run `make -C sim` first")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_rendezvous()
+            for node in range(self.scenario.job.nodes):
+                for local_rank in range(self.scenario.job.ranks_per_node):
+                    self.ranks.append(self._start_rank(node, local_rank))
+            self._start_hogs()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_rendezvous(self) -> None:
+        job = self.scenario.job
+        if job.rendezvous != "tcp":
+            return
+        host = "127.0.0.1"
+        if job.netns:
+            if os.geteuid() != 0:
+                raise LaunchError("job.netns needs root to create network namespaces")
+            self.networks = NodeNetworks(job.nodes)
+            self.networks.create()
+            host = self.networks.hub_address
+        self._start_coordinator(host)
+
+    def _start_coordinator(self, host: str) -> None:
+        path = [str(sim.PACKAGE_DIR.parent), os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
+        with open(self.workdir / "rendezvous.log", "w") as log:
+            self.coordinator = subprocess.Popen(
+                [sys.executable, "-m", "sim.rendezvous", "--listen", f"{host}:0"],
+                stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                preexec_fn=_child_setup(None))
+        line = self.coordinator.stdout.readline().split()
+        if len(line) != 2 or line[0] != "listening":
+            raise LaunchError(f"the rendezvous coordinator did not start; see "
+                              f"{self.workdir / 'rendezvous.log'}")
+        self.rendezvous_address = line[1]
+
+    def _launcher_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
+        """What Slurm and torchrun tell each rank about itself and the job."""
+        job = self.scenario.job
+        master = (self.rendezvous_address or "tcp://127.0.0.1:29500").removeprefix("tcp://")
+        return {
+            "SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(local_rank), "SLURM_NODEID": str(node),
+            "SLURM_NTASKS": str(job.world_size), "SLURM_JOB_NUM_NODES": str(job.nodes),
+            "SLURM_NNODES": str(job.nodes), "SLURM_NTASKS_PER_NODE": str(job.ranks_per_node),
+            "SLURMD_NODENAME": f"simnode{node}", "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(job.world_size),
+            "LOCAL_WORLD_SIZE": str(job.ranks_per_node), "GROUP_RANK": str(node),
+            "MASTER_ADDR": master.rpartition(":")[0], "MASTER_PORT": master.rpartition(":")[2],
+        }
+
+    def _knob_env(self, rank: int, node: int) -> dict[str, str]:
+        """The INGERO_SIM_* settings the sim libraries read, this rank's slow GPU included."""
+        job, hw = self.scenario.job, self.scenario.hardware
+        slowdown = 1.0
+        for s in self.scenario.stragglers_of(rank, "slow_gpu"):
+            slowdown *= s.factor
+        return {
+            "INGERO_SIM_NODE": str(node), "INGERO_SIM_TIMEOUT_S": f"{job.timeout_s:g}",
+            "INGERO_SIM_PCIE_GBPS": f"{hw.pcie_gbps:g}", "INGERO_SIM_HBM_GBPS": f"{hw.hbm_gbps:g}",
+            "INGERO_SIM_NET_GBPS": f"{hw.net_gbps:g}",
+            "INGERO_SIM_NET_LATENCY_US": f"{hw.net_latency_us:g}",
+            "INGERO_SIM_KERNEL_US": f"{hw.kernel_us:g}",
+            "INGERO_SIM_RENDEZVOUS": self.rendezvous_address or "shm",
+            "INGERO_SIM_GPU_SLOWDOWN": f"{slowdown:g}",
+        }
+
+    def _rank_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
+        return {**os.environ, **self._launcher_env(rank, node, local_rank),
+                **self._knob_env(rank, node), **self.extra_env}
+
+    def _rank_argv(self, rank: int, record_path: Path) -> list[str]:
+        job = self.scenario.job
+        argv = [str(sim.rank_binary()), "--steps", str(job.steps), "--step-ms", f"{job.step_ms:g}",
+                "--kernels", str(job.kernels), "--bytes", str(job.allreduce_bytes),
+                "--dtype", job.dtype, "--host-work-ms", f"{job.host_work_ms:g}",
+                "--memcpy-every", str(job.memcpy_every), "--record", str(record_path),
+                "--unique-id-file", str(self.unique_id_path)]
+        if job.extra_collectives:
+            argv += ["--extra", ",".join(job.extra_collectives)]
+        for s in self.scenario.stragglers_of(rank):
+            if s.kind in ("host_delay", "hiccup"):
+                argv += _delay_flag(s)
+            elif s.kind in ("die", "hang"):
+                argv += [f"--{s.kind}-at", str(s.at_step)]
+        return argv
+
+    def contention_cpu(self, rank: int) -> int | None:
+        """The CPU a contended rank and its hogs share; None if the rank is not contended."""
+        contention = self.scenario.stragglers_of(rank, "cpu_contention")
+        if not contention:
+            return None
+        allowed = sorted(os.sched_getaffinity(0))
+        return contention[0].cpu if contention[0].cpu is not None else allowed[rank % len(allowed)]
+
+    def rank_cpus(self, rank: int) -> set[int] | None:
+        """Where a rank may run: a contended rank on its one CPU; the others, like ranks with
+        cores of their own, off every contended CPU while any CPU is left; else anywhere."""
+        cpu = self.contention_cpu(rank)
+        if cpu is not None:
+            return {cpu}
+        contended = {self.contention_cpu(s.rank) for s in self.scenario.stragglers
+                     if s.kind == "cpu_contention"}
+        rest = set(os.sched_getaffinity(0)) - contended
+        return rest if contended and rest else None
+
+    def _start_rank(self, node: int, local_rank: int) -> RankProcess:
+        rank = node * self.scenario.job.ranks_per_node + local_rank
+        record_path = self.workdir / f"rank-{rank}.jsonl"
+        log_path = self.workdir / f"rank-{rank}.log"
+        argv = self._rank_argv(rank, record_path)
+        namespace = None
+        if self.networks:
+            namespace = self.networks.namespace(node)
+            argv = self.networks.wrap(node, argv)
+        cpus = self.rank_cpus(rank)
+        with open(log_path, "w") as log:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     env=self._rank_env(rank, node, local_rank),
+                                     cwd=self.workdir, preexec_fn=_child_setup(cpus))
+        return RankProcess(rank, local_rank, node, record_path, log_path,
+                           self.contention_cpu(rank), namespace, popen)
+
+    def _start_hogs(self) -> None:
+        for process in self.ranks:
+            for s in self.scenario.stragglers_of(process.rank, "cpu_contention"):
+                for _ in range(s.hogs):
+                    popen = subprocess.Popen(
+                        [str(sim.hog_binary()), "--watch-pid", str(process.pid)],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                        preexec_fn=_child_setup({process.cpu}, s.nice))
+                    self.hogs.append(HogProcess(process.rank, process.cpu, popen))
+
+    def default_timeout(self) -> float:
+        """Long enough for every step, every injected delay, and a peer timing out twice."""
+        job = self.scenario.job
+        delay_ms = sum(s.delay_ms for s in self.scenario.stragglers)
+        per_step_s = (job.step_ms * 3 + delay_ms + 20) / 1000
+        return 2 * job.timeout_s + 30 + job.steps * per_step_s
+
+    def wait(self, timeout: float | None = None) -> ClusterResult:
+        """Wait for every rank; kill those still running at the deadline (reported "killed").
+
+        Once a rank has failed, the others get job.timeout_s (plus a margin) to notice and
+        error out on their own; whatever still runs then is hung, as a launcher would judge.
+        """
+        deadline = time.monotonic() + (self.default_timeout() if timeout is None else timeout)
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.ranks):
+            if self._first_failure is None and any(p.popen.poll() for p in self.ranks):
+                self._first_failure = time.monotonic()
+                deadline = min(deadline, self._first_failure + self.scenario.job.timeout_s
+                               + self.failure_grace_s)
+            time.sleep(POLL_S)
+        killed = {p.rank for p in self.ranks if p.popen.poll() is None}
+        self._kill_ranks()
+        self._clean_up()
+        self.result = ClusterResult(tuple(self._result_of(p, p.rank in killed) for p in self.ranks))
+        return self.result
+
+    def _result_of(self, process: RankProcess, killed: bool) -> RankResult:
+        code = None if killed else process.popen.returncode
+        status = "killed" if killed else STATUS_BY_EXIT.get(code, "died")
+        return RankResult(process.rank, process.local_rank, process.node, process.pid, code,
+                          status, process.record_path, process.log_path)
+
+    def _kill_ranks(self) -> None:
+        for process in self.ranks:
+            if process.popen.poll() is None:
+                process.popen.kill()
+            process.popen.wait()
+
+    def stop(self) -> None:
+        """Terminate whatever still runs (ranks, hogs, coordinator) and remove namespaces."""
+        for process in self.ranks:
+            if process.popen.poll() is None:
+                process.popen.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in self.ranks:
+            try:
+                process.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill_ranks()
+        self._clean_up()
+
+    def comm_id_hash(self) -> int | None:
+        """comm_id_hash of the job's communicator, once rank 0 has written the unique id."""
+        try:
+            return sim.comm_id_hash(self.unique_id_path.read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def _clean_up(self) -> None:
+        for hog in self.hogs:
+            if hog.popen.poll() is None:
+                hog.popen.kill()
+            hog.popen.wait()
+        if self.coordinator and self.coordinator.poll() is None:
+            self.coordinator.terminate()
+            try:
+                self.coordinator.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.coordinator.kill()
+                self.coordinator.wait()
+        if self.coordinator and self.coordinator.stdout:
+            self.coordinator.stdout.close()
+        if self.networks:
+            self.networks.delete()
+        self._remove_shared_memory()
+
+    def _remove_shared_memory(self) -> None:
+        """A rank that died never detached from the segment; remove it for it."""
+        comm_hash = self.comm_id_hash()
+        if comm_hash is not None:
+            Path(f"/dev/shm/ingero-sim-{comm_hash:016x}").unlink(missing_ok=True)
+
+
+__all__ = ["Cluster", "ClusterResult", "RankProcess", "RankResult", "HogProcess"]

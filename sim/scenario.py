@@ -1,0 +1,277 @@
+"""Scenarios: the shape of a simulated job and the stragglers injected into it, from YAML.
+
+    name: host-delay
+    description: rank 5 sleeps 40 ms before each all-reduce from step 4
+    job:        {nodes: 2, ranks_per_node: 4, steps: 12, step_ms: 20, allreduce_bytes: 4194304}
+    hardware:   {net_gbps: 10, pcie_gbps: 25}
+    stragglers:
+      - {rank: 5, kind: host_delay, delay_ms: 40, from_step: 4}
+
+Every field is declared once in the tables below (name, default, check, meaning); parse()
+rejects unknown keys and bad values with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from sim.errors import ScenarioError
+
+DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+             "float64", "bfloat16")
+EXTRA_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "sendrecv")
+RENDEZVOUS = ("shm", "tcp")
+
+
+@dataclass(frozen=True)
+class Job:
+    nodes: int = 1
+    ranks_per_node: int = 4
+    steps: int = 20
+    step_ms: float = 20.0            # GPU compute per step (forward, backward, optimizer)
+    kernels: int = 4                 # kernel launches per forward pass
+    host_work_ms: float = 0.5        # CPU time of host-side work per step
+    allreduce_bytes: int = 4 << 20
+    dtype: str = "float32"
+    extra_collectives: tuple[str, ...] = ()
+    memcpy_every: int = 5
+    job_id: str = "4242"
+    rendezvous: str = "shm"
+    netns: bool = False              # each node in its own network namespace (needs tcp, root)
+    timeout_s: float = 60.0          # how long a rank waits for a peer before erroring out
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class Hardware:
+    pcie_gbps: float = 25.0
+    hbm_gbps: float = 1500.0
+    net_gbps: float = 10.0
+    net_latency_us: float = 5.0
+    kernel_us: float = 50.0
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    kind: str
+    delay_ms: float = 0.0            # host_delay, hiccup
+    from_step: int = 0               # host_delay, hiccup
+    until_step: int | None = None    # host_delay, hiccup
+    every: int = 1                   # host_delay, hiccup
+    factor: float = 1.0              # slow_gpu
+    at_step: int = -1                # die, hang
+    cpu: int | None = None           # cpu_contention; default: one the rank may use
+    hogs: int = 1                    # cpu_contention
+    nice: int = 0                    # cpu_contention: the hogs' nice value
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    job: Job = field(default_factory=Job)
+    hardware: Hardware = field(default_factory=Hardware)
+    stragglers: tuple[Straggler, ...] = ()
+    description: str = ""
+
+    def stragglers_of(self, rank: int, *kinds: str) -> list[Straggler]:
+        return [s for s in self.stragglers if s.rank == rank and (not kinds or s.kind in kinds)]
+
+
+Check = Callable[[Any], Any]
+
+
+def _integer(minimum: int | None = None, maximum: int | None = None) -> Check:
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be <= {maximum}, got {value}")
+        return value
+    return check
+
+
+def _number(minimum: float = 0.0, exclusive: bool = False) -> Check:
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"must be a number, got {value!r}")
+        if value < minimum or (exclusive and value == minimum):
+            raise ValueError(f"must be {'>' if exclusive else '>='} {minimum}, got {value}")
+        return float(value)
+    return check
+
+
+def _choice(options: tuple[str, ...]) -> Check:
+    def check(value):
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
+        return value
+    return check
+
+
+def _boolean(value):
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def _text(value):
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ValueError(f"must be a string, got {value!r}")
+    return str(value)
+
+
+def _collectives(value):
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of {', '.join(EXTRA_COLLECTIVES)}")
+    return tuple(_choice(EXTRA_COLLECTIVES)(v) for v in value)
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
+
+
+JOB_FIELDS: dict[str, Check] = {
+    "nodes": _integer(1, 64), "ranks_per_node": _integer(1, 64), "steps": _integer(1),
+    "step_ms": _number(), "kernels": _integer(1), "host_work_ms": _number(),
+    "allreduce_bytes": _integer(0), "dtype": _choice(DATATYPES),
+    "extra_collectives": _collectives, "memcpy_every": _integer(0), "job_id": _text,
+    "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
+}
+
+HARDWARE_FIELDS: dict[str, Check] = {
+    "pcie_gbps": _number(0, True), "hbm_gbps": _number(0, True), "net_gbps": _number(0, True),
+    "net_latency_us": _number(), "kernel_us": _number(),
+}
+
+# Per straggler kind: which fields it takes and which of those it requires.
+STRAGGLER_KINDS: dict[str, tuple[dict[str, Check], set[str]]] = {
+    "host_delay": ({"delay_ms": _number(0, True), "from_step": _integer(0),
+                    "until_step": _optional(_integer(0)), "every": _integer(1)}, {"delay_ms"}),
+    "hiccup": ({"delay_ms": _number(0, True), "every": _integer(2), "from_step": _integer(0),
+                "until_step": _optional(_integer(0))}, {"delay_ms", "every"}),
+    "slow_gpu": ({"factor": _number(0, True)}, {"factor"}),
+    "cpu_contention": ({"cpu": _optional(_integer(0)), "hogs": _integer(1, 16),
+                        "nice": _integer(-20, 19)}, set()),
+    "die": ({"at_step": _integer(0)}, {"at_step"}),
+    "hang": ({"at_step": _integer(0)}, {"at_step"}),
+}
+
+
+def _section(data: Any, where: str, checks: Mapping[str, Check],
+             required: set[str] = frozenset()) -> dict[str, Any]:
+    """Validate one mapping against its field table; errors name the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{where}: must be a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(checks))
+    if unknown:
+        raise ScenarioError(f"{where}.{unknown[0]}: unknown key; expected one of "
+                            f"{', '.join(sorted(checks))}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise ScenarioError(f"{where}.{missing[0]}: required")
+    values = {}
+    for name, value in data.items():
+        try:
+            values[name] = checks[name](value)
+        except ValueError as exc:
+            raise ScenarioError(f"{where}.{name}: {exc}") from None
+    return values
+
+
+def _straggler(data: Any, where: str, job: Job) -> Straggler:
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{where}: must be a mapping")
+    head = {k: data[k] for k in ("rank", "kind") if k in data}
+    head = _section(head, where, {"rank": _integer(0, job.world_size - 1),
+                                  "kind": _choice(tuple(STRAGGLER_KINDS))}, {"rank", "kind"})
+    checks, required = STRAGGLER_KINDS[head["kind"]]
+    rest = {k: v for k, v in data.items() if k not in ("rank", "kind")}
+    values = _section(rest, f"{where} ({head['kind']})", checks, required)
+    if head["kind"] == "hiccup" and "from_step" not in values:
+        values["from_step"] = values["every"] - 1
+    if head["kind"] in ("die", "hang") and values["at_step"] >= job.steps:
+        raise ScenarioError(f"{where}.at_step: must be below job.steps ({job.steps})")
+    return Straggler(**head, **values)
+
+
+def _check_job(job: Job, source: str) -> Job:
+    if job.netns and job.rendezvous == "shm":
+        raise ScenarioError(f"{source}: job.netns: ranks in separate network namespaces "
+                            f"need job.rendezvous: tcp")
+    return job
+
+
+def _check_stragglers(stragglers: tuple[Straggler, ...], source: str) -> None:
+    fatal = [s.rank for s in stragglers if s.kind in ("die", "hang")]
+    if len(fatal) != len(set(fatal)):
+        raise ScenarioError(f"{source}: stragglers: a rank can die or hang only once")
+    for s in stragglers:
+        if s.kind == "cpu_contention" and s.cpu is not None and s.cpu not in os.sched_getaffinity(0):
+            raise ScenarioError(f"{source}: stragglers: cpu {s.cpu} is not one this machine "
+                                f"lets us use ({sorted(os.sched_getaffinity(0))})")
+
+
+def parse(data: Any, source: str = "scenario") -> Scenario:
+    """A Scenario from already-loaded YAML (a mapping); raises ScenarioError."""
+    top = _section(data, source, {"name": _text, "description": _text, "job": lambda v: v,
+                                  "hardware": lambda v: v, "stragglers": lambda v: v}, {"name"})
+    job = top.get("job") or {}
+    if isinstance(job, Mapping) and job.get("netns") is True and "rendezvous" not in job:
+        job = {**job, "rendezvous": "tcp"}
+    job = _check_job(Job(**_section(job, f"{source}: job", JOB_FIELDS)), source)
+    hardware = Hardware(**_section(top.get("hardware"), f"{source}: hardware", HARDWARE_FIELDS))
+    raw = top.get("stragglers") or []
+    if not isinstance(raw, list):
+        raise ScenarioError(f"{source}: stragglers: must be a list")
+    stragglers = tuple(_straggler(s, f"{source}: stragglers[{i}]", job) for i, s in enumerate(raw))
+    _check_stragglers(stragglers, source)
+    return Scenario(name=top["name"], description=top.get("description", ""), job=job,
+                    hardware=hardware, stragglers=stragglers)
+
+
+def load(path: str | os.PathLike) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+    return parse(data, str(path))
+
+
+def scenarios_dir() -> Path:
+    """The example scenarios shipped with the sim."""
+    return Path(__file__).resolve().parent / "scenarios"
+
+
+def with_job(scenario: Scenario, **changes) -> Scenario:
+    """A copy with some job fields changed, validated like a file would be."""
+    known = {f.name for f in fields(Job)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ScenarioError(f"job.{unknown[0]}: unknown key")
+    merged = {f.name: getattr(scenario.job, f.name) for f in fields(Job)} | changes
+    merged["extra_collectives"] = list(merged["extra_collectives"])
+    checked = _section(merged, "job", JOB_FIELDS)
+    return replace(scenario, job=_check_job(Job(**checked), scenario.name))
+
+
+__all__ = ["Scenario", "Job", "Hardware", "Straggler", "parse", "load", "with_job",
+           "scenarios_dir", "DATATYPES", "EXTRA_COLLECTIVES", "STRAGGLER_KINDS"]

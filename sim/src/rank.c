@@ -1,0 +1,381 @@
+/*
+ * ingero-sim-rank: a training loop over the sim libraries. Per step: host-side work (data
+ * loading, CPU time), forward and backward kernels, an optional injected host delay, the
+ * gradient all-reduce and any extra collectives, the optimizer kernel, then a host sync that
+ * waits for it all; a temporary allocation and an occasional blocking copy, as real steps have.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda.h"
+#include "cuda_runtime_api.h"
+#include "ingero_sim.h"
+#include "nccl.h"
+#include "rank.h"
+
+#define UNIQUE_ID_POLL_NS 10000000LL
+
+struct training {
+    const struct rank_config *cfg;
+    int record_fd;
+    cudaStream_t stream;
+    ncclComm_t comm;
+    uint64_t comm_hash;
+    uint64_t seq;               /* NCCL calls made on the communicator so far */
+    size_t elements;            /* gradient elements all-reduced per step */
+    void *grads, *reduced, *gathered, *p2p_out, *p2p_in, *loss_device;
+    float *loss_host;
+    struct ingero_sim_kernel forward, backward, optimizer;
+    int64_t *step_ns, *sync_wait_ns;
+    int steps_done;
+    char error[256];
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void sleep_ns(int64_t ns)
+{
+    struct timespec left = { .tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL };
+    while (nanosleep(&left, &left) != 0 && errno == EINTR)
+        ;
+}
+
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Burn CPU time, not wall time: a contended CPU stretches this step's host work. */
+static void host_work(int64_t cpu_ns)
+{
+    volatile uint64_t sink = 0;
+    int64_t until = thread_cpu_ns() + cpu_ns;
+    while (thread_cpu_ns() < until)
+        for (int i = 0; i < 1000; i++)
+            sink += (uint64_t)i;
+}
+
+static int cuda_failed(struct training *t, const char *call, cudaError_t err)
+{
+    if (err == cudaSuccess)
+        return 0;
+    snprintf(t->error, sizeof t->error, "%s: %s", call, cudaGetErrorString(err));
+    return 1;
+}
+
+static int nccl_failed(struct training *t, const char *call, ncclResult_t result)
+{
+    if (result == ncclSuccess)
+        return 0;
+    snprintf(t->error, sizeof t->error, "%s: %s", call, ncclGetErrorString(result));
+    return 1;
+}
+
+static double timeout_s(void)
+{
+    const char *text = getenv("INGERO_SIM_TIMEOUT_S");
+    double value = text ? strtod(text, NULL) : 0;
+    return value > 0 ? value : 60;
+}
+
+static int read_unique_id(const char *path, ncclUniqueId *id)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, id->internal, sizeof id->internal);
+    close(fd);
+    return n == (ssize_t)sizeof id->internal ? 0 : -1;
+}
+
+/* Rank 0 creates the id (atomically: write then rename), as a real job's rank 0 does. */
+static int write_unique_id(const char *path, ncclUniqueId *id)
+{
+    if (ncclGetUniqueId(id) != ncclSuccess)
+        return -1;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    int ok = write(fd, id->internal, sizeof id->internal) == (ssize_t)sizeof id->internal;
+    close(fd);
+    return ok && rename(tmp, path) == 0 ? 0 : -1;
+}
+
+static int load_unique_id(struct training *t, ncclUniqueId *id)
+{
+    const char *path = t->cfg->unique_id_path;
+    if (read_unique_id(path, id) == 0)
+        return 0;
+    if (t->cfg->rank == 0)
+        return write_unique_id(path, id) == 0 ? 0 : cuda_failed(t, path, cudaErrorUnknown);
+    int64_t deadline = now_ns() + (int64_t)(timeout_s() * 1e9);
+    while (read_unique_id(path, id) != 0) {
+        if (now_ns() > deadline) {
+            snprintf(t->error, sizeof t->error, "no unique id appeared in %s", path);
+            return 1;
+        }
+        sleep_ns(UNIQUE_ID_POLL_NS);
+    }
+    return 0;
+}
+
+static void plan_kernels(struct training *t)
+{
+    uint64_t step = (uint64_t)t->cfg->step_compute_ns;
+    uint64_t k = (uint64_t)t->cfg->kernels;
+    t->forward = (struct ingero_sim_kernel){ INGERO_SIM_KERNEL_MAGIC, step * 3 / 10 / k };
+    t->backward = (struct ingero_sim_kernel){ INGERO_SIM_KERNEL_MAGIC, step * 6 / 10 / (2 * k) };
+    t->optimizer = (struct ingero_sim_kernel){ INGERO_SIM_KERNEL_MAGIC, step / 10 };
+}
+
+/* The device, as a framework sets it up: driver init, device by local rank, a stream, buffers. */
+static int set_up_device(struct training *t)
+{
+    const struct rank_config *cfg = t->cfg;
+    CUdevice device;
+    int count = 0;
+    size_t bytes = cfg->allreduce_bytes ? cfg->allreduce_bytes : 1;
+    if (cuInit(0) != CUDA_SUCCESS || cudaGetDeviceCount(&count) != cudaSuccess || count < 1)
+        return cuda_failed(t, "cuInit/cudaGetDeviceCount", cudaErrorNoDevice);
+    if (cuDeviceGet(&device, cfg->local_rank % count) != CUDA_SUCCESS)
+        return cuda_failed(t, "cuDeviceGet", cudaErrorInvalidDevice);
+    t->elements = cfg->allreduce_bytes / datatype_size(cfg->datatype);
+    return cuda_failed(t, "cudaSetDevice", cudaSetDevice(device))
+        || cuda_failed(t, "cudaStreamCreateWithFlags",
+                       cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking))
+        || cuda_failed(t, "cudaMalloc", cudaMalloc(&t->grads, bytes))
+        || cuda_failed(t, "cudaMalloc", cudaMalloc(&t->reduced, bytes))
+        || cuda_failed(t, "cudaMalloc", cudaMalloc(&t->gathered, bytes))
+        || cuda_failed(t, "cudaMalloc", cudaMalloc(&t->p2p_out, bytes))
+        || cuda_failed(t, "cudaMalloc", cudaMalloc(&t->p2p_in, bytes))
+        || cuda_failed(t, "cudaMalloc", cudaMalloc(&t->loss_device, sizeof(float)))
+        || cuda_failed(t, "cudaMallocHost", cudaMallocHost((void **)&t->loss_host, sizeof(float)));
+}
+
+static int join_communicator(struct training *t)
+{
+    ncclUniqueId id;
+    if (load_unique_id(t, &id))
+        return 1;
+    t->comm_hash = ingero_sim_comm_id_hash(id.internal);
+    return nccl_failed(t, "ncclCommInitRank",
+                       ncclCommInitRank(&t->comm, t->cfg->world_size, id, t->cfg->rank));
+}
+
+static struct collective_call call_begin(struct training *t, const char *op, size_t count,
+                                         int root, int peer, int step)
+{
+    return (struct collective_call){
+        .op = op, .count = count, .datatype = t->cfg->datatype, .root = root, .peer = peer,
+        .seq = t->seq++, .step = step, .entry_ns = now_ns(),
+    };
+}
+
+static int call_end(struct training *t, struct collective_call *call)
+{
+    call->return_ns = now_ns();
+    record_collective(t->record_fd, t->cfg, t->comm_hash, call);
+    return nccl_failed(t, call->op, call->result);
+}
+
+static int all_reduce(struct training *t, int step)
+{
+    struct collective_call c = call_begin(t, "ncclAllReduce", t->elements, -1, -1, step);
+    c.result = ncclAllReduce(t->grads, t->reduced, t->elements, t->cfg->datatype, ncclSum, t->comm,
+                             t->stream);
+    return call_end(t, &c);
+}
+
+static size_t per_rank_elements(const struct training *t)
+{
+    size_t share = t->elements / (size_t)t->cfg->world_size;
+    return share ? share : 1;
+}
+
+static int all_gather(struct training *t, int step)
+{
+    size_t count = per_rank_elements(t);
+    struct collective_call c = call_begin(t, "ncclAllGather", count, -1, -1, step);
+    c.result = ncclAllGather(t->grads, t->gathered, count, t->cfg->datatype, t->comm, t->stream);
+    return call_end(t, &c);
+}
+
+static int reduce_scatter(struct training *t, int step)
+{
+    size_t count = per_rank_elements(t);
+    struct collective_call c = call_begin(t, "ncclReduceScatter", count, -1, -1, step);
+    c.result = ncclReduceScatter(t->grads, t->reduced, count, t->cfg->datatype, ncclSum, t->comm,
+                                 t->stream);
+    return call_end(t, &c);
+}
+
+static int broadcast(struct training *t, int step)
+{
+    int root = step % t->cfg->world_size;
+    struct collective_call c = call_begin(t, "ncclBroadcast", t->elements, root, -1, step);
+    c.result = ncclBroadcast(t->grads, t->reduced, t->elements, t->cfg->datatype, root, t->comm,
+                             t->stream);
+    return call_end(t, &c);
+}
+
+static int reduce(struct training *t, int step)
+{
+    int root = step % t->cfg->world_size;
+    struct collective_call c = call_begin(t, "ncclReduce", t->elements, root, -1, step);
+    c.result = ncclReduce(t->grads, t->reduced, t->elements, t->cfg->datatype, ncclSum, root,
+                          t->comm, t->stream);
+    return call_end(t, &c);
+}
+
+/* A ring exchange (pipeline-parallel style): send to the next rank, receive from the previous,
+ * grouped so the two proceed together. */
+static int send_recv(struct training *t, int step)
+{
+    int n = t->cfg->world_size, me = t->cfg->rank;
+    size_t count = per_rank_elements(t);
+    if (nccl_failed(t, "ncclGroupStart", ncclGroupStart()))
+        return 1;
+    struct collective_call send = call_begin(t, "ncclSend", count, -1, (me + 1) % n, step);
+    send.result = ncclSend(t->p2p_out, count, t->cfg->datatype, send.peer, t->comm, t->stream);
+    int failed = call_end(t, &send);
+    struct collective_call recv = call_begin(t, "ncclRecv", count, -1, (me + n - 1) % n, step);
+    recv.result = ncclRecv(t->p2p_in, count, t->cfg->datatype, recv.peer, t->comm, t->stream);
+    failed |= call_end(t, &recv);
+    return nccl_failed(t, "ncclGroupEnd", ncclGroupEnd()) || failed;
+}
+
+static int communicate(struct training *t, int step)
+{
+    unsigned int extras = t->cfg->extras;
+    return all_reduce(t, step)
+        || ((extras & EXTRA_ALL_GATHER) && all_gather(t, step))
+        || ((extras & EXTRA_REDUCE_SCATTER) && reduce_scatter(t, step))
+        || ((extras & EXTRA_BROADCAST) && broadcast(t, step))
+        || ((extras & EXTRA_REDUCE) && reduce(t, step))
+        || ((extras & EXTRA_SEND_RECV) && send_recv(t, step));
+}
+
+static int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times)
+{
+    dim3 grid = { 132, 1, 1 }, block = { 256, 1, 1 };
+    for (int i = 0; i < times; i++)
+        if (cuda_failed(t, "cudaLaunchKernel",
+                        cudaLaunchKernel(kernel, grid, block, NULL, 0, t->stream)))
+            return 1;
+    return 0;
+}
+
+static int compute_and_communicate(struct training *t, int step)
+{
+    int64_t delay = rank_delay_ns(t->cfg, step);
+    if (launch(t, &t->forward, t->cfg->kernels) || launch(t, &t->backward, 2 * t->cfg->kernels))
+        return 1;
+    if (delay > 0)
+        sleep_ns(delay);
+    return communicate(t, step) || launch(t, &t->optimizer, 1);
+}
+
+static int run_step(struct training *t, int step)
+{
+    const struct rank_config *cfg = t->cfg;
+    int64_t begin = now_ns();
+    void *activations = NULL;
+    host_work(cfg->host_work_ns);
+    if (cuda_failed(t, "cudaMalloc", cudaMalloc(&activations, cfg->allreduce_bytes + 1))
+        || compute_and_communicate(t, step))
+        return 1;
+    int64_t sync_begin = now_ns();
+    if (cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream)))
+        return 1;
+    t->sync_wait_ns[step] = now_ns() - sync_begin;
+    if (cuda_failed(t, "cudaFree", cudaFree(activations)))
+        return 1;
+    if (cfg->memcpy_every && step % cfg->memcpy_every == cfg->memcpy_every - 1
+        && cuda_failed(t, "cudaMemcpy", cudaMemcpy(t->loss_host, t->loss_device, sizeof(float),
+                                                   cudaMemcpyDeviceToHost)))
+        return 1;
+    t->step_ns[step] = now_ns() - begin;
+    return 0;
+}
+
+/* Injected faults act at the start of a step: a crash exits at once, a hang just stops. */
+static void inject_fault(const struct rank_config *cfg, int step)
+{
+    if (step == cfg->die_at)
+        _exit(EXIT_INJECTED_DEATH);
+    if (step == cfg->hang_at)
+        for (;;)
+            pause();
+}
+
+static int train(struct training *t)
+{
+    for (int step = 0; step < t->cfg->steps; step++) {
+        inject_fault(t->cfg, step);
+        if (run_step(t, step))
+            return 1;
+        t->steps_done = step + 1;
+    }
+    return 0;
+}
+
+static uint64_t network_namespace(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/net", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static int finish(struct training *t, int failed, int64_t start_ns)
+{
+    struct rank_summary summary = {
+        .steps_done = t->steps_done, .collectives = t->seq, .step_ns = t->step_ns,
+        .sync_wait_ns = t->sync_wait_ns, .status = failed ? "error" : "ok", .error = t->error,
+        .start_ns = start_ns, .end_ns = now_ns(), .net_ns = network_namespace(),
+    };
+    record_summary(t->record_fd, t->cfg, t->comm_hash, &summary);
+    if (failed) {
+        fprintf(stderr, "ingero-sim-rank %d: %s\n", t->cfg->rank, t->error);
+        if (t->comm)
+            ncclCommAbort(t->comm);
+        return EXIT_GPU_ERROR;
+    }
+    ncclCommDestroy(t->comm);
+    cudaStreamDestroy(t->stream);
+    cudaFreeHost(t->loss_host);
+    return EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    struct rank_config cfg;
+    int status = rank_config_parse(&cfg, argc, argv);
+    if (status)
+        return status;
+    struct training t = { .cfg = &cfg };
+    t.record_fd = record_open(cfg.record_path);
+    t.step_ns = calloc((size_t)cfg.steps, sizeof *t.step_ns);
+    t.sync_wait_ns = calloc((size_t)cfg.steps, sizeof *t.sync_wait_ns);
+    if (t.record_fd < 0 || !t.step_ns || !t.sync_wait_ns) {
+        perror(cfg.record_path);
+        return EXIT_USAGE;
+    }
+    int64_t start_ns = now_ns();
+    plan_kernels(&t);
+    int failed = set_up_device(&t) || join_communicator(&t) || train(&t);
+    return finish(&t, failed, start_ns);
+}

@@ -1,0 +1,88 @@
+/*
+ * ingero-sim-rank: one rank of a simulated training job. It calls the sim's CUDA and NCCL
+ * libraries exactly as a training loop would, injects the straggler behaviour it is told to,
+ * and writes the ground truth of what it did (JSON lines) for tests and demos to check against.
+ */
+#ifndef SIM_RANK_H
+#define SIM_RANK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+#define MAX_DELAY_RULES 8
+
+enum rank_exit {
+    EXIT_OK = 0,
+    EXIT_INJECTED_DEATH = 1,  /* --die-at: exits without cleanup, like a crashed process */
+    EXIT_USAGE = 2,
+    EXIT_GPU_ERROR = 3,       /* a CUDA or NCCL call failed, e.g. a peer never arrived */
+};
+
+enum extra_collective {
+    EXTRA_ALL_GATHER = 1 << 0,
+    EXTRA_REDUCE_SCATTER = 1 << 1,
+    EXTRA_BROADCAST = 1 << 2,
+    EXTRA_REDUCE = 1 << 3,
+    EXTRA_SEND_RECV = 1 << 4,
+};
+
+/* Host-side sleep before the gradient all-reduce on steps from, from+every, … until. */
+struct delay_rule {
+    int64_t delay_ns;
+    int from, every, until;   /* until < 0: to the end */
+};
+
+struct rank_config {
+    int rank, world_size, local_rank, local_world_size, node;
+    char job_id[64];
+    int steps;
+    int64_t step_compute_ns;  /* GPU time of forward + backward + optimizer per step */
+    int kernels;              /* kernel launches per forward pass; backward launches twice as many */
+    size_t allreduce_bytes;
+    ncclDataType_t datatype;
+    unsigned int extras;      /* enum extra_collective bits */
+    int64_t host_work_ns;     /* CPU time of host-side work per step (data loading) */
+    struct delay_rule delays[MAX_DELAY_RULES];
+    int ndelays;
+    int die_at, hang_at;      /* step numbers; -1: never */
+    int memcpy_every;         /* a blocking device-to-host copy every N steps; 0: never */
+    const char *record_path;
+    const char *unique_id_path;
+};
+
+/* rank_config.c */
+int rank_config_parse(struct rank_config *cfg, int argc, char **argv);
+int64_t rank_delay_ns(const struct rank_config *cfg, int step);
+const char *datatype_name(ncclDataType_t datatype);
+size_t datatype_size(ncclDataType_t datatype);
+
+/* rank_record.c: the ground-truth record, one JSON object per line, written unbuffered. */
+struct collective_call {
+    const char *op;           /* the NCCL function name, e.g. "ncclAllReduce" */
+    size_t count;
+    ncclDataType_t datatype;
+    int root, peer;           /* -1 where the call has none */
+    uint64_t seq;             /* per-communicator sequence, from 0 */
+    int step;
+    int64_t entry_ns, return_ns;
+    ncclResult_t result;
+};
+
+struct rank_summary {
+    int steps_done;
+    uint64_t collectives;
+    const int64_t *step_ns, *sync_wait_ns;
+    const char *status, *error;
+    int64_t start_ns, end_ns;
+    uint64_t net_ns;          /* inode of the network namespace the rank ran in */
+};
+
+int record_open(const char *path);
+void record_collective(int fd, const struct rank_config *cfg, uint64_t comm_hash,
+                       const struct collective_call *call);
+void record_summary(int fd, const struct rank_config *cfg, uint64_t comm_hash,
+                    const struct rank_summary *summary);
+
+#endif

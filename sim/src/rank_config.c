@@ -1,0 +1,293 @@
+/* The rank's settings: identity from the launcher's environment, the job from flags. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rank.h"
+
+static const char usage_text[] =
+    "usage: ingero-sim-rank [options]\n"
+    "Runs one rank of a simulated training job through the sim's libcudart/libnccl.\n"
+    "Rank and world size come from RANK/WORLD_SIZE/LOCAL_RANK or SLURM_PROCID/SLURM_NTASKS/\n"
+    "SLURM_LOCALID; the job id from SLURM_JOB_ID.\n"
+    "  --steps N               training steps (default 10)\n"
+    "  --step-ms MS            GPU compute per step (default 20)\n"
+    "  --kernels N             kernel launches per forward pass (default 4)\n"
+    "  --bytes B               bytes per gradient all-reduce (default 4194304)\n"
+    "  --dtype NAME            float32, float16, bfloat16, float64, int8, uint8, int32,\n"
+    "                          uint32, int64, uint64 (default float32)\n"
+    "  --extra LIST            comma list of allgather,reducescatter,broadcast,reduce,sendrecv\n"
+    "  --host-work-ms MS       CPU time of host work (data loading) per step (default 0.5)\n"
+    "  --delay SPEC            host delay before the all-reduce, SPEC = ms=M[,from=F]\n"
+    "                          [,every=E][,until=U]; may repeat\n"
+    "  --die-at N              exit 1 without cleanup at the start of step N\n"
+    "  --hang-at N             stop calling anything at the start of step N\n"
+    "  --memcpy-every N        blocking device-to-host copy every N steps (default 5; 0 off)\n"
+    "  --record PATH           ground-truth JSON lines (required)\n"
+    "  --unique-id-file PATH   where rank 0 writes, and the others read, the ncclUniqueId\n"
+    "example: RANK=0 WORLD_SIZE=1 ingero-sim-rank --steps 5 --record /tmp/r0.jsonl "
+    "--unique-id-file /tmp/uid\n";
+
+static const struct {
+    const char *name;
+    ncclDataType_t datatype;
+} datatypes[] = {
+    { "int8", ncclInt8 }, { "uint8", ncclUint8 }, { "int32", ncclInt32 },
+    { "uint32", ncclUint32 }, { "int64", ncclInt64 }, { "uint64", ncclUint64 },
+    { "float16", ncclFloat16 }, { "float32", ncclFloat32 }, { "float64", ncclFloat64 },
+    { "bfloat16", ncclBfloat16 },
+};
+
+static const char *const datatype_enum_names[] = {
+    "ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64",
+    "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16",
+};
+
+const char *datatype_name(ncclDataType_t datatype)
+{
+    return (unsigned int)datatype < ncclNumTypes ? datatype_enum_names[datatype] : "unknown";
+}
+
+size_t datatype_size(ncclDataType_t datatype)
+{
+    switch (datatype) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 4;
+    }
+}
+
+static int fail(const char *what, const char *value)
+{
+    fprintf(stderr, "ingero-sim-rank: bad %s '%s'\n%s", what, value, usage_text);
+    return EXIT_USAGE;
+}
+
+static int parse_long(const char *text, long minimum, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (errno || end == text || *end || value < minimum)
+        return -1;
+    *out = value;
+    return 0;
+}
+
+static int parse_double(const char *text, double minimum, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno || end == text || *end || value < minimum)
+        return -1;
+    *out = value;
+    return 0;
+}
+
+static int env_int(const char *first, const char *second, int fallback)
+{
+    const char *text = getenv(first);
+    if (!text || !*text)
+        text = getenv(second);
+    long value;
+    return text && parse_long(text, 0, &value) == 0 ? (int)value : fallback;
+}
+
+/* Identity as a real launcher gives it: torchrun's variables, else Slurm's. */
+static void read_identity(struct rank_config *cfg)
+{
+    cfg->rank = env_int("RANK", "SLURM_PROCID", 0);
+    cfg->world_size = env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
+    cfg->local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", 0);
+    cfg->local_world_size = env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                                    cfg->world_size);
+    cfg->node = env_int("SLURM_NODEID", "GROUP_RANK", 0);
+    const char *job = getenv("SLURM_JOB_ID");
+    snprintf(cfg->job_id, sizeof cfg->job_id, "%s", job && *job ? job : "");
+}
+
+static int parse_datatype(const char *text, ncclDataType_t *out)
+{
+    for (size_t i = 0; i < sizeof datatypes / sizeof datatypes[0]; i++)
+        if (strcmp(text, datatypes[i].name) == 0) {
+            *out = datatypes[i].datatype;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_extras(const char *text, unsigned int *out)
+{
+    static const struct { const char *name; unsigned int bit; } names[] = {
+        { "allgather", EXTRA_ALL_GATHER }, { "reducescatter", EXTRA_REDUCE_SCATTER },
+        { "broadcast", EXTRA_BROADCAST }, { "reduce", EXTRA_REDUCE },
+        { "sendrecv", EXTRA_SEND_RECV },
+    };
+    char copy[256], *save = NULL;
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *word = strtok_r(copy, ",", &save); word; word = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        while (i < sizeof names / sizeof names[0] && strcmp(word, names[i].name) != 0)
+            i++;
+        if (i == sizeof names / sizeof names[0])
+            return -1;
+        *out |= names[i].bit;
+    }
+    return 0;
+}
+
+static int parse_delay_field(struct delay_rule *rule, const char *name, const char *value)
+{
+    double ms;
+    long n;
+    if (strcmp(name, "ms") == 0 && parse_double(value, 0, &ms) == 0)
+        rule->delay_ns = (int64_t)(ms * 1e6);
+    else if (strcmp(name, "from") == 0 && parse_long(value, 0, &n) == 0)
+        rule->from = (int)n;
+    else if (strcmp(name, "every") == 0 && parse_long(value, 1, &n) == 0)
+        rule->every = (int)n;
+    else if (strcmp(name, "until") == 0 && parse_long(value, 0, &n) == 0)
+        rule->until = (int)n;
+    else
+        return -1;
+    return 0;
+}
+
+/* "ms=40,from=5,every=1,until=9" */
+static int parse_delay(const char *text, struct delay_rule *rule)
+{
+    *rule = (struct delay_rule){ .delay_ns = -1, .from = 0, .every = 1, .until = -1 };
+    char copy[256], *save = NULL;
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *field = strtok_r(copy, ",", &save); field; field = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(field, '=');
+        if (!eq)
+            return -1;
+        *eq = '\0';
+        if (parse_delay_field(rule, field, eq + 1) < 0)
+            return -1;
+    }
+    return rule->delay_ns < 0 ? -1 : 0;
+}
+
+int64_t rank_delay_ns(const struct rank_config *cfg, int step)
+{
+    int64_t total = 0;
+    for (int i = 0; i < cfg->ndelays; i++) {
+        const struct delay_rule *d = &cfg->delays[i];
+        int in_range = step >= d->from && (d->until < 0 || step <= d->until);
+        if (in_range && (step - d->from) % d->every == 0)
+            total += d->delay_ns;
+    }
+    return total;
+}
+
+enum option_id {
+    OPT_STEPS = 1, OPT_STEP_MS, OPT_KERNELS, OPT_BYTES, OPT_DTYPE, OPT_EXTRA, OPT_HOST_WORK,
+    OPT_DELAY, OPT_DIE_AT, OPT_HANG_AT, OPT_MEMCPY_EVERY, OPT_RECORD, OPT_UNIQUE_ID, OPT_HELP,
+};
+
+static const struct option options[] = {
+    { "steps", required_argument, NULL, OPT_STEPS },
+    { "step-ms", required_argument, NULL, OPT_STEP_MS },
+    { "kernels", required_argument, NULL, OPT_KERNELS },
+    { "bytes", required_argument, NULL, OPT_BYTES },
+    { "dtype", required_argument, NULL, OPT_DTYPE },
+    { "extra", required_argument, NULL, OPT_EXTRA },
+    { "host-work-ms", required_argument, NULL, OPT_HOST_WORK },
+    { "delay", required_argument, NULL, OPT_DELAY },
+    { "die-at", required_argument, NULL, OPT_DIE_AT },
+    { "hang-at", required_argument, NULL, OPT_HANG_AT },
+    { "memcpy-every", required_argument, NULL, OPT_MEMCPY_EVERY },
+    { "record", required_argument, NULL, OPT_RECORD },
+    { "unique-id-file", required_argument, NULL, OPT_UNIQUE_ID },
+    { "help", no_argument, NULL, OPT_HELP },
+    { NULL, 0, NULL, 0 },
+};
+
+static int set_int(const char *option, const char *arg, long minimum, int *field)
+{
+    long n;
+    if (parse_long(arg, minimum, &n))
+        return fail(option, arg);
+    *field = (int)n;
+    return 0;
+}
+
+static int set_ms(const char *option, const char *arg, int64_t *field_ns)
+{
+    double ms;
+    if (parse_double(arg, 0, &ms))
+        return fail(option, arg);
+    *field_ns = (int64_t)(ms * 1e6);
+    return 0;
+}
+
+static int add_delay(struct rank_config *cfg, const char *arg)
+{
+    if (cfg->ndelays == MAX_DELAY_RULES || parse_delay(arg, &cfg->delays[cfg->ndelays]))
+        return fail("--delay", arg);
+    cfg->ndelays++;
+    return 0;
+}
+
+static int set_bytes(struct rank_config *cfg, const char *arg)
+{
+    long n;
+    if (parse_long(arg, 0, &n))
+        return fail("--bytes", arg);
+    cfg->allreduce_bytes = (size_t)n;
+    return 0;
+}
+
+/* One option into cfg; 0 on success, else the exit status. */
+static int apply_option(struct rank_config *cfg, int id, const char *arg)
+{
+    switch (id) {
+    case OPT_STEPS: return set_int("--steps", arg, 1, &cfg->steps);
+    case OPT_KERNELS: return set_int("--kernels", arg, 1, &cfg->kernels);
+    case OPT_DIE_AT: return set_int("--die-at", arg, 0, &cfg->die_at);
+    case OPT_HANG_AT: return set_int("--hang-at", arg, 0, &cfg->hang_at);
+    case OPT_MEMCPY_EVERY: return set_int("--memcpy-every", arg, 0, &cfg->memcpy_every);
+    case OPT_STEP_MS: return set_ms("--step-ms", arg, &cfg->step_compute_ns);
+    case OPT_HOST_WORK: return set_ms("--host-work-ms", arg, &cfg->host_work_ns);
+    case OPT_BYTES: return set_bytes(cfg, arg);
+    case OPT_DTYPE: return parse_datatype(arg, &cfg->datatype) ? fail("--dtype", arg) : 0;
+    case OPT_EXTRA: return parse_extras(arg, &cfg->extras) ? fail("--extra", arg) : 0;
+    case OPT_DELAY: return add_delay(cfg, arg);
+    case OPT_RECORD: cfg->record_path = arg; return 0;
+    case OPT_UNIQUE_ID: cfg->unique_id_path = arg; return 0;
+    case OPT_HELP: fputs(usage_text, stdout); exit(EXIT_OK);
+    default: fputs(usage_text, stderr); return EXIT_USAGE;
+    }
+}
+
+static void set_defaults(struct rank_config *cfg)
+{
+    *cfg = (struct rank_config){
+        .steps = 10, .step_compute_ns = 20000000, .kernels = 4, .allreduce_bytes = 4194304,
+        .datatype = ncclFloat32, .host_work_ns = 500000, .die_at = -1, .hang_at = -1,
+        .memcpy_every = 5,
+    };
+}
+
+int rank_config_parse(struct rank_config *cfg, int argc, char **argv)
+{
+    set_defaults(cfg);
+    read_identity(cfg);
+    int id, status;
+    while ((id = getopt_long(argc, argv, "", options, NULL)) != -1)
+        if ((status = apply_option(cfg, id, optarg)) != 0)
+            return status;
+    if (optind < argc)
+        return fail("argument", argv[optind]);
+    if (!cfg->record_path || !cfg->unique_id_path)
+        return fail("command line", "--record and --unique-id-file are required");
+    if (cfg->rank >= cfg->world_size)
+        return fail("RANK", "must be below WORLD_SIZE");
+    return 0;
+}

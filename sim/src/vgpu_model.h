@@ -1,0 +1,107 @@
+/*
+ * Inside the virtual GPU (libcudart only). A stream is a FIFO of items; the device thread runs
+ * the item at each stream's head in real time: work (kernels, copies) ends at start + duration,
+ * an event record completes at once, an event wait completes when the event does, and a remote
+ * item (a collective) completes when every rank has reached it plus the transfer time.
+ *
+ * Times: "virtual" times are CLOCK_MONOTONIC ns at which the modelled GPU did something; the
+ * device thread sleeps until real time catches up with them, so syncs block for real.
+ * Locking: one mutex (vgpu_lock) guards all streams, events and items.
+ */
+#ifndef SIM_VGPU_MODEL_H
+#define SIM_VGPU_MODEL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cuda_runtime_api.h"
+#include "vgpu.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+
+#define STREAM_MAGIC 0x5354524dU
+#define EVENT_MAGIC 0x45564e54U
+
+struct vgpu_item;
+
+struct CUstream_st {
+    uint32_t magic;
+    unsigned int flags;       /* cudaStreamNonBlocking: not ordered with the legacy stream */
+    int destroyed;            /* freed by the device thread once its queue drains */
+    struct vgpu_item *head, *tail;
+    uint64_t enqueued;        /* items ever queued */
+    uint64_t completed;       /* items the device has finished (or failed) */
+    int64_t free_at_ns;       /* virtual time the last finished item ended */
+    cudaError_t error;        /* first failure on this stream; sticky */
+    struct CUstream_st *next; /* all live streams, the default stream last */
+};
+
+struct CUevent_st {
+    uint32_t magic;
+    unsigned int flags;
+    int destroyed;
+    int refs;                 /* queued items that still point here */
+    uint64_t recorded;        /* cudaEventRecord calls so far */
+    uint64_t completed;       /* highest record the device has reached */
+    int64_t time_ns;          /* virtual time of that record */
+    cudaError_t error;
+};
+
+struct vgpu_knobs {
+    int64_t kernel_ns;        /* INGERO_SIM_KERNEL_US */
+    double slowdown;          /* INGERO_SIM_GPU_SLOWDOWN */
+    double pcie_gbps;         /* INGERO_SIM_PCIE_GBPS: GB/s == bytes per ns */
+    double hbm_gbps;          /* INGERO_SIM_HBM_GBPS */
+    int64_t timeout_ns;       /* INGERO_SIM_TIMEOUT_S */
+    int device_count;         /* INGERO_SIM_DEVICE_COUNT */
+    uint64_t memory_bytes;    /* INGERO_SIM_GPU_MEM_GB */
+};
+
+/* vgpu_device.c: global state, the device thread, host-side waiting. */
+HIDDEN void vgpu_init(void);
+HIDDEN const struct vgpu_knobs *vgpu_knobs(void);
+HIDDEN void vgpu_lock(void);
+HIDDEN void vgpu_unlock(void);
+HIDDEN struct CUstream_st *vgpu_default_stream(void);
+HIDDEN void vgpu_add_stream(struct CUstream_st *s);
+HIDDEN cudaError_t vgpu_sticky_error(void);
+HIDDEN void vgpu_poke(void);
+HIDDEN cudaError_t vgpu_wait(int (*done)(void *arg), void *arg);
+HIDDEN cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item);
+HIDDEN struct vgpu_item *vgpu_item_work(int64_t duration_ns);
+HIDDEN struct vgpu_item *vgpu_item_event(int wait, struct CUevent_st *ev, uint64_t record);
+HIDDEN struct vgpu_item *vgpu_item_remote(const struct ingero_sim_remote_ops *ops,
+                                          void *const *parts, int nparts);
+HIDDEN int vgpu_for_each_stream(int (*visit)(struct CUstream_st *s, void *arg), void *arg);
+
+/* vgpu_stream.c: streams, events, durations, synchronisation. */
+HIDDEN struct CUstream_st *vgpu_stream(cudaStream_t handle);
+HIDDEN struct CUevent_st *vgpu_event(cudaEvent_t handle);
+HIDDEN int64_t vgpu_kernel_ns(const void *func);
+HIDDEN int64_t vgpu_copy_ns(size_t bytes, enum cudaMemcpyKind kind);
+HIDDEN cudaError_t vgpu_launch(cudaStream_t stream, const void *func);
+HIDDEN cudaError_t vgpu_work(cudaStream_t stream, int64_t duration_ns);
+HIDDEN cudaError_t vgpu_stream_create(cudaStream_t *out, unsigned int flags);
+HIDDEN cudaError_t vgpu_stream_destroy(cudaStream_t stream);
+HIDDEN cudaError_t vgpu_stream_query(cudaStream_t stream);
+HIDDEN cudaError_t vgpu_stream_sync(cudaStream_t stream);
+HIDDEN cudaError_t vgpu_device_sync(int blocking_streams_only);
+HIDDEN cudaError_t vgpu_stream_wait_event(cudaStream_t stream, cudaEvent_t event);
+HIDDEN cudaError_t vgpu_event_create(cudaEvent_t *out, unsigned int flags);
+HIDDEN cudaError_t vgpu_event_record(cudaEvent_t event, cudaStream_t stream);
+HIDDEN cudaError_t vgpu_event_query(cudaEvent_t event);
+HIDDEN cudaError_t vgpu_event_sync(cudaEvent_t event);
+HIDDEN cudaError_t vgpu_event_elapsed(float *ms, cudaEvent_t start, cudaEvent_t end);
+HIDDEN cudaError_t vgpu_event_destroy(cudaEvent_t event);
+HIDDEN void vgpu_event_release(struct CUevent_st *ev);
+
+/* vgpu_mem.c: allocations and copies. */
+enum vgpu_mem_kind { MEM_HOST_PAGEABLE, MEM_DEVICE, MEM_MANAGED, MEM_HOST_PINNED };
+HIDDEN cudaError_t vgpu_alloc(void **ptr, size_t bytes, enum vgpu_mem_kind kind);
+HIDDEN cudaError_t vgpu_release(void *ptr, enum vgpu_mem_kind kind);
+HIDDEN void vgpu_mem_info(size_t *free_bytes, size_t *total_bytes);
+HIDDEN cudaError_t vgpu_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                             cudaStream_t stream, int blocking);
+HIDDEN cudaError_t vgpu_memset(void *dst, int value, size_t bytes, cudaStream_t stream);
+
+#endif
