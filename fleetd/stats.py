@@ -45,3 +45,14 @@ def ema(previous: float | None, value: float, alpha: float) -> float:
 def under_bar(scores: np.ndarray, threshold: float) -> np.ndarray:
     """Boolean mask of the scores strictly below the threshold."""
     return np.asarray(scores, dtype=float) < threshold
+
+
+def peer_lag(entries: np.ndarray) -> np.ndarray:
+    """Each rank's entry into the same collective minus the median entry of all its ranks.
+
+    ``entries`` is (collectives × ranks) of clock-corrected entry times; a rank that arrives
+    late has a positive lag on the collectives it delays. The median, not the mean, so that a
+    late rank does not move the reference it is measured against.
+    """
+    entries = np.asarray(entries, dtype=float)
+    return entries - np.median(entries, axis=-1, keepdims=True)

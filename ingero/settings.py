@@ -96,6 +96,12 @@ def path(value: Any) -> Path:
     return Path(text(str(value))).expanduser()
 
 
+def path_list(value: Any) -> list[str]:
+    """Comma-separated on the command line, a list in YAML."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    return [str(path(item)) for item in items if str(item).strip()]
+
+
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
 
@@ -125,6 +131,16 @@ def node_counts(value: Any) -> dict[str, int]:
         if any(len(p) != 2 for p in pairs):
             raise ValueError("expected CLUSTER=COUNT[,CLUSTER=COUNT...]")
     return {text(str(k)): integer(1, 1_000_000)(v) for k, v in pairs}
+
+
+def env_matches(value: Any) -> dict[str, str]:
+    """``KEY=VALUE,...`` on the command line, a mapping in YAML."""
+    if isinstance(value, dict):
+        return {text(str(k)): str(v) for k, v in value.items()}
+    pairs = [item.split("=", 1) for item in str(value).split(",") if item.strip()]
+    if any(len(p) != 2 or not p[0].strip() for p in pairs):
+        raise ValueError("expected KEY=VALUE[,KEY=VALUE...]")
+    return {k.strip(): v for k, v in pairs}
 
 
 def log_level(value: Any) -> str:
@@ -186,7 +202,7 @@ def click_options(table: list[Setting]) -> Callable:
     """Decorate a click command with one option per setting; unset options arrive as None."""
     def decorate(command: Callable) -> Callable:
         for s in reversed(table):
-            default = f" [default: {s.default}]" if s.default not in (None, False, {}) and "[default:" not in s.help else ""
+            default = f" [default: {s.default}]" if s.default not in (None, False, {}, []) and "[default:" not in s.help else ""
             if s.is_flag:
                 option = click.option(s.flag, s.name, is_flag=True, default=None,
                                       help=s.help, hidden=s.hidden)

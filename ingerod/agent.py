@@ -71,10 +71,12 @@ class Agent:
                 for message in self.link.poll(wait):
                     self.on_message(message)
                 now = self.clock()
+                self.source.poll(now)
                 self.link.tick(now)
                 self._mode_change(self.detector.mode(self.state, self.link.reachable(now), now)[0])
                 self.watchdog.tick(now)
             self.notifier.stopping()
+            self.cycle(self.clock())  # what the source gathered since the last push goes too
             self.drain()
         finally:
             self.close()
@@ -98,6 +100,7 @@ class Agent:
             self.add_events([{"kind": verdict.edge, "t": time.time(), "attrs": {
                 "score": assessment.score, "threshold": verdict.bar, "mode": verdict.mode}}])
         self.add_events(sample.events)
+        self.metrics.events_lost.set(self.source.lost_events())
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
                           verdict.straggler, self.link.reachable(now))
         self.link.push(self.build_push(assessment))

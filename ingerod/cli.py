@@ -44,3 +44,36 @@ def slurm_defaults(environ=os.environ) -> dict:
 
 
 main.add_command(keygen_command("/etc/ingero/keys", "ingerod", "this agent"))
+
+
+@main.command("trace", context_settings={"max_content_width": 100})
+@click.option("--job", default=None, metavar="JOBID",
+              help="Only the processes of this Slurm job [default: every process that maps "
+                   "CUDA or NCCL]")
+@click.option("--libraries", default="", metavar="PATHS",
+              help="Library files to attach at start, comma-separated")
+@click.option("--match-env", default="", metavar="KEY=VALUE",
+              help="Only processes whose environment has all of KEY=VALUE[,...]")
+@click.option("--duration", type=float, default=None, metavar="SECONDS",
+              help="Stop after this long [default: until interrupted]")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event")
+@click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit")
+def trace_command(job, libraries, match_env, duration, as_json, ebpf) -> None:
+    """Print the NCCL, CUDA and host events of the traced processes as they happen.
+
+    Example: ingerod trace --job 4242
+    """
+    from .probes import program_text
+    from .trace import run_trace
+
+    if ebpf:
+        click.echo(program_text())
+        return
+    cfg = load_settings(SETTINGS, "INGEROD", None, DEFAULT_CONFIG,
+                        {"job": job, "libraries": libraries or None,
+                         "match_env": match_env or None})
+    setup_logging(cfg.log_level, "ingerod")
+    try:
+        run_trace(cfg, as_json, duration, SignalFlags().install())
+    except IngeroError as exc:
+        raise click.ClickException(str(exc)) from None

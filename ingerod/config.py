@@ -2,8 +2,9 @@
 
 import socket
 
-from ingero.settings import (Setting, boolean, choice, integer, listen_address, log_level, number,
-                             optional, optional_text, path, text, zmq_endpoint)
+from ingero.settings import (Setting, boolean, choice, env_matches, integer, listen_address,
+                             log_level, number, optional, optional_text, path, path_list, text,
+                             zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/ingerod.yaml"
 
@@ -29,6 +30,24 @@ SETTINGS = [
     Setting("script", None, optional_text,
             "synthetic: scores over time, SECONDS:SCORE[,SECONDS:SCORE...]; 'idle' as a score "
             "reports no job.", "SCRIPT"),
+    Setting("match_env", {}, env_matches,
+            "ebpf: trace only processes whose environment has all of KEY=VALUE[,...] "
+            "(a job step, one simulated node).", "KEY=VALUE"),
+    Setting("libraries", [], path_list,
+            "ebpf: CUDA/NCCL library files to attach at start, comma-separated, so processes "
+            "that map them are traced from their first call (others attach when found).",
+            "PATHS"),
+    Setting("launch_duty_cycle", 1.0, number(0.0, 1.0),
+            "ebpf: fraction of each launch_duty_period during which kernel launches are "
+            "counted (each launch costs a uprobe trap; 1 = always).", "FRACTION"),
+    Setting("launch_duty_period", 10.0, number(0.1, 3600.0),
+            "ebpf: seconds of one duty cycle of the launch counters.", "SECONDS"),
+    Setting("rescan_interval", 2.0, number(0.1, 600.0),
+            "ebpf: seconds between scans of /proc for new processes and libraries.",
+            "SECONDS"),
+    Setting("gpu_memory_bytes", 80 * 2**30, integer(2**20, 2**50),
+            "ebpf: device memory per GPU, against which allocations count as headroom used.",
+            "BYTES"),
     Setting("push_interval", 5.0, number(0.05, 600.0),
             "Seconds between pushes (and health samples).", "SECONDS"),
     Setting("heartbeat_interval", 1.0, number(0.01, 60.0),

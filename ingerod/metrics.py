@@ -31,6 +31,8 @@ class AgentMetrics:
         self.pushed = Counter("ingero_agent_batches_pushed", "Batches pushed", registry=r)
         self.events_dropped = Counter("ingero_agent_events_dropped", "Events dropped because "
                                       "the pending buffer was full", registry=r)
+        self.events_lost = Gauge("ingero_agent_events_lost", "Traced events lost: ring buffer "
+                                 "full in the kernel, or user-space buffer full", registry=r)
         self.rejected = Counter("ingero_agent_frames_rejected", "Bad frames from fleetd",
                                 registry=r)
         self.reconnects = Counter("ingero_agent_reconnects", "Fresh sockets opened after "

@@ -1,6 +1,7 @@
 """Signal sources: where a node's health signals and events come from.
 
-Every source has ``sample(now) -> Sample`` and ``close()``. ``synthetic`` reports scores it is
+Every source has ``sample(now) -> Sample`` once per push interval, ``poll(now)`` on every pass
+of the agent's loop (to keep kernel buffers drained), ``lost_events()`` and ``close()``. ``synthetic`` reports scores it is
 told (fixed, re-read from a file, or scripted over time) for tests and demos; ``ebpf`` traces
 the training job's NCCL and CUDA calls and its host.
 """
@@ -68,6 +69,12 @@ class SyntheticSource:
         self.score = min(1.0, max(0.0, score))
         return Sample({name: self.score for name in WEIGHTS})
 
+    def poll(self, now: float) -> None:
+        pass
+
+    def lost_events(self) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 
@@ -75,5 +82,5 @@ class SyntheticSource:
 def open_source(cfg: SimpleNamespace, now: float):
     if cfg.source == "synthetic":
         return SyntheticSource(cfg.score, cfg.score_file, cfg.script, now)
-    raise ConfigError("the ebpf source is not part of this build yet; run with "
-                      "--source synthetic (tracing NCCL and CUDA with bcc is the next milestone)")
+    from .ebpf_source import EbpfSource
+    return EbpfSource(cfg, now)

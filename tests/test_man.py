@@ -133,7 +133,7 @@ def test_every_setting_flag_is_documented_with_its_default(page, table):
     for s in table:
         block = tagged(options, rf"\.BI? {s.flag}(\s|$)")
         assert block, f"{page}: no .TP entry for {s.flag}"
-        if s.default not in (None, False, {}) and s.name != "node":
+        if s.default not in (None, False, {}, []) and s.name != "node":
             assert gives_default(block, s.default), f"{page}: {s.flag} does not give {s.default}"
 
 
@@ -166,7 +166,7 @@ def test_every_yaml_key_is_documented_with_its_default(section, table):
     for s in table:
         block = tagged(text, rf"\.B {s.name}$")
         assert block, f"ingero.yaml.5 {section}: no entry for {s.name}"
-        if s.default not in (None, False, {}) and s.name != "node":
+        if s.default not in (None, False, {}, []) and s.name != "node":
             assert gives_default(block, s.default), \
                 f"ingero.yaml.5: {s.name} does not give {s.default}"
 

@@ -58,11 +58,6 @@ def test_daemons_turn_config_errors_into_one_line(tmp_path):
     assert missing.returncode == 1 and "cannot read config file" in missing.stderr
 
 
-def test_ebpf_source_is_refused_honestly_until_it_exists(tmp_path):
-    result = run("ingerod", "--insecure-plaintext-zmq", "--metrics-addr", "none")
-    assert result.returncode == 1 and "ebpf source is not part of this build" in result.stderr
-
-
 MAN = Path(__file__).resolve().parent.parent / "man"
 
 

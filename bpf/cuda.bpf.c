@@ -1,0 +1,332 @@
+/* CUDA runtime and driver: how often a rank launches work, how long it waits and for what,
+ * how much it copies and allocates. The driver calls (cuLaunchKernel, cuCtxSynchronize,
+ * cuMemAlloc_v2, cuMemFree_v2) share the runtime handlers below.
+ *
+ * Cost discipline (a uprobe trap costs microseconds): cudaLaunchKernel is only counted in a
+ * kernel map, never sent per call; syncs, blocking copies and allocations are probed at entry
+ * and return for their duration; async copies at entry only.
+ *
+ * Waiting is not working: a sync that covers a collective enqueued on its stream (or, for a
+ * device-wide sync, on any stream) is flagged EVF_PEER_WAIT — the rank is waiting for its
+ * peers; a sync that covers only its own kernels is self-work.
+ */
+#ifndef INGERO_COMMON
+#include "common.bpf.c"
+#endif
+
+struct call_start {
+    u64 ts;
+    u64 stream;      /* syncs: the stream (0 for device-wide); allocations: the out pointer */
+    u64 size;
+    u32 op;
+    u32 kind;        /* memcpy direction */
+};
+
+/* tgid → kernel launches counted in the kernel (cudaLaunchKernel and cuLaunchKernel). */
+BPF_HASH(launches, u32, u64, MAX_TARGETS);
+/* pid_tgid → a call between its entry and its return. */
+BPF_HASH(calls, u64, struct call_start, MAX_INFLIGHT);
+/* (tgid, cudaEvent_t) → the stream the event was last recorded on. */
+BPF_HASH(event_streams, struct stream_key, u64, MAX_INFLIGHT);
+/* (tgid, device address) → bytes, for the allocations still outstanding. */
+BPF_HASH(allocations, struct stream_key, u64, MAX_INFLIGHT);
+
+int count_launch(struct pt_regs *ctx)
+{
+    u32 tgid = current_tgid();
+    u64 one = 1, *n;
+    if (!is_target(tgid))
+        return 0;
+    n = launches.lookup(&tgid);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    else
+        launches.update(&tgid, &one);
+    return 0;
+}
+
+/* The runtime implements its calls on the driver's (cudaDeviceSynchronize on
+ * cuCtxSynchronize, cudaMalloc on cuMemAlloc): the outermost call of a thread is the one
+ * recorded, and a return only closes the call of its own op. */
+static __always_inline int enter(u32 op, u64 stream, u64 size, u32 kind)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_start start = {.ts = bpf_ktime_get_ns(), .stream = stream, .size = size,
+                               .op = op, .kind = kind};
+    if (!is_target(id >> 32))
+        return 0;
+    calls.insert(&id, &start);
+    return 0;
+}
+
+static __always_inline struct call_start *returning(u64 id, u32 first_op, u32 last_op)
+{
+    struct call_start *start = calls.lookup(&id);
+    if (!start || start->op < first_op || start->op > last_op)
+        return NULL;
+    return start;
+}
+
+/* cudaStreamSynchronize(cudaStream_t stream) */
+int stream_sync_enter(struct pt_regs *ctx)
+{
+    return enter(OP_STREAM_SYNC, PT_REGS_PARM1(ctx), 0, 0);
+}
+
+/* cudaEventRecord(cudaEvent_t event, cudaStream_t stream) */
+int event_record(struct pt_regs *ctx)
+{
+    struct stream_key key = {.tgid = current_tgid(), .stream = PT_REGS_PARM1(ctx)};
+    u64 stream = PT_REGS_PARM2(ctx);
+    if (!is_target(key.tgid))
+        return 0;
+    event_streams.update(&key, &stream);
+    return 0;
+}
+
+/* cudaEventSynchronize(cudaEvent_t event): waits for the stream the event was recorded on. */
+int event_sync_enter(struct pt_regs *ctx)
+{
+    struct stream_key key = {.tgid = current_tgid(), .stream = PT_REGS_PARM1(ctx)};
+    u64 *stream = event_streams.lookup(&key);
+    return enter(OP_EVENT_SYNC, stream ? *stream : ~0ULL, 0, 0);
+}
+
+/* cudaDeviceSynchronize(void) */
+int device_sync_enter(struct pt_regs *ctx)
+{
+    return enter(OP_DEVICE_SYNC, 0, 0, 0);
+}
+
+/* cuCtxSynchronize(void) */
+int ctx_sync_enter(struct pt_regs *ctx)
+{
+    return enter(OP_CTX_SYNC, 0, 0, 0);
+}
+
+/* A sync's return: how long it waited, and whether a collective was behind the wait. */
+static __always_inline int sync_return(struct pt_regs *ctx, u32 first_op, u32 last_op)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_start *start = returning(id, first_op, last_op);
+    struct pending_collective *pending = NULL;
+    struct stream_key skey = {.tgid = id >> 32};
+    struct event ev = {};
+    if (!start)
+        return 0;
+    fill_ids(&ev);
+    ev.ts = start->ts;
+    ev.duration = bpf_ktime_get_ns() - start->ts;
+    ev.kind = EV_SYNC;
+    ev.op = start->op;
+    ev.stream = start->stream;
+    ev.result = (s32)PT_REGS_RC(ctx);
+    if (start->op == OP_DEVICE_SYNC || start->op == OP_CTX_SYNC) {
+        pending = pending_on_device.lookup(&skey.tgid);
+    } else {
+        skey.stream = start->stream;
+        pending = pending_on_stream.lookup(&skey);
+    }
+    if (pending && pending->ts <= start->ts) {
+        ev.flags |= EVF_PEER_WAIT;
+        ev.comm_hash = pending->comm_hash;
+        ev.seq = pending->seq;
+        ev.covered_ts = pending->ts;
+        if (start->op == OP_DEVICE_SYNC || start->op == OP_CTX_SYNC)
+            pending_on_device.delete(&skey.tgid);
+        else
+            pending_on_stream.delete(&skey);
+    }
+    calls.delete(&id);
+    submit(&ev);
+    return 0;
+}
+
+/* cudaMalloc(void** devPtr, size_t size), cudaMallocManaged(void**, size_t, unsigned),
+ * cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize): the address is known at return. */
+int cuda_malloc_enter(struct pt_regs *ctx)
+{
+    return enter(OP_CUDA_MALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
+}
+
+int cuda_malloc_managed_enter(struct pt_regs *ctx)
+{
+    return enter(OP_CUDA_MALLOC_MANAGED, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
+}
+
+int cu_mem_alloc_enter(struct pt_regs *ctx)
+{
+    return enter(OP_CU_MEM_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
+}
+
+int runtime_sync_return(struct pt_regs *ctx)
+{
+    return sync_return(ctx, OP_STREAM_SYNC, OP_DEVICE_SYNC);
+}
+
+int driver_sync_return(struct pt_regs *ctx)
+{
+    return sync_return(ctx, OP_CTX_SYNC, OP_CTX_SYNC);
+}
+
+static __always_inline int alloc_return(struct pt_regs *ctx, u32 first_op, u32 last_op)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_start *start = returning(id, first_op, last_op);
+    struct event ev = {};
+    u64 address = 0;
+    if (!start)
+        return 0;
+    fill_ids(&ev);
+    ev.ts = start->ts;
+    ev.duration = bpf_ktime_get_ns() - start->ts;
+    ev.kind = EV_ALLOC;
+    ev.op = start->op;
+    ev.bytes = start->size;
+    ev.result = (s32)PT_REGS_RC(ctx);
+    if (ev.result == 0 &&
+        bpf_probe_read_user(&address, sizeof(address), (void *)start->stream) == 0) {
+        struct stream_key key = {.tgid = id >> 32, .stream = address};
+        ev.addr = address;
+        allocations.update(&key, &ev.bytes);
+    }
+    calls.delete(&id);
+    submit(&ev);
+    return 0;
+}
+
+int runtime_alloc_return(struct pt_regs *ctx)
+{
+    return alloc_return(ctx, OP_CUDA_MALLOC, OP_CUDA_MALLOC_MANAGED);
+}
+
+int driver_alloc_return(struct pt_regs *ctx)
+{
+    return alloc_return(ctx, OP_CU_MEM_ALLOC, OP_CU_MEM_ALLOC);
+}
+
+/* cudaFree(void* devPtr), cuMemFree_v2(CUdeviceptr dptr) */
+static __always_inline int free_enter(struct pt_regs *ctx, u32 op)
+{
+    struct stream_key key = {.tgid = current_tgid(), .stream = PT_REGS_PARM1(ctx)};
+    u64 *size = allocations.lookup(&key);
+    int ret = enter(op, key.stream, size ? *size : 0, 0);
+    if (size)
+        allocations.delete(&key);
+    return ret;
+}
+
+int cuda_free_enter(struct pt_regs *ctx)
+{
+    return free_enter(ctx, OP_CUDA_FREE);
+}
+
+int cu_mem_free_enter(struct pt_regs *ctx)
+{
+    return free_enter(ctx, OP_CU_MEM_FREE);
+}
+
+static __always_inline int free_return(struct pt_regs *ctx, u32 op)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_start *start = returning(id, op, op);
+    struct event ev = {};
+    if (!start)
+        return 0;
+    fill_ids(&ev);
+    ev.ts = start->ts;
+    ev.duration = bpf_ktime_get_ns() - start->ts;
+    ev.kind = EV_FREE;
+    ev.op = start->op;
+    ev.addr = start->stream;
+    ev.bytes = start->size;
+    ev.result = (s32)PT_REGS_RC(ctx);
+    calls.delete(&id);
+    submit(&ev);
+    return 0;
+}
+
+int runtime_free_return(struct pt_regs *ctx)
+{
+    return free_return(ctx, OP_CUDA_FREE);
+}
+
+int driver_free_return(struct pt_regs *ctx)
+{
+    return free_return(ctx, OP_CU_MEM_FREE);
+}
+
+static __always_inline int memcpy_async(u32 op, u64 bytes, u32 kind, u64 stream)
+{
+    struct event ev = {};
+    if (!is_target(current_tgid()))
+        return 0;
+    fill_ids(&ev);
+    ev.ts = bpf_ktime_get_ns();
+    ev.kind = EV_MEMCPY;
+    ev.op = op;
+    ev.bytes = bytes;
+    ev.datatype = kind;
+    ev.stream = stream;
+    submit(&ev);
+    return 0;
+}
+
+/* cudaMemcpy(dst, src, count, kind): blocking, so its duration is the copy. */
+int memcpy_enter(struct pt_regs *ctx)
+{
+    return enter(OP_MEMCPY, 0, PT_REGS_PARM3(ctx), (u32)PT_REGS_PARM4(ctx));
+}
+
+/* cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind) */
+int memcpy_2d_enter(struct pt_regs *ctx)
+{
+    return enter(OP_MEMCPY_2D, 0, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx),
+                 (u32)stack_arg(ctx, 7));
+}
+
+/* cudaMemcpyPeer(dst, dstDevice, src, srcDevice, count) */
+int memcpy_peer_enter(struct pt_regs *ctx)
+{
+    return enter(OP_MEMCPY_PEER, 0, PT_REGS_PARM5(ctx), 3);
+}
+
+int memcpy_return(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_start *start = returning(id, OP_MEMCPY, OP_MEMCPY_PEER);
+    struct event ev = {};
+    if (!start)
+        return 0;
+    fill_ids(&ev);
+    ev.ts = start->ts;
+    ev.duration = bpf_ktime_get_ns() - start->ts;
+    ev.kind = EV_MEMCPY;
+    ev.op = start->op;
+    ev.bytes = start->size;
+    ev.datatype = start->kind;
+    ev.result = (s32)PT_REGS_RC(ctx);
+    calls.delete(&id);
+    submit(&ev);
+    return 0;
+}
+
+/* cudaMemcpyAsync(dst, src, count, kind, stream) */
+int memcpy_async_enter(struct pt_regs *ctx)
+{
+    return memcpy_async(OP_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), (u32)PT_REGS_PARM4(ctx),
+                        PT_REGS_PARM5(ctx));
+}
+
+/* cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream) */
+int memcpy_2d_async_enter(struct pt_regs *ctx)
+{
+    return memcpy_async(OP_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx),
+                        (u32)stack_arg(ctx, 7), stack_arg(ctx, 8));
+}
+
+/* cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream) */
+int memcpy_peer_async_enter(struct pt_regs *ctx)
+{
+    return memcpy_async(OP_MEMCPY_PEER_ASYNC, PT_REGS_PARM5(ctx), 3, PT_REGS_PARM6(ctx));
+}

@@ -1,0 +1,333 @@
+/* NCCL: every collective a rank enters, on which communicator, with which sequence number.
+ *
+ * NCCL calls are asynchronous: they enqueue work on a CUDA stream and return. So only the
+ * entry is probed (one trap per call); the wait shows up later in the sync that covers the
+ * collective (see cudart.bpf.c), which is why each collective is remembered per stream.
+ *
+ * Communicators: ncclCommInitRank passes the 128-byte ncclUniqueId by value, so it lies on the
+ * stack just above the return address, and `rank` is the third integer register argument.
+ * The whole id is folded with splitmix64 into comm_hash, identical on every rank of the
+ * communicator; the ncclComm_t written to *comm is read at return and mapped to it.
+ */
+#ifndef INGERO_COMMON
+#include "common.bpf.c"
+#endif
+
+#define UNIQUE_ID_BYTES 128
+#define UNIQUE_ID_WORDS (UNIQUE_ID_BYTES / 8)
+
+struct comm_key {
+    u32 tgid;
+    u32 pad;
+    u64 handle;      /* ncclComm_t, an address in the rank's process */
+};
+
+struct comm_info {
+    u64 hash;
+    u64 seq;         /* collectives issued so far on this communicator */
+    s32 rank;
+    s32 nranks;
+};
+
+struct init_args {
+    u64 ts;
+    u64 comm_out;    /* ncclComm_t* the call fills in */
+    u64 hash;
+    u64 parent;      /* ncclCommSplit: the parent communicator */
+    s32 rank;
+    s32 nranks;
+    u32 op;
+    s32 color;
+};
+
+/* (tgid, ncclComm_t) → what the communicator is. */
+BPF_HASH(comms, struct comm_key, struct comm_info, MAX_COMMS);
+/* pid_tgid → arguments of an init call, between entry and return. */
+BPF_HASH(inits, u64, struct init_args, MAX_INFLIGHT);
+/* pid_tgid → ncclGroupStart nesting depth. */
+BPF_HASH(group_depth, u64, u32, MAX_INFLIGHT);
+struct unique_id {
+    u64 words[UNIQUE_ID_WORDS];
+};
+
+/* [0] → scratch for the unique id (too big for the 512-byte BPF stack next to an event). */
+BPF_PERCPU_ARRAY(id_scratch, struct unique_id, 1);
+
+static __always_inline u64 splitmix64(u64 x)
+{
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static __always_inline u64 hash_unique_id(u64 address)
+{
+    int zero = 0;
+    struct unique_id *id = id_scratch.lookup(&zero);
+    u64 hash = 0;
+    if (!id)
+        return 0;
+    if (bpf_probe_read_user(id->words, UNIQUE_ID_BYTES, (void *)address) < 0)
+        return 0;
+#pragma unroll
+    for (int i = 0; i < UNIQUE_ID_WORDS; i++)
+        hash = splitmix64(hash ^ id->words[i]);
+    return hash;
+}
+
+static __always_inline int remember_init(u32 op, u64 comm_out, u64 hash, s32 rank, s32 nranks)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct init_args args = {};
+    if (!is_target(id >> 32))
+        return 0;
+    args.ts = bpf_ktime_get_ns();
+    args.comm_out = comm_out;
+    args.hash = hash;
+    args.rank = rank;
+    args.nranks = nranks;
+    args.op = op;
+    inits.update(&id, &args);
+    return 0;
+}
+
+/* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) */
+int nccl_comm_init_rank(struct pt_regs *ctx)
+{
+    u64 hash = hash_unique_id(PT_REGS_SP(ctx) + 8);
+    return remember_init(OP_COMM_INIT_RANK, PT_REGS_PARM1(ctx), hash, (s32)PT_REGS_PARM3(ctx),
+                         (s32)PT_REGS_PARM2(ctx));
+}
+
+/* ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+ *                        ncclConfig_t* config) */
+int nccl_comm_init_rank_config(struct pt_regs *ctx)
+{
+    u64 hash = hash_unique_id(PT_REGS_SP(ctx) + 8);
+    return remember_init(OP_COMM_INIT_RANK_CONFIG, PT_REGS_PARM1(ctx), hash,
+                         (s32)PT_REGS_PARM3(ctx), (s32)PT_REGS_PARM2(ctx));
+}
+
+/* ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist): one process, ndev ranks.
+ * The unique id stays inside NCCL; the first handle, with the process, names the group. */
+int nccl_comm_init_all(struct pt_regs *ctx)
+{
+    return remember_init(OP_COMM_INIT_ALL, PT_REGS_PARM1(ctx), 0, 0, (s32)PT_REGS_PARM2(ctx));
+}
+
+/* ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)
+ * Ranks that pass the same color share the new communicator: hash parent and color. */
+int nccl_comm_split(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct comm_key parent = {.tgid = id >> 32, .handle = PT_REGS_PARM1(ctx)};
+    struct comm_info *info = comms.lookup(&parent);
+    u64 hash = splitmix64((info ? info->hash : parent.handle) ^ (u64)(s64)(s32)PT_REGS_PARM2(ctx));
+    return remember_init(OP_COMM_SPLIT, PT_REGS_PARM4(ctx), hash, -1, -1);
+}
+
+static __always_inline void register_comm(struct init_args *args, u64 handle, s32 rank,
+                                          s32 nranks, u64 hash)
+{
+    struct comm_key key = {.tgid = current_tgid(), .handle = handle};
+    struct comm_info info = {.hash = hash, .rank = rank, .nranks = nranks};
+    struct event ev = {};
+    comms.update(&key, &info);
+    fill_ids(&ev);
+    ev.ts = args->ts;
+    ev.duration = bpf_ktime_get_ns() - args->ts;
+    ev.kind = EV_COMM_INIT;
+    ev.op = args->op;
+    ev.comm_hash = hash;
+    ev.addr = handle;
+    ev.rank = rank;
+    ev.nranks = nranks;
+    submit(&ev);
+}
+
+/* Return of any init call: read the handle(s) NCCL wrote and map them. */
+int nccl_comm_init_return(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct init_args *args = inits.lookup(&id);
+    u64 handle = 0;
+    if (!args)
+        return 0;
+    if (PT_REGS_RC(ctx) == 0 &&
+        bpf_probe_read_user(&handle, sizeof(handle), (void *)args->comm_out) == 0 && handle) {
+        if (args->op == OP_COMM_INIT_ALL) {
+            u64 hash = splitmix64(((u64)current_tgid() << 32) ^ handle);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                u64 h = 0;
+                if (i >= args->nranks)
+                    break;
+                bpf_probe_read_user(&h, sizeof(h), (void *)(args->comm_out + 8 * i));
+                if (h)
+                    register_comm(args, h, i, args->nranks, hash);
+            }
+        } else {
+            register_comm(args, handle, args->rank, args->nranks, args->hash);
+        }
+    }
+    inits.delete(&id);
+    return 0;
+}
+
+/* ncclCommDestroy(ncclComm_t comm) */
+int nccl_comm_destroy(struct pt_regs *ctx)
+{
+    struct comm_key key = {.tgid = current_tgid(), .handle = PT_REGS_PARM1(ctx)};
+    struct comm_info *info = comms.lookup(&key);
+    struct event ev = {};
+    if (!info)
+        return 0;
+    fill_ids(&ev);
+    ev.ts = bpf_ktime_get_ns();
+    ev.kind = EV_COMM_DESTROY;
+    ev.op = OP_COMM_DESTROY;
+    ev.comm_hash = info->hash;
+    ev.seq = info->seq;
+    ev.addr = key.handle;
+    ev.rank = info->rank;
+    ev.nranks = info->nranks;
+    submit(&ev);
+    comms.delete(&key);
+    return 0;
+}
+
+int nccl_group_start(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 one = 1, *depth;
+    if (!is_target(id >> 32))
+        return 0;
+    depth = group_depth.lookup(&id);
+    if (depth)
+        (*depth)++;
+    else
+        group_depth.update(&id, &one);
+    return 0;
+}
+
+int nccl_group_end(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 *depth = group_depth.lookup(&id);
+    if (!depth)
+        return 0;
+    if (*depth <= 1)
+        group_depth.delete(&id);
+    else
+        (*depth)--;
+    return 0;
+}
+
+static __always_inline u32 datatype_size(u32 datatype)
+{
+    switch (datatype) {
+    case 0: case 1: case 10: case 11: return 1;   /* int8, uint8, fp8 e4m3, fp8 e5m2 */
+    case 6: case 9: return 2;                     /* float16, bfloat16 */
+    case 2: case 3: case 7: return 4;             /* int32, uint32, float32 */
+    case 4: case 5: case 8: return 8;             /* int64, uint64, float64 */
+    default: return 0;
+    }
+}
+
+/* The common part of every collective's entry. */
+static __always_inline int collective(struct pt_regs *ctx, u32 op, u64 count, u32 datatype,
+                                      u32 redop, s32 peer, u64 handle, u64 stream)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct comm_key key = {.tgid = id >> 32, .handle = handle};
+    struct comm_info *info;
+    struct event ev = {};
+    if (!is_target(key.tgid))
+        return 0;
+    fill_ids(&ev);
+    ev.ts = bpf_ktime_get_ns();
+    ev.kind = EV_COLLECTIVE;
+    ev.op = op;
+    ev.count = count;
+    ev.datatype = datatype;
+    ev.bytes = count * datatype_size(datatype);
+    ev.redop = redop;
+    ev.peer = peer;
+    ev.stream = stream;
+    ev.addr = handle;
+    ev.rank = -1;
+    ev.nranks = -1;
+    info = comms.lookup(&key);
+    if (info) {
+        ev.comm_hash = info->hash;
+        ev.seq = info->seq++;
+        ev.rank = info->rank;
+        ev.nranks = info->nranks;
+    }
+    if (group_depth.lookup(&id))
+        ev.flags |= EVF_IN_GROUP;
+    struct pending_collective pending = {.ts = ev.ts, .comm_hash = ev.comm_hash, .seq = ev.seq};
+    struct stream_key skey = {.tgid = key.tgid, .stream = stream};
+    pending_on_stream.update(&skey, &pending);
+    pending_on_device.update(&key.tgid, &pending);
+    submit(&ev);
+    return 0;
+}
+
+/* ncclAllReduce(send, recv, count, datatype, op, comm, stream) — stream is the 7th argument */
+int nccl_all_reduce(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_ALL_REDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx),
+                      PT_REGS_PARM5(ctx), -1, PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
+}
+
+/* ncclReduceScatter(send, recv, recvcount, datatype, op, comm, stream) */
+int nccl_reduce_scatter(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_REDUCE_SCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx),
+                      PT_REGS_PARM5(ctx), -1, PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
+}
+
+/* ncclAllGather(send, recv, sendcount, datatype, comm, stream) */
+int nccl_all_gather(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_ALL_GATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1,
+                      PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclReduce(send, recv, count, datatype, op, root, comm, stream) — comm and stream on stack */
+int nccl_reduce(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_REDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx),
+                      PT_REGS_PARM5(ctx), (s32)PT_REGS_PARM6(ctx), stack_arg(ctx, 7),
+                      stack_arg(ctx, 8));
+}
+
+/* ncclBroadcast(send, recv, count, datatype, root, comm, stream) */
+int nccl_broadcast(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_BROADCAST, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0,
+                      (s32)PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
+}
+
+/* ncclBcast(buff, count, datatype, root, comm, stream) */
+int nccl_bcast(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_BCAST, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0,
+                      (s32)PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclSend(send, count, datatype, peer, comm, stream) */
+int nccl_send(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0,
+                      (s32)PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclRecv(recv, count, datatype, peer, comm, stream) */
+int nccl_recv(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_RECV, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0,
+                      (s32)PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}

@@ -1,0 +1,214 @@
+"""The ebpf signal source: what the training job's processes do, seen through bcc probes.
+
+Each sample reads what the kernel gathered since the last one: per-event records (collectives,
+syncs, allocations, copies) from the ring buffer, and counters (kernel launches, off-CPU time,
+who preempted whom, block I/O) from maps, which it empties. From them it derives the four
+health signals and the events that go to fleetd, each tagged with the process's job and rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+from .discovery import TracedProcess, identify, library_file, scan
+from .events import decode
+from .health import EmaBaseline, Sample, clamp
+from .probes import Tracer
+
+log = logging.getLogger("ingerod")
+
+MAX_BUFFERED = 65_536
+DEPARTED_GRACE = 30.0  # seconds an exited process's identity is kept for its last events
+
+
+def int_of(value) -> int:
+    """bcc hands scalar map keys back as ctypes values or as ints, depending on the path."""
+    return value if isinstance(value, int) else value.value
+
+
+def wall_offset_ns() -> int:
+    """bpf_ktime_get_ns() counts CLOCK_MONOTONIC; this turns it into wall time."""
+    return time.time_ns() - time.monotonic_ns()
+
+
+class EbpfSource:
+    name = "ebpf"
+
+    def __init__(self, cfg: SimpleNamespace, now: float, proc: Path = Path("/proc")):
+        self.cfg = cfg
+        self.proc = proc
+        self.tracer = Tracer(self._on_event)
+        self.processes: dict[int, TracedProcess] = {}
+        self.departed: dict[int, tuple[TracedProcess, float]] = {}  # exited, events may remain
+        self.buffered: deque[dict] = deque(maxlen=MAX_BUFFERED)
+        self.dropped = 0
+        self.collectives = 0
+        self.outstanding_bytes: dict[int, int] = {}
+        self.throughput = EmaBaseline()
+        self.compute = EmaBaseline()
+        self.last_sample = now
+        self.next_rescan = now
+        self.counting_launches = True
+        self.preload()
+        self.rescan(now)
+
+    # -- discovery -------------------------------------------------------------------------------
+
+    def preload(self) -> None:
+        """Attach the configured library files now, so the first process to map one is traced
+        from its first call."""
+        for path in self.cfg.libraries:
+            library = library_file(path)
+            if library is None:
+                log.warning("library %s: not found or not a CUDA/NCCL library", path)
+            else:
+                self.tracer.attach(library)
+
+    def wanted(self, process: TracedProcess) -> bool:
+        return process.matches(self.cfg.job, self.cfg.match_env)
+
+    def rescan(self, now: float) -> None:
+        """Follow processes that come and go, and attach libraries loaded late."""
+        found = scan(self.proc)
+        for pid in found.keys() - self.processes.keys():
+            p = found[pid]
+            if self.wanted(p):
+                log.info("tracing pid %d (%s) job %s rank %s", pid, p.comm, p.job, p.rank)
+        for pid in self.processes.keys() - found.keys():
+            if self.wanted(self.processes[pid]):
+                log.info("pid %d is gone", pid)
+            self.outstanding_bytes.pop(pid, None)
+            self.departed[pid] = (self.processes[pid], now)
+        for pid, (_p, since) in list(self.departed.items()):
+            if now - since > DEPARTED_GRACE:
+                del self.departed[pid]
+        for process in found.values():
+            if self.wanted(process):
+                for library in process.libraries:
+                    self.tracer.attach(library)
+        self.processes = found
+        self.follow()
+        self.next_rescan = now + self.cfg.rescan_interval
+
+    def follow(self) -> None:
+        wanted = {pid for pid, p in self.processes.items() if self.wanted(p)}
+        self.tracer.set_pids("targets", wanted)
+        self.tracer.set_pids("excluded", set(self.processes) - wanted)
+        log.debug("following %s, excluding %s", sorted(wanted), sorted(set(self.processes) - wanted))
+
+    def process(self, pid: int) -> TracedProcess:
+        """Who a pid is; a process seen first through its events is identified now."""
+        known = self.processes.get(pid) or self.departed.get(pid, (None, 0))[0]
+        if known is None:
+            known = self.processes[pid] = identify(self.proc, pid)
+            if not self.wanted(known):
+                self.follow()
+        return known
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _on_event(self, raw) -> None:
+        event = decode(raw)
+        if len(self.buffered) == self.buffered.maxlen:
+            self.dropped += 1
+        self.buffered.append(event)
+
+    def poll(self, now: float) -> None:
+        """Empty the ring buffer; called often, so it never fills between samples."""
+        self.tracer.poll()
+        self.duty_cycle(now)
+        if now >= self.next_rescan:
+            self.rescan(now)
+
+    def duty_cycle(self, now: float) -> None:
+        """Count kernel launches only for the configured part of each period."""
+        period, duty = self.cfg.launch_duty_period, self.cfg.launch_duty_cycle
+        counting = duty >= 1.0 or (now % period) < duty * period
+        if counting != self.counting_launches:
+            self.tracer.set_hot(counting)
+            self.counting_launches = counting
+
+    def _to_wire(self, event: dict, process: TracedProcess, offset: int) -> dict:
+        attrs = {k: v for k, v in event.items() if k not in ("kind", "ts_ns")}
+        if "rank" in attrs:
+            attrs["comm_rank"] = attrs.pop("rank")
+        attrs.update({k: v for k, v in process.tags().items() if v is not None})
+        return {"kind": event["kind"], "t": (event["ts_ns"] + offset) / 1e9, "attrs": attrs}
+
+    def take_events(self, offset: int) -> list[dict]:
+        """The buffered events of wanted processes, tagged, in wire form."""
+        events = []
+        for event in self.buffered:
+            process = self.process(event["pid"])
+            if self.wanted(process):
+                events.append(self._to_wire(event, process, offset))
+        self.buffered.clear()
+        return events
+
+    # -- the sample ------------------------------------------------------------------------------
+
+    def sample(self, now: float) -> Sample:
+        self.poll(now)
+        elapsed = max(now - self.last_sample, 1e-3)
+        self.last_sample = now
+        offset = wall_offset_ns()
+        events = self.take_events(offset)
+        self._account(events)
+        events += self.host_evidence(offset)
+        signals = self._signals(elapsed)
+        busy = any(self.wanted(p) for p in self.processes.values())
+        return Sample(signals, busy=busy, events=events)
+
+    def _account(self, events: list[dict]) -> None:
+        for event in events:
+            attrs = event["attrs"]
+            pid = attrs["pid"]
+            if event["kind"] == "collective":
+                self.collectives += 1
+            elif event["kind"] == "alloc" and attrs.get("result") == 0:
+                self.outstanding_bytes[pid] = self.outstanding_bytes.get(pid, 0) + attrs["bytes"]
+            elif event["kind"] == "free":
+                self.outstanding_bytes[pid] = max(0, self.outstanding_bytes.get(pid, 0)
+                                                  - attrs["bytes"])
+
+    def _signals(self, elapsed: float) -> dict[str, float]:
+        launches = sum(v for _k, v in self.tracer.take("launches"))
+        preempted = max((v.preempted_ns for _k, v in self.tracer.take("offcpu")), default=0)
+        outstanding = max(self.outstanding_bytes.values(), default=0)
+        signals = {
+            "throughput": self.throughput.signal(self.collectives / elapsed),
+            "compute": self.compute.signal(launches / (elapsed * self.cfg.launch_duty_cycle)
+                                           if self.cfg.launch_duty_cycle else 1.0),
+            "memory": clamp(1.0 - outstanding / self.cfg.gpu_memory_bytes),
+            "cpu": clamp(1.0 - preempted / (elapsed * 1e9)),
+        }
+        self.collectives = 0
+        return signals
+
+    def host_evidence(self, offset: int) -> list[dict]:
+        """Who took the targets' CPUs since the last sample, as one event per pair."""
+        t = (time.monotonic_ns() + offset) / 1e9
+        events = []
+        for key, value in self.tracer.take("preemptors"):
+            attrs = {"preemptor_pid": key.pid, "count": value.count,
+                     "preemptor_comm": value.comm.decode(errors="replace")}
+            events.append(self._host_event("preempted", key.tgid, t, attrs))
+        for key, value in self.tracer.take("blockio"):
+            attrs = {"requests": value.requests, "bytes": value.bytes}
+            events.append(self._host_event("blockio", int_of(key), t, attrs))
+        return events
+
+    def _host_event(self, kind: str, pid: int, t: float, attrs: dict) -> dict:
+        tags = self.process(pid).tags()
+        attrs.update({k: v for k, v in tags.items() if v is not None})
+        return {"kind": kind, "t": t, "attrs": attrs}
+
+    def lost_events(self) -> int:
+        return self.tracer.lost_events() + self.dropped
+
+    def close(self) -> None:
+        self.tracer.close()

@@ -1,0 +1,182 @@
+"""Loading ingero's BPF program and attaching its probes to the libraries the targets map.
+
+The program is the files of bpf/ joined into one text (bcc rewrites map calls only in its main
+source); settings reach it as -D macros. Probes attach once per library file (by inode), so
+every process mapping that file is seen from its first call; the ``excluded`` map drops other
+jobs' processes, and the ``targets`` map picks who the host tracepoints follow.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .discovery import LibraryFile
+from .errors import TracingError
+from .events import RawEvent
+
+log = logging.getLogger("ingerod")
+
+BPF_DIR = Path(os.environ.get("INGERO_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf"))
+PARTS = ("common.bpf.c", "nccl.bpf.c", "cuda.bpf.c", "host.bpf.c")
+
+
+@dataclass(frozen=True)
+class Probe:
+    library: str          # discovery kind whose files carry the symbol
+    symbol: str
+    entry: str | None     # BPF function on entry
+    ret: str | None = None  # BPF function on return
+    hot: bool = False     # called per kernel launch: counted in the kernel, may be duty-cycled
+
+
+NCCL = [
+    Probe("nccl", "ncclCommInitRank", "nccl_comm_init_rank", "nccl_comm_init_return"),
+    Probe("nccl", "ncclCommInitRankConfig", "nccl_comm_init_rank_config",
+          "nccl_comm_init_return"),
+    Probe("nccl", "ncclCommInitAll", "nccl_comm_init_all", "nccl_comm_init_return"),
+    Probe("nccl", "ncclCommSplit", "nccl_comm_split", "nccl_comm_init_return"),
+    Probe("nccl", "ncclCommDestroy", "nccl_comm_destroy"),
+    Probe("nccl", "ncclAllReduce", "nccl_all_reduce"),
+    Probe("nccl", "ncclAllGather", "nccl_all_gather"),
+    Probe("nccl", "ncclReduceScatter", "nccl_reduce_scatter"),
+    Probe("nccl", "ncclReduce", "nccl_reduce"),
+    Probe("nccl", "ncclBroadcast", "nccl_broadcast"),
+    Probe("nccl", "ncclBcast", "nccl_bcast"),
+    Probe("nccl", "ncclSend", "nccl_send"),
+    Probe("nccl", "ncclRecv", "nccl_recv"),
+    Probe("nccl", "ncclGroupStart", "nccl_group_start"),
+    Probe("nccl", "ncclGroupEnd", "nccl_group_end"),
+]
+
+CUDART = [
+    Probe("cudart", "cudaLaunchKernel", "count_launch", hot=True),
+    Probe("cudart", "cudaStreamSynchronize", "stream_sync_enter", "runtime_sync_return"),
+    Probe("cudart", "cudaEventRecord", "event_record"),
+    Probe("cudart", "cudaEventSynchronize", "event_sync_enter", "runtime_sync_return"),
+    Probe("cudart", "cudaDeviceSynchronize", "device_sync_enter", "runtime_sync_return"),
+    Probe("cudart", "cudaMalloc", "cuda_malloc_enter", "runtime_alloc_return"),
+    Probe("cudart", "cudaMallocManaged", "cuda_malloc_managed_enter", "runtime_alloc_return"),
+    Probe("cudart", "cudaFree", "cuda_free_enter", "runtime_free_return"),
+    Probe("cudart", "cudaMemcpy", "memcpy_enter", "memcpy_return"),
+    Probe("cudart", "cudaMemcpy2D", "memcpy_2d_enter", "memcpy_return"),
+    Probe("cudart", "cudaMemcpyPeer", "memcpy_peer_enter", "memcpy_return"),
+    Probe("cudart", "cudaMemcpyAsync", "memcpy_async_enter"),
+    Probe("cudart", "cudaMemcpy2DAsync", "memcpy_2d_async_enter"),
+    Probe("cudart", "cudaMemcpyPeerAsync", "memcpy_peer_async_enter"),
+]
+
+DRIVER = [
+    Probe("cuda", "cuLaunchKernel", "count_launch", hot=True),
+    Probe("cuda", "cuCtxSynchronize", "ctx_sync_enter", "driver_sync_return"),
+    Probe("cuda", "cuMemAlloc_v2", "cu_mem_alloc_enter", "driver_alloc_return"),
+    Probe("cuda", "cuMemFree_v2", "cu_mem_free_enter", "driver_free_return"),
+]
+
+PROBES = NCCL + CUDART + DRIVER
+
+
+def program_text(bpf_dir: Path = BPF_DIR) -> str:
+    return "\n".join((bpf_dir / part).read_text() for part in PARTS)
+
+
+def probes_for(library: LibraryFile) -> list[Probe]:
+    """libtorch_cuda.so may carry NCCL linked in statically: it gets the NCCL probes."""
+    kind = "nccl" if library.kind == "torch_cuda" else library.kind
+    return [p for p in PROBES if p.library == kind]
+
+
+class Tracer:
+    """The loaded program, its attachments and its maps."""
+
+    def __init__(self, on_event, bpf_dir: Path = BPF_DIR, cflags: list[str] | None = None):
+        try:
+            from bcc import BPF  # Debian's bcc; imported here so the rest of ingerod needs none
+        except ImportError:
+            raise TracingError("tracing needs Debian's bcc (apt-get install python3-bpfcc), "
+                               "seen by this Python") from None
+        try:
+            self.bpf = BPF(text=program_text(bpf_dir), cflags=cflags or [])
+        except Exception as exc:  # bcc raises plain Exception for compile and load failures
+            raise TracingError(f"cannot load the BPF program ({exc}); eBPF needs root, or "
+                               "CAP_BPF and CAP_PERFMON, and kernel headers") from None
+        self.attached: dict[LibraryFile, list[Probe]] = {}
+        self.missing: dict[LibraryFile, list[str]] = {}
+        self.hot_attached: set[tuple[str, str]] = set()
+        self._on_event = on_event
+        self.bpf["events"].open_ring_buffer(self._receive)
+
+    def _receive(self, _ctx, data, size) -> None:
+        self._on_event(ctypes.cast(data, ctypes.POINTER(RawEvent)).contents)
+
+    def attach(self, library: LibraryFile) -> list[Probe]:
+        """Attach every probe the file has a symbol for; log the symbols it lacks, once."""
+        if library in self.attached:
+            return self.attached[library]
+        done, missing = [], []
+        for probe in probes_for(library):
+            try:
+                self._attach_one(library.path, probe)
+                done.append(probe)
+            except Exception:  # bcc raises plain Exception for a missing symbol
+                missing.append(probe.symbol)
+        self.attached[library] = done
+        if missing:
+            self.missing[library] = missing
+            log.info("%s: no symbol for %s; attached the other %d probes", library.path,
+                     ", ".join(missing), len(done))
+        else:
+            log.info("%s: attached %d probes", library.path, len(done))
+        return done
+
+    def _attach_one(self, path: str, probe: Probe) -> None:
+        if probe.entry:
+            self.bpf.attach_uprobe(name=path.encode(), sym=probe.symbol.encode(),
+                                   fn_name=probe.entry.encode())
+            if probe.hot:
+                self.hot_attached.add((path, probe.symbol))
+        if probe.ret:
+            self.bpf.attach_uretprobe(name=path.encode(), sym=probe.symbol.encode(),
+                                      fn_name=probe.ret.encode())
+
+    def set_hot(self, enabled: bool) -> None:
+        """Duty-cycle the launch counters: detach them for a while, attach them again."""
+        for library, probes in self.attached.items():
+            for probe in (p for p in probes if p.hot):
+                key = (library.path, probe.symbol)
+                if enabled and key not in self.hot_attached:
+                    self.bpf.attach_uprobe(name=library.path.encode(),
+                                           sym=probe.symbol.encode(), fn_name=probe.entry.encode())
+                    self.hot_attached.add(key)
+                elif not enabled and key in self.hot_attached:
+                    self.bpf.detach_uprobe(name=library.path.encode(), sym=probe.symbol.encode())
+                    self.hot_attached.discard(key)
+
+    def set_pids(self, table: str, pids: set[int]) -> None:
+        """Make the ``targets`` or ``excluded`` map hold exactly these processes."""
+        entries = self.bpf[table]
+        current = {k.value for k in entries.keys()}
+        for pid in pids - current:
+            entries[ctypes.c_uint32(pid)] = ctypes.c_uint32(1)
+        for pid in current - pids:
+            try:
+                del entries[ctypes.c_uint32(pid)]
+            except KeyError:
+                pass
+
+    def poll(self) -> None:
+        """Deliver what is in the ring buffer now, without waiting."""
+        self.bpf.ring_buffer_consume()
+
+    def lost_events(self) -> int:
+        return sum(self.bpf["lost"][ctypes.c_int(0)])
+
+    def take(self, name: str) -> list[tuple]:
+        """Read a counter map and empty it, in one batch: (key, value) pairs since the last."""
+        return list(self.bpf[name].items_lookup_and_delete_batch())
+
+    def close(self) -> None:
+        self.bpf.cleanup()

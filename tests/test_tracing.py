@@ -1,0 +1,245 @@
+"""ingerod's eBPF tracing: real bcc, real uprobes on the sim's libraries and on NVIDIA's."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sim
+from fleetd.stats import peer_lag
+from ingero.launch import wait_for
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+from sim.records import read_record
+
+try:
+    import bcc  # noqa: F401
+    HAVE_BCC = True
+except ImportError:
+    HAVE_BCC = False
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not HAVE_BCC,
+                                reason="eBPF needs root and Debian's bcc (make setup)")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    sim.build()
+
+
+def sim_libraries() -> str:
+    return ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+
+
+class Trace:
+    """``ingerod trace --json`` as a real process; ``stop()`` returns what it printed."""
+
+    def __init__(self, tmp_path: Path, name: str, *args: str, env: dict | None = None):
+        self.out_path, self.err_path = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.err"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ingerod", "trace", "--json", *args], cwd=REPO,
+            stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
+            env={**os.environ, "INGEROD_RESCAN_INTERVAL": "0.2", "INGEROD_LOG_LEVEL": "debug", **(env or {})})
+        ready = wait_for(lambda: "tracing;" in self.err_path.read_text()
+                         or self.process.poll() is not None, 60)
+        assert ready and self.process.poll() is None, self.err_path.read_text()
+
+    def stop(self) -> tuple[list[dict], int]:
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(30) == 0, self.err_path.read_text()
+        summary = self.err_path.read_text().strip().splitlines()[-1]
+        shown, lost = (int(word) for word in summary.replace(",", "").split()[::3][:2])
+        events = [json.loads(line) for line in self.out_path.read_text().splitlines()]
+        assert len(events) == shown
+        return events, lost
+
+
+def run_job(tmp_path: Path, scenario: scenarios.Scenario, timeout: float = 120):
+    with Cluster(scenario, tmp_path / f"job-{scenario.name}") as cluster:
+        result = cluster.wait(timeout)
+        ranks = list(cluster.ranks)
+    assert result.ok, result.describe()
+    return ranks
+
+
+def collectives_of(events: list[dict], pid: int) -> list[dict]:
+    return sorted((e["attrs"] for e in events
+                   if e["kind"] == "collective" and e["attrs"]["pid"] == pid),
+                  key=lambda a: a["seq"])
+
+
+def job(name: str, stragglers=(), **fields) -> scenarios.Scenario:
+    base = {"nodes": 1, "ranks_per_node": 4, "steps": 12, "step_ms": 10,
+            "allreduce_bytes": 1 << 20, "timeout_s": 30}
+    return scenarios.parse({"name": name, "job": base | fields, "stragglers": list(stragglers)})
+
+
+def test_two_nodes_every_collective_exactly_once(tmp_path):
+    traces = [Trace(tmp_path, f"node{n}", "--libraries", sim_libraries(),
+                    "--match-env", f"SLURM_NODEID={n}") for n in (0, 1)]
+    ranks = run_job(tmp_path, job("two-nodes", nodes=2, extra_collectives=[
+        "allgather", "reducescatter", "broadcast", "sendrecv"]))
+    seen = [trace.stop() for trace in traces]
+    hashes = set()
+    for node, (events, lost) in enumerate(seen):
+        assert lost == 0
+        mine = {r.pid for r in ranks if r.node == node}
+        assert {e["attrs"]["pid"] for e in events} <= mine, "a tracer saw another node's rank"
+        for rank in (r for r in ranks if r.node == node):
+            truth = read_record(rank.record_path).collectives
+            traced = collectives_of(events, rank.pid)
+            assert len(traced) == len(truth), f"rank {rank.rank}"
+            for want, got in zip(sorted(truth, key=lambda c: c["seq"]), traced):
+                assert got["op"] == want["op"] and got["seq"] == want["seq"]
+                assert got["bytes"] == want["bytes"] and got["count"] == want["count"]
+                assert (got["comm_rank"], got["nranks"]) == (want["rank"], want["nranks"])
+                assert got["rank"] == rank.rank and got["job"] == want["job_id"]
+                assert int(got["comm_hash"], 16) == want["comm_id_hash"]
+                if want["peer"] >= 0:
+                    assert got["peer"] == want["peer"]
+                hashes.add(got["comm_hash"])
+    assert len(hashes) == 1, "every rank of the communicator carries the same comm_id_hash"
+
+
+def test_entry_lag_names_the_rank_delayed_on_the_host(tmp_path):
+    delayed, delay_ms = 2, 30
+    trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
+    ranks = run_job(tmp_path, job("host-delay", stragglers=[
+        {"rank": delayed, "kind": "host_delay", "delay_ms": delay_ms, "from_step": 4}]))
+    events, lost = trace.stop()
+    assert lost == 0
+    order = sorted(ranks, key=lambda r: r.rank)
+    entry = {(e["attrs"]["pid"], e["attrs"]["seq"]): e["t"] for e in events
+             if e["kind"] == "collective" and e["attrs"]["op"] == "ncclAllReduce"}
+    seqs = sorted({seq for pid, seq in entry if pid == order[0].pid})
+    times = np.array([[entry[(r.pid, s)] for r in order] for s in seqs])
+    lag = peer_lag(times[4:])
+    mean_lag = lag.mean(axis=0)
+    assert int(np.argmax(mean_lag)) == delayed, mean_lag
+    assert mean_lag[delayed] > 0.5 * delay_ms / 1000
+
+
+def test_sched_switch_names_the_competing_process(tmp_path):
+    contended = 2
+    trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
+    ranks = run_job(tmp_path, job("contention", steps=20, step_ms=20, host_work_ms=3, stragglers=[
+        {"rank": contended, "kind": "cpu_contention", "hogs": 2, "nice": -5}]))
+    events, lost = trace.stop()
+    by_rank = collections.Counter()
+    for e in events:
+        a = e["attrs"]
+        if e["kind"] == "preempted" and a["preemptor_comm"] == "ingero-hog":
+            by_rank[a["rank"]] += a["count"]
+    assert by_rank[contended] > 0, "no preemption of the contended rank by ingero-hog recorded"
+    assert set(by_rank) == {contended}, by_rank
+    assert {r.rank for r in ranks} >= {contended}
+
+
+def test_late_library_and_restarted_rank_are_followed(tmp_path):
+    trace = Trace(tmp_path, "trace")  # no library attached up front: found by rescanning /proc
+    first = run_job(tmp_path, job("first", ranks_per_node=1, steps=60, step_ms=20))
+    second = run_job(tmp_path, job("second", ranks_per_node=1, steps=10, step_ms=10))
+    events, lost = trace.stop()
+    assert lost == 0
+    assert collectives_of(events, first[0].pid), "the library mapped after start was not attached"
+    restarted = collectives_of(events, second[0].pid)
+    assert len(restarted) == len(read_record(second[0].record_path).collectives)
+
+
+NVIDIA_CALLS = """
+import ctypes, sys
+cudart = ctypes.CDLL(sys.argv[1])
+pointer, buffer = ctypes.c_void_p(), ctypes.create_string_buffer(64)
+results = [cudart.cudaMalloc(ctypes.byref(pointer), 1 << 20),
+           cudart.cudaMemcpy(buffer, buffer, 64, 4),
+           cudart.cudaStreamSynchronize(None),
+           cudart.cudaDeviceSynchronize(),
+           cudart.cudaFree(None)]
+print(results)
+"""
+
+
+def nvidia_library(package: str, name: str) -> Path:
+    module = pytest.importorskip(package, reason=f"{package} is a test dependency (make setup)")
+    return Path(list(module.__path__)[0]) / "lib" / name
+
+
+def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path):
+    from ingerod.discovery import library_file
+    from ingerod.events import decode
+    from ingerod.probes import Tracer, probes_for
+
+    cudart = nvidia_library("nvidia.cuda_runtime", "libcudart.so.12")
+    nccl = nvidia_library("nvidia.nccl", "libnccl.so.2")
+    seen = []
+    tracer = Tracer(lambda raw: seen.append(decode(raw)))
+    try:
+        for path in (cudart, nccl):
+            library = library_file(str(path))
+            attached = tracer.attach(library)
+            assert [p.symbol for p in attached] == [p.symbol for p in probes_for(library)]
+            assert library not in tracer.missing
+        call = subprocess.run([sys.executable, "-c", NVIDIA_CALLS, str(cudart)],
+                              capture_output=True, text=True, timeout=60)
+        assert call.returncode == 0, call.stderr
+        assert all(code != 0 for code in json.loads(call.stdout)), "no driver: calls must fail"
+        tracer.poll()
+    finally:
+        tracer.close()
+    ops = [e["op"] for e in seen]
+    for name in ("cudaMalloc", "cudaMemcpy", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                 "cudaFree"):
+        assert name in ops, f"{name} not observed in {ops}"
+    assert all(e["result"] != 0 for e in seen if "result" in e)
+
+
+def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_path):
+    from ingero.launch import free_port
+
+    from .support import metric
+
+    fleet_port, agent_port = free_port(), free_port()
+    spawn("fleetd", "fleetd", ["--bind", endpoint, "--metrics-addr", f"127.0.0.1:{fleet_port}",
+                               *keys.fleetd_flags()])
+    agent = spawn("ingerod", "ingerod", [
+        "--source", "ebpf", "--libraries", sim_libraries(), "--fleet", endpoint,
+        "--push-interval", "0.5", "--metrics-addr", f"127.0.0.1:{agent_port}",
+        *keys.ingerod_flags()])
+    assert wait_for(lambda: metric(fleet_port, "ingero_fleet_batches_accepted_total") > 0, 60), \
+        agent.log()
+    ranks = run_job(tmp_path, job("pushed", steps=10))
+    issued = sum(len(read_record(r.record_path).collectives) for r in ranks)
+    assert wait_for(lambda: metric(fleet_port, "ingero_fleet_events_accepted_total") >= issued,
+                    30), agent.log()
+    assert metric(agent_port, "ingero_agent_events_lost") == 0
+    assert agent.stop() == 0
+
+
+def test_launch_counter_duty_cycle_detaches_and_reattaches(tmp_path):
+    from types import SimpleNamespace
+
+    from ingerod.ebpf_source import EbpfSource
+
+    cfg = SimpleNamespace(job=None, match_env={}, libraries=sim_libraries().split(","),
+                          rescan_interval=60.0, gpu_memory_bytes=2**30,
+                          launch_duty_cycle=0.25, launch_duty_period=4.0)
+    source = EbpfSource(cfg, 0.0)
+    try:
+        hot = {(p, s) for p, s in source.tracer.hot_attached}
+        assert hot, "cudaLaunchKernel and cuLaunchKernel are attached at start"
+        source.duty_cycle(2.0)  # past 25% of the period: launch counters off
+        assert not source.tracer.hot_attached and not source.counting_launches
+        source.duty_cycle(4.5)  # next period: on again
+        assert source.tracer.hot_attached == hot
+    finally:
+        source.close()
