@@ -67,6 +67,18 @@ static __always_inline struct call_start *returning(u64 id, u32 first_op, u32 la
     return start;
 }
 
+/* What every return event takes from its call's entry; the call is then closed. */
+static __always_inline void returned(struct event *ev, struct call_start *start, u32 kind,
+                                     struct pt_regs *ctx)
+{
+    fill_ids(ev);
+    ev->ts = start->ts;
+    ev->duration = bpf_ktime_get_ns() - start->ts;
+    ev->kind = kind;
+    ev->op = start->op;
+    ev->result = (s32)PT_REGS_RC(ctx);
+}
+
 /* cudaStreamSynchronize(cudaStream_t stream) */
 int stream_sync_enter(struct pt_regs *ctx)
 {
@@ -114,13 +126,8 @@ static __always_inline int sync_return(struct pt_regs *ctx, u32 first_op, u32 la
     struct event ev = {};
     if (!start)
         return 0;
-    fill_ids(&ev);
-    ev.ts = start->ts;
-    ev.duration = bpf_ktime_get_ns() - start->ts;
-    ev.kind = EV_SYNC;
-    ev.op = start->op;
+    returned(&ev, start, EV_SYNC, ctx);
     ev.stream = start->stream;
-    ev.result = (s32)PT_REGS_RC(ctx);
     if (start->op == OP_DEVICE_SYNC || start->op == OP_CTX_SYNC) {
         pending = pending_on_device.lookup(&skey.tgid);
     } else {
@@ -177,13 +184,8 @@ static __always_inline int alloc_return(struct pt_regs *ctx, u32 first_op, u32 l
     u64 address = 0;
     if (!start)
         return 0;
-    fill_ids(&ev);
-    ev.ts = start->ts;
-    ev.duration = bpf_ktime_get_ns() - start->ts;
-    ev.kind = EV_ALLOC;
-    ev.op = start->op;
+    returned(&ev, start, EV_ALLOC, ctx);
     ev.bytes = start->size;
-    ev.result = (s32)PT_REGS_RC(ctx);
     if (ev.result == 0 &&
         bpf_probe_read_user(&address, sizeof(address), (void *)start->stream) == 0) {
         struct stream_key key = {.tgid = id >> 32, .stream = address};
@@ -233,14 +235,9 @@ static __always_inline int free_return(struct pt_regs *ctx, u32 op)
     struct event ev = {};
     if (!start)
         return 0;
-    fill_ids(&ev);
-    ev.ts = start->ts;
-    ev.duration = bpf_ktime_get_ns() - start->ts;
-    ev.kind = EV_FREE;
-    ev.op = start->op;
+    returned(&ev, start, EV_FREE, ctx);
     ev.addr = start->stream;
     ev.bytes = start->size;
-    ev.result = (s32)PT_REGS_RC(ctx);
     calls.delete(&id);
     submit(&ev);
     return 0;
@@ -298,14 +295,9 @@ int memcpy_return(struct pt_regs *ctx)
     struct event ev = {};
     if (!start)
         return 0;
-    fill_ids(&ev);
-    ev.ts = start->ts;
-    ev.duration = bpf_ktime_get_ns() - start->ts;
-    ev.kind = EV_MEMCPY;
-    ev.op = start->op;
+    returned(&ev, start, EV_MEMCPY, ctx);
     ev.bytes = start->size;
     ev.datatype = start->kind;
-    ev.result = (s32)PT_REGS_RC(ctx);
     calls.delete(&id);
     submit(&ev);
     return 0;
