@@ -243,3 +243,59 @@ def test_launch_counter_duty_cycle_detaches_and_reattaches(tmp_path):
         assert source.tracer.hot_attached == hot
     finally:
         source.close()
+
+
+TORCH_LIKE_JOB = """
+import ctypes, sys, threading, time
+from ctypes import Structure, byref, c_char, c_int, c_size_t, c_void_p
+cudart = ctypes.CDLL(sys.argv[1] + "/libcudart.so.12")
+nccl = ctypes.CDLL(sys.argv[1] + "/libtorch_cuda.so")  # NCCL linked into the torch library
+time.sleep(float(sys.argv[2]))  # long enough for ingerod's rescan to find the new library
+class UniqueId(Structure):
+    _fields_ = [("internal", c_char * 128)]
+nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(c_void_p), c_int, UniqueId, c_int]
+nccl.ncclAllReduce.argtypes = [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p]
+nccl.ncclCommSplit.argtypes = [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p), c_void_p]
+uid = UniqueId()
+assert nccl.ncclGetUniqueId(byref(uid)) == 0
+def rank(r):
+    comm, child, buf, stream = c_void_p(), c_void_p(), c_void_p(), c_void_p()
+    assert nccl.ncclCommInitRank(byref(comm), 2, uid, r) == 0
+    cudart.cudaMalloc(byref(buf), 4096)
+    cudart.cudaStreamCreate(byref(stream))
+    assert nccl.ncclAllReduce(buf, buf, 1024, 7, 0, comm, stream) == 0
+    assert cudart.cudaStreamSynchronize(stream) == 0
+    assert nccl.ncclCommSplit(comm, 3, r, byref(child), None) == 0
+    nccl.ncclCommDestroy(child)
+    nccl.ncclCommDestroy(comm)
+threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+[t.start() for t in threads]; [t.join(30) for t in threads]
+"""
+
+
+def test_nccl_inside_libtorch_cuda_and_split_communicators(tmp_path):
+    import shutil
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in ("libcudart.so.12", "libcuda.so.1"):
+        shutil.copy(sim.lib_dir() / name, lib / name)
+    shutil.copy(sim.lib_dir() / "libnccl.so.2", lib / "libtorch_cuda.so")
+    trace = Trace(tmp_path, "trace")
+    job = subprocess.run([sys.executable, "-c", TORCH_LIKE_JOB, str(lib), "1.5"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "INGERO_SIM_TIMEOUT_S": "10"})
+    events, lost = trace.stop()
+    assert job.returncode == 0, job.stderr
+    mine = [e["attrs"] | {"kind": e["kind"]} for e in events if e["attrs"]["pid"] != os.getpid()
+            and e["kind"] in ("comm_init", "collective", "comm_destroy")]
+    inits = [e for e in mine if e["kind"] == "comm_init"]
+    world = {e["comm_hash"] for e in inits if e["op"] == "ncclCommInitRank"}
+    split = {e["comm_hash"] for e in inits if e["op"] == "ncclCommSplit"}
+    assert len(world) == 1 and len(split) == 1 and world != split, inits
+    assert sorted(e["comm_rank"] for e in inits if e["op"] == "ncclCommInitRank") == [0, 1]
+    reduces = [e for e in mine if e["op"] == "ncclAllReduce"]
+    assert len(reduces) == 2 and {e["comm_hash"] for e in reduces} == world
+    assert {e["seq"] for e in reduces} == {0} and {e["bytes"] for e in reduces} == {4096}
+    assert len([e for e in mine if e["kind"] == "comm_destroy"]) == 4
+    assert lost == 0
