@@ -75,6 +75,7 @@ class NodeState:
 @dataclass
 class CohortState:
     name: str
+    cluster: str = ""
     threshold: float | None = None
     median: float | None = None
     mad: float | None = None
@@ -163,6 +164,7 @@ class Fleet:
     def _recompute_cohort(self, cohort: CohortState, nodes: list[NodeState]):
         p = self.policy
         active = [n for n in nodes if n.state == "active"]
+        cohort.cluster = nodes[0].cluster
         cohort.active = len(active)
         cohort.expected = self._expected(cohort.name, nodes)
         had_quorum, cohort.quorum_met = cohort.quorum_met, len(active) >= p.quorum

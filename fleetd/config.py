@@ -1,7 +1,8 @@
 """Every fleetd setting, declared once: flags, fleetd.yaml, FLEETD_* variables and fleetd(8)."""
 
+from ingero import wire
 from ingero.settings import (Setting, boolean, integer, listen_address, log_level, node_counts,
-                             number, path, zmq_endpoint)
+                             number, optional, path, zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/fleetd.yaml"
 
@@ -43,5 +44,21 @@ SETTINGS = [
             "Most nodes tracked at once; pushes from further nodes are refused and counted.", "N"),
     Setting("max_frame_bytes", 4 * 1024 * 1024, integer(1024, 64 * 1024 * 1024),
             "Largest message accepted; larger ones are dropped and counted.", "BYTES"),
+    Setting("echod", None, optional(zmq_endpoint),
+            "echod's ingest endpoint; everything fleetd accepts is forwarded there and kept "
+            "until echod acknowledges it [default: none, nothing is stored].", "ENDPOINT"),
+    Setting("echod_public_key", "/etc/ingero/keys/echod.key", path,
+            "echod's public key file (fleetd's own key pair authenticates it to echod).", "FILE"),
+    Setting("forward_batch_rows", 2000, integer(1, wire.MAX_FORWARD_ROWS),
+            "Rows gathered before a batch is sealed and sent to echod.", "N"),
+    Setting("forward_interval", 0.2, number(0.01, 60.0),
+            "Seconds after its first row that a batch is sealed, however small.", "SECONDS"),
+    Setting("forward_window", 8, integer(1, 1000),
+            "Batches in flight to echod before waiting for acknowledgements.", "N"),
+    Setting("forward_resend_after", 5.0, number(0.1, 600.0),
+            "Seconds without an acknowledgement before a batch is sent to echod again.",
+            "SECONDS"),
+    Setting("forward_max_batches", 10_000, integer(1, 10_000_000),
+            "Batches kept for echod; beyond it the oldest is dropped and counted.", "N"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
 ]

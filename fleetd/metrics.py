@@ -43,6 +43,16 @@ class FleetMetrics:
                                     "Connections refused by CURVE authentication", registry=r)
         self.flagged = Counter("ingero_fleet_straggler_flags", "Straggler verdicts raised",
                                by_cohort, registry=r)
+        self.forward_queue = Gauge("ingero_fleet_forward_queue", "Batches kept until echod "
+                                   "acknowledges them", registry=r)
+        self.forward_acked = Counter("ingero_fleet_forward_acked", "Batches echod committed",
+                                     registry=r)
+        self.forward_resent = Counter("ingero_fleet_forward_resent", "Batches sent to echod "
+                                      "again for want of an acknowledgement", registry=r)
+        self.forward_dropped = Counter("ingero_fleet_forward_dropped", "Rows dropped because "
+                                       "echod fell too far behind", registry=r)
+        self.forward_rejected = Counter("ingero_fleet_forward_rejected", "Rows echod refused "
+                                        "as malformed", registry=r)
         self._cohorts: set[str] = set()
 
     def publish(self, cohorts: dict[str, CohortState], coverage_alert: float) -> None:

@@ -19,12 +19,14 @@ from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
 from .cohorts import Fleet, ThresholdPolicy
+from .forward import Forwarder
 from .metrics import FleetMetrics
 
 log = logging.getLogger("fleetd")
 
 POLL_MS = 100
 DRAIN_BATCH = 1000
+FORWARD_FLUSH_S = 5.0
 
 
 class FleetServer:
@@ -44,6 +46,8 @@ class FleetServer:
         self.context = zmq.Context()
         self.auth = None
         self.socket = None
+        self.forwarder = None
+        self.poller = zmq.Poller()
         self.http = None
         self.endpoint = None
 
@@ -54,6 +58,11 @@ class FleetServer:
         self.socket = self.context.socket(zmq.ROUTER)
         self._secure_and_bind(self.socket)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.poller.register(self.socket, zmq.POLLIN)
+        if self.cfg.echod is not None:
+            self.forwarder = Forwarder(self.cfg, self.context, self.metrics, self.clock)
+            self.poller.register(self.forwarder.socket, zmq.POLLIN)
+            log.info("forwarding to echod at %s", self.cfg.echod)
         where = ""
         if self.cfg.metrics_addr is not None:
             self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
@@ -81,6 +90,8 @@ class FleetServer:
 
     def close(self) -> None:
         """Release everything ``open`` got, however far it got."""
+        if self.forwarder is not None:
+            self.forwarder.close()
         if self.socket is not None:
             self.socket.close()
         if self.auth is not None:
@@ -102,14 +113,23 @@ class FleetServer:
                     self.recompute(now)
                     next_recompute = now + self.cfg.recompute_interval
                 wait = min(POLL_MS, max(0, int((next_recompute - now) * 1000)))
-                if self.socket.poll(wait, zmq.POLLIN):
+                ready = dict(self.poller.poll(wait))
+                if self.socket in ready:
                     self.drain()
+                if self.forwarder is not None:
+                    if self.forwarder.socket in ready:
+                        self.forwarder.receive()
+                    self.forwarder.tick(self.clock())
                 self.watchdog.tick(self.clock())
                 if self.flags.reload:
                     self.flags.reload = False
                     self.reload()
             self.notifier.stopping()
             self.drain()
+            if self.forwarder is not None:
+                left = self.forwarder.flush(FORWARD_FLUSH_S)
+                if left:
+                    log.warning("stopping: echod did not acknowledge %d batch(es)", left)
             log.info("stopping: drained; exiting")
         finally:
             self.close()
@@ -179,6 +199,8 @@ class FleetServer:
         if fresh:
             self.metrics.batches.inc()
             self.metrics.events.inc(len(push.events))
+            if self.forwarder is not None:
+                self.forwarder.add_push(push, recv_at)
             log.debug("accepted push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         else:
             self.metrics.resent.inc()
@@ -223,6 +245,15 @@ class FleetServer:
             else:
                 log.info("straggler cleared: node %s in %s", edge.node, edge.cohort)
         self.metrics.publish(self.fleet.cohorts, self.cfg.coverage_alert)
+        if self.forwarder is not None:
+            t = time.time()
+            for c in self.fleet.cohorts.values():
+                if c.computed:
+                    self.forwarder.add_threshold({
+                        "t": t, "cluster": c.cluster, "cohort": c.name, "threshold": c.threshold,
+                        "median": c.median, "mad": c.mad, "active": c.active,
+                        "quorum_met": c.quorum_met, "panic": c.panic,
+                        "stragglers": sorted(c.stragglers)})
 
     def _refused(self, why: str) -> None:
         self.metrics.auth_refused.inc()

@@ -39,15 +39,29 @@ class KeyRing:
     agent_secret: Path
     agent_public: Path
     authorized: Path
+    echod_secret: Path
+    echod_public: Path
+    authorized_fleetd: Path
 
     @classmethod
     def create(cls, root: Path) -> "KeyRing":
         fleet_public, fleet_secret = curve.generate(root / "fleet", "fleetd")
         agent_public, agent_secret = curve.generate(root / "agent", "agent")
-        authorized = root / "authorized"
-        authorized.mkdir(exist_ok=True)
-        (authorized / "agent.key").write_bytes(agent_public.read_bytes())
-        return cls(fleet_secret, fleet_public, agent_secret, agent_public, authorized)
+        echod_public, echod_secret = curve.generate(root / "echod", "echod")
+        authorized, authorized_fleetd = root / "authorized", root / "authorized_fleetd"
+        for directory, public in ((authorized, agent_public), (authorized_fleetd, fleet_public)):
+            directory.mkdir(exist_ok=True)
+            (directory / public.name).write_bytes(public.read_bytes())
+        return cls(fleet_secret, fleet_public, agent_secret, agent_public, authorized,
+                   echod_secret, echod_public, authorized_fleetd)
+
+    def echod_flags(self) -> list[str]:
+        return ["--secret-key", str(self.echod_secret),
+                "--authorized-keys", str(self.authorized_fleetd)]
+
+    def forwarding_flags(self, endpoint: str) -> list[str]:
+        """fleetd's flags to forward to echod at ``endpoint``."""
+        return ["--echod", endpoint, "--echod-public-key", str(self.echod_public)]
 
     def fleetd_flags(self) -> list[str]:
         return ["--secret-key", str(self.fleet_secret), "--authorized-keys", str(self.authorized)]

@@ -290,8 +290,56 @@ class Heartbeat(Message):
     CHECKS: ClassVar[dict[str, Any]] = {"sent_at": _seconds}
 
 
+MAX_FORWARD_ROWS = 20_000
+MAX_ROW_FIELDS = 64
+
+
+def _row(name: str, value: Any) -> dict:
+    """A forwarded row: a flat-ish map; its content is the store's to check, row by row, so
+    that one bad row is rejected alone rather than the whole batch."""
+    if not isinstance(value, dict) or len(value) > MAX_ROW_FIELDS:
+        _fail(name, f"expected a map of at most {MAX_ROW_FIELDS} entries")
+    return value
+
+
+def _rows(name: str, value: Any) -> list[dict]:
+    return check_list(name, value, _row, MAX_FORWARD_ROWS)
+
+
+@dataclass
+class Forward(Message):
+    """fleetd → echod: what fleetd accepted, for storage; numbered per fleetd instance."""
+
+    TYPE: ClassVar[int] = 8
+    seq: int
+    source: str
+    events: list[dict] = field(default_factory=list)
+    scores: list[dict] = field(default_factory=list)
+    thresholds: list[dict] = field(default_factory=list)
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "seq": lambda n, v: check_int(n, v), "source": check_text, "events": _rows,
+        "scores": _rows, "thresholds": _rows,
+    }
+
+
+@dataclass
+class ForwardAck(Message):
+    """echod → fleetd: batch ``ack`` is committed (stored, already there, or rejected rows)."""
+
+    TYPE: ClassVar[int] = 9
+    ack: int
+    stored: int
+    duplicates: int
+    rejected: int
+    CHECKS: ClassVar[dict[str, Any]] = {
+        "ack": lambda n, v: check_int(n, v), "stored": _count, "duplicates": _count,
+        "rejected": _count,
+    }
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Welcome, Push, Reply, Query, Status, Heartbeat)
+    cls.TYPE: cls for cls in (Hello, Welcome, Push, Reply, Query, Status, Heartbeat, Forward,
+                              ForwardAck)
 }
 
 

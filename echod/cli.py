@@ -1,0 +1,130 @@
+"""``echod``: the command line. Storage lives in store.py and db.py, ingest in ingest.py."""
+
+from __future__ import annotations
+
+import contextlib
+
+import click
+import sqlalchemy.exc
+
+from ingero.cli_common import config_option, keygen_command, load_settings
+from ingero.errors import IngeroError
+from ingero.runtime import SignalFlags, serve_metrics, setup_logging
+from ingero.settings import click_options
+
+from . import db, store
+from .config import DEFAULT_CONFIG, SETTINGS
+from .embedded import EmbeddedPostgres
+from .errors import DatabaseUnavailable
+from .ingest import IngestServer
+from .metrics import EchoMetrics
+
+
+@contextlib.contextmanager
+def database(cfg):
+    """The configured PostgreSQL, or echod's private cluster for as long as the block runs."""
+    if cfg.dsn:
+        yield cfg.dsn
+        return
+    with EmbeddedPostgres(cfg.state_dir / "postgres") as embedded:
+        yield embedded.dsn
+
+
+def writer(engine):
+    """store.write_batch, with a database that cannot commit turned into DatabaseUnavailable."""
+    def write(batch: dict):
+        try:
+            return store.write_batch(engine, batch)
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+            engine.dispose()
+            raise DatabaseUnavailable(str(exc.orig or exc).strip().splitlines()[0]) from None
+    return write
+
+
+def retention(engine, days: int):
+    def drop_old_partitions():
+        for name in db.drop_partitions_older_than(engine, days):
+            click.echo(f"echod: retention dropped {name}", err=True)
+    return drop_old_partitions
+
+
+def settings(config, flags):
+    cfg = load_settings(SETTINGS, "ECHOD", config, DEFAULT_CONFIG, flags)
+    setup_logging(cfg.log_level, "echod")
+    return cfg
+
+
+@click.group(invoke_without_command=True, context_settings={"max_content_width": 100},
+             epilog="Example: echod --ingest-bind tcp://0.0.0.0:7471 --dsn "
+                    "postgresql://ingero@db/ingero")
+@config_option(DEFAULT_CONFIG)
+@click_options(SETTINGS)
+@click.pass_context
+def main(ctx: click.Context, config: str | None, **flags) -> None:
+    """ingero's event store: takes what fleetd forwards and keeps it in PostgreSQL.
+
+    With no --dsn it runs a private PostgreSQL cluster under --state-dir.
+    """
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = (config, flags)
+        return
+    cfg = settings(config, flags)
+    metrics = EchoMetrics()
+    try:
+        with database(cfg) as dsn:
+            engine = db.make_engine(dsn)
+            revision = db.upgrade(engine)
+            click.echo(f"echod: schema at {revision}", err=True)
+            http = serve_metrics(cfg.metrics_addr, metrics.registry) if cfg.metrics_addr else None
+            try:
+                code = IngestServer(cfg, writer(engine), metrics, SignalFlags().install(),
+                                    housekeeping=retention(engine, cfg.retention_days)).run()
+            finally:
+                if http is not None:
+                    http.shutdown()
+                engine.dispose()
+    except IngeroError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.exit(code)
+
+
+@main.group("db")
+def db_group() -> None:
+    """The database schema: upgrade it, or show where it stands.
+
+    Example: echod --dsn postgresql://ingero@db/ingero db status
+    """
+
+
+def _with_engine(action):
+    config, flags = click.get_current_context().find_root().obj
+    cfg = settings(config, flags)
+    try:
+        with database(cfg) as dsn:
+            engine = db.make_engine(dsn)
+            try:
+                return action(engine)
+            finally:
+                engine.dispose()
+    except IngeroError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@db_group.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every migration this echod knows (idempotent). Example: echod db upgrade"""
+    click.echo(f"schema at {_with_engine(db.upgrade)}")
+
+
+@db_group.command("status")
+def db_status() -> None:
+    """Print the database's schema revision and the newest this echod knows.
+
+    Example: echod db status
+    """
+    current, head = _with_engine(db.status)
+    state = "up to date" if current == head else "needs 'echod db upgrade'"
+    click.echo(f"current {current or 'none'}\nhead    {head}\n{state}")
+
+
+main.add_command(keygen_command("/etc/ingero/keys", "echod", "echod"))

@@ -1,0 +1,141 @@
+"""The database: engine and sessions, schema migrations, and the day partitions of ``events``.
+
+Migrations are Alembic's, configured here in code (no alembic.ini): ``upgrade`` runs at start,
+under an advisory lock so that two echod processes starting together migrate once, and refuses
+a database that a newer echod has migrated (``SchemaTooNew``). Partitions are named
+``events_YYYYMMDD`` and cover one UTC day each; the writer makes them on demand, retention drops
+whole ones.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from .errors import SchemaTooNew, StorageError
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATION_LOCK = 0x6563686F01      # pg_advisory_xact_lock keys: "echo" + a number
+PARTITION_LOCK = 0x6563686F02
+RETENTION_LOCK = 0x6563686F03
+PARTITION_NAME = re.compile(r"^events_(\d{8})$")
+DAY = timedelta(days=1)
+
+
+# -- engine and sessions -----------------------------------------------------------------------
+
+def make_engine(dsn: str | URL, **options) -> Engine:
+    """An engine for a PostgreSQL DSN, through psycopg 3 whatever driver the DSN names."""
+    url = make_url(dsn)
+    if url.get_backend_name() != "postgresql":
+        raise StorageError(f"echod stores into PostgreSQL only, not {url.get_backend_name()}")
+    url = url.set(drivername="postgresql+psycopg")
+    options.setdefault("pool_pre_ping", True)
+    return create_engine(url, **options)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions for query functions; whoever opens one owns its transaction."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+# -- migrations --------------------------------------------------------------------------------
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Alembic's configuration for echod's migrations, optionally bound to an open connection."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(connection: Connection) -> str | None:
+    heads = MigrationContext.configure(connection).get_current_heads()
+    return heads[0] if heads else None
+
+
+def refuse_newer(connection: Connection) -> None:
+    """Raise ``SchemaTooNew`` when the database is at a revision this echod does not know."""
+    current = current_revision(connection)
+    if current is None:
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config()).get_revision(current)
+    except CommandError:
+        raise SchemaTooNew(current, head_revision()) from None
+
+
+def upgrade(engine: Engine) -> str:
+    """Bring the schema to this echod's head revision (a no-op when it is there); return it."""
+    with engine.begin() as connection:
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        refuse_newer(connection)
+        command.upgrade(alembic_config(connection), "head")
+    return head_revision()
+
+
+def status(engine: Engine) -> tuple[str | None, str]:
+    """(the database's revision, None when unmigrated; this echod's head revision)."""
+    with engine.connect() as connection:
+        return current_revision(connection), head_revision()
+
+
+# -- day partitions of events ------------------------------------------------------------------
+
+def partition_name(day: date) -> str:
+    return f"events_{day:%Y%m%d}"
+
+
+def partition_day(name: str) -> date | None:
+    match = PARTITION_NAME.match(name)
+    return datetime.strptime(match.group(1), "%Y%m%d").date() if match else None
+
+
+def event_partitions(connection: Connection) -> dict[date, str]:
+    """The day partitions that ``events`` has now, by day."""
+    names = connection.execute(text(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'events'::regclass")).scalars()
+    return {day: name for name in names if (day := partition_day(name)) is not None}
+
+
+def ensure_partitions(connection: Connection, days: set[date]) -> list[str]:
+    """Create the missing partitions for ``days`` in the caller's transaction; return them."""
+    if days <= event_partitions(connection).keys():
+        return []
+    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PARTITION_LOCK})
+    missing = sorted(days - event_partitions(connection).keys())
+    for day in missing:
+        start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        connection.execute(text(
+            f"CREATE TABLE {partition_name(day)} PARTITION OF events "
+            f"FOR VALUES FROM ('{start.isoformat()}') TO ('{(start + DAY).isoformat()}')"))
+    return [partition_name(day) for day in missing]
+
+
+def drop_partitions_older_than(engine: Engine, days: int, now: float | None = None) -> list[str]:
+    """Drop the partitions of ``events`` whose whole day ended more than ``days`` days before
+    ``now`` (default: the current time); return their names, oldest first."""
+    now = time.time() if now is None else now
+    cutoff = datetime.fromtimestamp(now, UTC) - timedelta(days=days)
+    with engine.begin() as connection:
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RETENTION_LOCK})
+        old = [name for day, name in sorted(event_partitions(connection).items())
+               if datetime(day.year, day.month, day.day, tzinfo=UTC) + DAY <= cutoff]
+        for name in old:
+            connection.execute(text(f"DROP TABLE {name}"))
+    return old

@@ -1,0 +1,17 @@
+"""echod's Prometheus metrics, on a registry of its own."""
+
+from prometheus_client import CollectorRegistry, Counter
+
+
+class EchoMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.batches = Counter("ingero_echo_ingest_batches", "Batches committed", registry=r)
+        self.rows = Counter("ingero_echo_ingest_rows", "Rows by outcome: stored, duplicate "
+                            "(a replay) or rejected (malformed)", ["outcome"], registry=r)
+        self.rejected_frames = Counter("ingero_echo_frames_rejected", "Frames dropped as "
+                                       "malformed", ["reason"], registry=r)
+        self.db_errors = Counter("ingero_echo_db_unavailable", "Batches left unacknowledged "
+                                 "because PostgreSQL could not commit", registry=r)
+        self.auth_refused = Counter("ingero_echo_auth_refused", "fleetd connections refused "
+                                    "by CURVE authentication", registry=r)

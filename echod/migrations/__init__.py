@@ -1,0 +1,1 @@
+"""Alembic migrations of the event store (run by ``echod.db.upgrade``)."""

@@ -1,0 +1,35 @@
+"""Alembic environment for echod. ``echod.db.upgrade`` hands in an open connection (in
+``config.attributes["connection"]``) inside the transaction that holds the migration lock; the
+``alembic`` command line, given ``sqlalchemy.url``, gets a connection of its own."""
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from echod.models import Base
+
+
+def run_on(connection) -> None:
+    context.configure(connection=connection, target_metadata=Base.metadata,
+                      transactional_ddl=True, compare_type=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection = context.config.attributes.get("connection")
+    if connection is not None:
+        run_on(connection)
+        return
+    engine = create_engine(context.config.get_main_option("sqlalchemy.url"),
+                           poolclass=pool.NullPool)
+    with engine.begin() as own:
+        run_on(own)
+
+
+if context.is_offline_mode():
+    context.configure(url=context.config.get_main_option("sqlalchemy.url"),
+                      target_metadata=Base.metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    run_online()

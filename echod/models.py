@@ -1,0 +1,160 @@
+"""The tables of the event store, in SQLAlchemy 2.0 declarative form.
+
+Every table that holds cluster data has a ``cluster`` column that leads its indexes: tenancy
+(row-level security per cluster) keys on it. ``events`` is range-partitioned by its time ``t``,
+one partition per UTC day (see ``echod.db``); its key ``(t, id)`` makes a replay change nothing.
+The Alembic migrations in ``echod/migrations`` create these tables; this module describes them
+for queries.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (BigInteger, Boolean, DateTime, Float, Identity, Index, Integer, MetaData,
+                        Text, UniqueConstraint)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+Timestamp = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: Timestamp, dict[str, Any]: JSONB, list[str]: ARRAY(Text)}
+
+
+class Event(Base):
+    """One traced event; the columns queries filter on are lifted out of ``attrs``."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index(None, "cluster", "job", "t"),
+        Index(None, "cluster", "node", "t"),
+        Index(None, "kind", "t"),
+        {"postgresql_partition_by": "RANGE (t)"},
+    )
+
+    t: Mapped[datetime] = mapped_column(primary_key=True)
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    cluster: Mapped[str] = mapped_column(Text)
+    node: Mapped[str] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(Text)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(Text)
+    op: Mapped[str | None] = mapped_column(Text)
+    comm_hash: Mapped[str | None] = mapped_column(Text)
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    nbytes: Mapped[int | None] = mapped_column("bytes", BigInteger)
+    duration_ns: Mapped[int | None] = mapped_column(BigInteger)
+    attrs: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class HealthScore(Base):
+    """A node's health score as fleetd received it, with the signals it is made of."""
+
+    __tablename__ = "health_scores"
+
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True)
+    node: Mapped[str] = mapped_column(Text, primary_key=True)
+    t: Mapped[datetime] = mapped_column(primary_key=True)
+    job: Mapped[str | None] = mapped_column(Text)
+    score: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(Text)
+    throughput: Mapped[float | None] = mapped_column(Float)
+    compute: Mapped[float | None] = mapped_column(Float)
+    memory: Mapped[float | None] = mapped_column(Float)
+    cpu: Mapped[float | None] = mapped_column(Float)
+
+
+class Threshold(Base):
+    """A cohort's straggler threshold (median − k·1.4826·MAD) at one recompute."""
+
+    __tablename__ = "thresholds"
+
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True)
+    cohort: Mapped[str] = mapped_column(Text, primary_key=True)
+    t: Mapped[datetime] = mapped_column(primary_key=True)
+    threshold: Mapped[float | None] = mapped_column(Float)
+    median: Mapped[float | None] = mapped_column(Float)
+    mad: Mapped[float | None] = mapped_column(Float)
+    active: Mapped[int] = mapped_column(Integer)
+    quorum_met: Mapped[bool] = mapped_column(Boolean)
+    panic: Mapped[bool] = mapped_column(Boolean)
+    stragglers: Mapped[list[str]] = mapped_column(default=list)
+
+
+class PeerLag(Base):
+    """How late one rank entered a run of the same collectives (communicator, seq range)."""
+
+    __tablename__ = "peer_lag"
+    __table_args__ = (
+        UniqueConstraint("cluster", "job", "comm_hash", "rank", "seq_first"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    t: Mapped[datetime]
+    cluster: Mapped[str] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(Text)
+    comm_hash: Mapped[str] = mapped_column(Text)
+    seq_first: Mapped[int] = mapped_column(BigInteger)
+    seq_last: Mapped[int] = mapped_column(BigInteger)
+    rank: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str | None] = mapped_column(Text)
+    samples: Mapped[int] = mapped_column(Integer)
+    lag_median_ns: Mapped[int | None] = mapped_column(BigInteger)
+    lag_p95_ns: Mapped[int | None] = mapped_column(BigInteger)
+    lag_max_ns: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class StragglerVerdict(Base):
+    """fleetd's finding that a rank is the straggler, why, with evidence and what it cost."""
+
+    __tablename__ = "straggler_verdicts"
+    __table_args__ = (Index(None, "cluster", "job"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    t: Mapped[datetime]
+    cluster: Mapped[str] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(Text)
+    node: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    op: Mapped[str | None] = mapped_column(Text)
+    comm_hash: Mapped[str | None] = mapped_column(Text)
+    lag_ns: Mapped[int | None] = mapped_column(BigInteger)
+    cause: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cost_gpu_seconds: Mapped[float | None] = mapped_column(Float)
+
+
+class Job(Base):
+    """A Slurm (or bare-metal) job: who ran it, where, on how many GPUs, when."""
+
+    __tablename__ = "jobs"
+
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True)
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    user: Mapped[str | None] = mapped_column(Text)
+    nodes: Mapped[list[str]] = mapped_column(default=list)
+    gpus: Mapped[int | None] = mapped_column(Integer)
+    start: Mapped[datetime | None]
+    end: Mapped[datetime | None]
+
+
+class Node(Base):
+    """A node that has reported, with the boot it last reported from."""
+
+    __tablename__ = "nodes"
+
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+    boot_id: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,387 @@
+"""The writer: one forwarded batch into PostgreSQL, in one transaction, idempotently.
+
+Every row is checked on its own; a bad row is rejected with its section, index and reason and
+the rest of the batch is stored. Good rows are COPYed (binary) into temporary staging tables and
+moved with ``INSERT … SELECT … ON CONFLICT DO NOTHING``, so a replayed row changes nothing and
+counts as a duplicate. The day partitions the events need are made first, and the ``nodes`` seen
+are upserted, all in the same transaction, committed before ``write_batch`` returns: the caller
+acknowledges the batch only then.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, case, func, text
+from sqlalchemy.dialects.postgresql import insert
+
+from .db import RETENTION_LOCK, ensure_partitions
+from .models import Node
+
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
+FUTURE_SLACK_S = 86_400
+MAX_TEXT = 256
+MAX_ATTRS_JSON = 16 * 1024
+MAX_STRAGGLERS = 4096
+INT32 = (-2**31, 2**31 - 1)
+UINT63 = (0, 2**63 - 1)
+SIGNALS = ("throughput", "compute", "memory", "cpu")
+MOVE_WORK_MEM = "64MB"          # to sort a staged batch in memory
+NODES_PER_STATEMENT = 5000      # 5 parameters each, under PostgreSQL's 65535
+
+
+class Rejected(Exception):
+    """One row fails a check; the message is the reason reported for it."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What became of a batch: rows newly stored, rows already there, rows refused (section,
+    index in that section, reason)."""
+
+    stored: int
+    duplicates: int
+    rejected: list[tuple[str, int, str]] = field(default_factory=list)
+
+
+# -- field checks ------------------------------------------------------------------------------
+
+def _fail(name: str, why: str):
+    raise Rejected(f"{name}: {why}")
+
+
+def check_text(row: dict, name: str, optional: bool = False) -> str | None:
+    value = row.get(name)
+    if value is None and optional:
+        return None
+    return check_string(name, value)
+
+
+def check_string(name: str, value: Any) -> str:
+    if (type(value) is str and 0 < len(value) <= MAX_TEXT and value.isascii()
+            and "\x00" not in value):
+        return value
+    return _check_string_slowly(name, value)
+
+
+def _check_string_slowly(name: str, value: Any) -> str:
+    """The checks again, one by one, to say which failed (or pass non-ASCII text)."""
+    if type(value) is not str:
+        _fail(name, f"expected a string, got {type(value).__name__}")
+    if not value:
+        _fail(name, "empty")
+    if len(value) > MAX_TEXT:
+        _fail(name, f"longer than {MAX_TEXT} characters ({len(value)})")
+    if "\x00" in value or not _encodable(value):
+        _fail(name, "not valid UTF-8 text")
+    return value
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_number(name: str, value: Any, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if type(value) not in (float, int):
+        _fail(name, f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        _fail(name, "not a finite number")
+    return float(value)
+
+
+def check_integer(name: str, value: Any, bounds: tuple[int, int],
+                  optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if type(value) is not int:
+        _fail(name, f"expected an integer, got {type(value).__name__}")
+    if not bounds[0] <= value <= bounds[1]:
+        _fail(name, "negative" if value < 0 <= bounds[0] else f"{value} out of range")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if type(value) is not bool:
+        _fail(name, f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def check_time(row: dict, now: float) -> datetime:
+    """Unix seconds, not before 2000 and not more than a day ahead of ``now``."""
+    t = check_number("t", row.get("t"))
+    if t < EARLIEST:
+        _fail("t", f"{t} is before 2000")
+    if t > now + FUTURE_SLACK_S:
+        _fail("t", f"{t} is more than a day in the future")
+    return datetime.fromtimestamp(t, UTC)
+
+
+SCALARS = frozenset((str, int, float, bool, type(None)))
+STRING = frozenset((str,))
+encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def check_attrs(value: Any) -> dict:
+    """Flat attributes: string keys and scalar values; a copy, for lifting columns out."""
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        _fail("attrs", f"expected a map, got {type(value).__name__}")
+    if not (STRING.issuperset(map(type, value)) and SCALARS.issuperset(map(type, value.values()))):
+        for key, item in value.items():
+            if type(key) is not str:
+                _fail("attrs", f"key {key!r} is not a string")
+            if type(item) not in SCALARS:
+                _fail(f"attrs.{key}", f"expected a scalar, got {type(item).__name__}")
+    return dict(value)
+
+
+def attrs_json(attrs: dict) -> str:
+    """The attributes as (ASCII) JSON of at most 16 KiB, for the jsonb column."""
+    try:
+        encoded = encode_json(attrs)
+    except ValueError:
+        bad = next(k for k, v in attrs.items() if type(v) is float and not math.isfinite(v))
+        _fail(f"attrs.{bad}", "not a finite number")
+    if len(encoded) > MAX_ATTRS_JSON:
+        _fail("attrs", f"{len(encoded)} characters of JSON, more than {MAX_ATTRS_JSON}")
+    if ("\\u0000" in encoded or "\\ud" in encoded) and not _attrs_storable(attrs):
+        _fail("attrs", "not valid UTF-8 text")
+    return encoded
+
+
+def _attrs_storable(attrs: dict) -> bool:
+    """No NUL and no lone surrogate (jsonb refuses both) in keys or string values."""
+    return all("\x00" not in text and _encodable(text)
+               for text in (*attrs, *attrs.values()) if type(text) is str)
+
+
+# -- row checks: each returns the staging row ------------------------------------------------
+
+LIFTED = (("rank", INT32), ("op", None), ("comm_hash", None), ("seq", UINT63),
+          ("bytes", UINT63), ("duration_ns", UINT63))
+
+
+def check_event(row: dict, now: float) -> tuple:
+    """(t, id, cluster, node, job, rank, kind, op, comm_hash, seq, bytes, duration_ns, attrs)"""
+    node = check_text(row, "node")
+    event_id = check_text(row, "id")
+    if not event_id.startswith(node + ":"):
+        _fail("id", f"not namespaced by its node ({node}:<boot>:<seq>)")
+    check_text(row, "boot_id", optional=True)
+    attrs = check_attrs(row.get("attrs"))
+    rank, op, comm_hash, seq, nbytes, duration_ns = lift_columns(attrs)
+    return (check_time(row, now), event_id, check_text(row, "cluster"), node,
+            check_text(row, "job", optional=True), rank, check_text(row, "kind"), op, comm_hash,
+            seq, nbytes, duration_ns, attrs_json(attrs))
+
+
+def lift_columns(attrs: dict) -> list:
+    """Take the values that have columns of their own out of the attributes, checked."""
+    values = [attrs.pop(name, None) for name, _ in LIFTED]
+    for (name, bounds), value in zip(LIFTED, values):
+        if value is None or (type(value) is int and bounds and bounds[0] <= value <= bounds[1]):
+            continue
+        if bounds is None:
+            check_string(f"attrs.{name}", value)
+        else:
+            check_integer(f"attrs.{name}", value, bounds)
+    return values
+
+
+def check_score(row: dict, now: float) -> tuple:
+    """(cluster, node, t, job, score, state, throughput, compute, memory, cpu)"""
+    signals = row.get("signals") or {}
+    if type(signals) is not dict:
+        _fail("signals", f"expected a map, got {type(signals).__name__}")
+    if unknown := set(signals) - set(SIGNALS):
+        _fail("signals", f"unknown signals {sorted(map(str, unknown))}")
+    return (check_text(row, "cluster"), check_text(row, "node"), check_time(row, now),
+            check_text(row, "job", optional=True), check_number("score", row.get("score")),
+            check_text(row, "state"),
+            *(check_number(f"signals.{s}", signals.get(s), optional=True) for s in SIGNALS))
+
+
+def check_threshold(row: dict, now: float) -> tuple:
+    """(cluster, cohort, t, threshold, median, mad, active, quorum_met, panic, stragglers)"""
+    return (check_text(row, "cluster"), check_text(row, "cohort"), check_time(row, now),
+            *(check_number(k, row.get(k), optional=True) for k in ("threshold", "median", "mad")),
+            check_integer("active", row.get("active"), (0, INT32[1])),
+            check_bool("quorum_met", row.get("quorum_met")), check_bool("panic", row.get("panic")),
+            check_stragglers(row.get("stragglers")))
+
+
+def check_stragglers(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if type(value) is not list or len(value) > MAX_STRAGGLERS:
+        _fail("stragglers", f"expected a list of at most {MAX_STRAGGLERS} node names")
+    return [check_string(f"stragglers[{i}]", node) for i, node in enumerate(value)]
+
+
+# -- where each section goes -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sink:
+    """A batch section's table: its key (rows move in key order, so that concurrent writers
+    lock in the same order), its staging columns (name, COPY type) in row order, the row check,
+    and the cast that turns a staged column into the stored one where they differ."""
+
+    section: str
+    table: str
+    key: str
+    columns: tuple[tuple[str, str], ...]
+    check: Any
+    casts: dict[str, str] = field(default_factory=dict)
+
+    def create_staging(self) -> str:
+        columns = ", ".join(f'"{name}" {kind}' for name, kind in self.columns)
+        return f"CREATE TEMP TABLE stage_{self.table} ({columns}) ON COMMIT DROP"
+
+    def move(self) -> str:
+        names = ", ".join(f'"{name}"' for name, _ in self.columns)
+        values = ", ".join(self.casts.get(name, f'"{name}"') for name, _ in self.columns)
+        return (f"INSERT INTO {self.table} ({names}) SELECT {values} FROM stage_{self.table} "
+                f"ORDER BY {self.key} ON CONFLICT DO NOTHING")
+
+
+SINKS = (
+    Sink("events", "events", "t, id", (
+        ("t", "timestamptz"), ("id", "text"), ("cluster", "text"), ("node", "text"),
+        ("job", "text"), ("rank", "int4"), ("kind", "text"), ("op", "text"),
+        ("comm_hash", "text"), ("seq", "int8"), ("bytes", "int8"), ("duration_ns", "int8"),
+        ("attrs", "text")), check_event, {"attrs": "attrs::jsonb"}),
+    Sink("scores", "health_scores", "cluster, node, t", (
+        ("cluster", "text"), ("node", "text"), ("t", "timestamptz"), ("job", "text"),
+        ("score", "float8"), ("state", "text"), ("throughput", "float8"), ("compute", "float8"),
+        ("memory", "float8"), ("cpu", "float8")), check_score),
+    Sink("thresholds", "thresholds", "cluster, cohort, t", (
+        ("cluster", "text"), ("cohort", "text"), ("t", "timestamptz"), ("threshold", "float8"),
+        ("median", "float8"), ("mad", "float8"), ("active", "int4"), ("quorum_met", "bool"),
+        ("panic", "bool"), ("stragglers", "text[]")), check_threshold),
+)
+SECTIONS = {sink.section: sink for sink in SINKS}
+
+
+# -- checking a batch --------------------------------------------------------------------------
+
+@dataclass
+class CheckedBatch:
+    """The good rows of a batch by section, what was refused, and what the rows say about
+    nodes ((cluster, node) → [first seen, last seen, boot id]) and event days."""
+
+    rows: dict[str, list[tuple]] = field(default_factory=dict)
+    rejected: list[tuple[str, int, str]] = field(default_factory=list)
+    nodes: dict[tuple[str, str], list] = field(default_factory=dict)
+    days: set[date] = field(default_factory=set)
+
+    def accepted(self) -> int:
+        return sum(len(rows) for rows in self.rows.values())
+
+    def saw_node(self, cluster: str, node: str, t: datetime, boot_id: str | None) -> None:
+        seen = self.nodes.get((cluster, node))
+        if seen is None:
+            self.nodes[(cluster, node)] = [t, t, boot_id]
+            return
+        seen[0] = min(seen[0], t)
+        if t >= seen[1]:
+            seen[1] = t
+            seen[2] = boot_id or seen[2]
+
+
+def check_batch(batch: Any, now: float) -> CheckedBatch:
+    checked = CheckedBatch()
+    if type(batch) is not dict:
+        checked.rejected.append(("batch", -1, "expected a map of sections"))
+        return checked
+    for section, rows in batch.items():
+        if section not in SECTIONS:
+            checked.rejected.append((str(section), -1, "unknown section"))
+        elif type(rows) is not list:
+            checked.rejected.append((section, -1, "expected a list of rows"))
+        else:
+            checked.rows[section] = check_section(checked, SECTIONS[section], rows, now)
+    return checked
+
+
+def check_section(checked: CheckedBatch, sink: Sink, rows: list, now: float) -> list[tuple]:
+    good = []
+    for index, row in enumerate(rows):
+        try:
+            if type(row) is not dict:
+                _fail("row", f"expected a map, got {type(row).__name__}")
+            good.append(sink.check(row, now))
+        except Rejected as exc:
+            checked.rejected.append((sink.section, index, str(exc)))
+            continue
+        note_row(checked, sink.section, row, good[-1])
+    return good
+
+
+def note_row(checked: CheckedBatch, section: str, row: dict, staged: tuple) -> None:
+    """Record the node and day a good row tells of."""
+    if section == "events":
+        checked.days.add(staged[0].date())
+        checked.saw_node(staged[2], staged[3], staged[0], row.get("boot_id"))
+    elif section == "scores":
+        checked.saw_node(staged[0], staged[1], staged[2], None)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+def write_batch(engine: Engine, batch: dict, now: float | None = None) -> IngestResult:
+    """Store a forwarded batch ({"events": [...], "scores": [...], "thresholds": [...]}) in one
+    transaction, committed on return. ``now`` (unix seconds) bounds how far ahead times may be."""
+    checked = check_batch(batch, time.time() if now is None else now)
+    if not checked.accepted():
+        return IngestResult(0, 0, checked.rejected)
+    with engine.begin() as connection:
+        connection.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"),
+                           {"key": RETENTION_LOCK})
+        connection.execute(text(f"SET LOCAL work_mem = '{MOVE_WORK_MEM}'"))
+        ensure_partitions(connection, checked.days)
+        stored = sum(copy_and_move(connection, SECTIONS[section], rows)
+                     for section, rows in checked.rows.items() if rows)
+        upsert_nodes(connection, checked.nodes)
+    return IngestResult(stored, checked.accepted() - stored, checked.rejected)
+
+
+def copy_and_move(connection: Connection, sink: Sink, rows: list[tuple]) -> int:
+    """COPY rows into a staging table, move the new ones into the table; return how many."""
+    with connection.connection.driver_connection.cursor() as cursor:
+        cursor.execute(sink.create_staging())
+        names = ", ".join(f'"{name}"' for name, _ in sink.columns)
+        with cursor.copy(f"COPY stage_{sink.table} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types([kind for _, kind in sink.columns])
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(sink.move())
+        return cursor.rowcount
+
+
+def upsert_nodes(connection: Connection, nodes: dict[tuple[str, str], list]) -> None:
+    """Widen each node's first/last seen to include this batch; keep the newest boot id."""
+    values = [{"cluster": cluster, "name": name, "first_seen": first, "last_seen": last,
+               "boot_id": boot_id}
+              for (cluster, name), (first, last, boot_id) in sorted(nodes.items())]
+    for start in range(0, len(values), NODES_PER_STATEMENT):
+        statement = insert(Node).values(values[start:start + NODES_PER_STATEMENT])
+        new = statement.excluded
+        connection.execute(statement.on_conflict_do_update(
+            index_elements=[Node.cluster, Node.name],
+            set_={"first_seen": func.least(Node.first_seen, new.first_seen),
+                  "last_seen": func.greatest(Node.last_seen, new.last_seen),
+                  "boot_id": case((new.last_seen >= Node.last_seen,
+                                   func.coalesce(new.boot_id, Node.boot_id)),
+                                  else_=Node.boot_id)}))

@@ -1,0 +1,163 @@
+"""Producers → fleetd → echod → PostgreSQL, all real: counts per node, replays, a database
+restart in the middle of ingest, bad rows counted one by one."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from sqlalchemy import text
+
+from echod.db import make_engine
+from echod.embedded import EmbeddedPostgres
+from ingero import curve, wire
+from ingero.launch import free_port, wait_for
+
+from .support import Producer, metric
+
+
+@pytest.fixture
+def state_dir():
+    """Under /tmp itself: the postgres user must reach it (pytest's tmp_path is root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="echod-ingest-"))
+    path.chmod(0o755)
+    yield path
+    EmbeddedPostgres(path / "postgres").stop()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def pipeline(spawn, keys, state_dir):
+    """echod on its embedded PostgreSQL, and fleetd forwarding to it."""
+    ingest = f"tcp://127.0.0.1:{free_port()}"
+    fleet = f"tcp://127.0.0.1:{free_port()}"
+    echod = spawn("echod", "echod", ["--ingest-bind", ingest, "--state-dir", str(state_dir),
+                                     "--metrics-addr", "none", *keys.echod_flags()])
+    assert wait_for(lambda: "ingest listening" in echod.log() or not echod.alive(), 120), \
+        echod.log()
+    assert echod.alive(), echod.log()
+    fleet_port = free_port()
+    fleetd = spawn("fleetd", "fleetd", [
+        "--bind", fleet, "--metrics-addr", f"127.0.0.1:{fleet_port}",
+        "--forward-resend-after", "1", *keys.fleetd_flags(), *keys.forwarding_flags(ingest)])
+    database = EmbeddedPostgres(state_dir / "postgres")
+    engine = make_engine(database.start())
+    yield dict(ingest=ingest, fleet=fleet, echod=echod, fleetd=fleetd, fleet_port=fleet_port,
+               engine=engine, database=database)
+    engine.dispose()
+
+
+def per_node(engine) -> dict[str, int]:
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT node, count(*) FROM events GROUP BY node"))
+        return dict(rows.all())
+
+
+def test_eight_producers_exactly_250_each(pipeline, keys):
+    producers = [Producer(pipeline["fleet"], keys, f"node{i}") for i in range(8)]
+    for _ in range(5):
+        for producer in producers:
+            producer.push(50, chain_id=f"{producer.node}-chain")
+    assert all(p.collect_acks(20) == 5 for p in producers)
+    engine = pipeline["engine"]
+    assert wait_for(lambda: sum(per_node(engine).values()) >= 2000, 60), per_node(engine)
+    time.sleep(1)
+    assert per_node(engine) == {f"node{i}": 250 for i in range(8)}
+    with engine.connect() as connection:
+        chains = connection.execute(text(
+            "SELECT attrs->>'chain_id', count(*) FROM events GROUP BY 1")).all()
+    assert sorted(chains) == sorted((f"node{i}-chain", 250) for i in range(8))
+    for producer in producers:
+        producer.close()
+
+
+def test_5000_events_at_1000_per_second_with_a_postgres_restart(pipeline, keys):
+    producers = [Producer(pipeline["fleet"], keys, f"node{i}") for i in range(8)]
+
+    def produce(producer):
+        for _ in range(25):  # 25 pushes of 25 events, one every 0.2 s: 125 events/s each
+            producer.push(25)
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in producers]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    pipeline["database"].stop()  # PostgreSQL goes away in the middle of ingest...
+    time.sleep(1.5)
+    pipeline["database"].start()  # ...and comes back
+    for thread in threads:
+        thread.join()
+    engine = pipeline["engine"]
+    engine.dispose()
+    assert wait_for(lambda: sum(per_node(engine).values()) >= 5000, 90), per_node(engine)
+    time.sleep(1)
+    assert per_node(engine) == {f"node{i}": 625 for i in range(8)}, "loss or duplication"
+    assert "database unavailable" in pipeline["echod"].log()
+    assert metric(pipeline["fleet_port"], "ingero_fleet_forward_resent_total") > 0
+    for producer in producers:
+        producer.close()
+
+
+def forward(keys, endpoint, message) -> wire.ForwardAck:
+    """Send one batch as fleetd would, and wait for echod's acknowledgement."""
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    curve.connect_curve(socket, curve.load_keypair(keys.fleet_secret),
+                        curve.load_public(keys.echod_public))
+    socket.connect(endpoint)
+    try:
+        socket.send_multipart(wire.encode(message))
+        assert socket.poll(30_000), "echod did not acknowledge"
+        return wire.decode(socket.recv_multipart())
+    finally:
+        socket.close()
+        context.term()
+
+
+def events(node: str, n: int, **changes) -> list[dict]:
+    now = time.time()
+    rows = [{"id": f"{node}:b:{i}", "t": now, "kind": "sync", "node": node, "cluster": "c",
+             "boot_id": "b", "job": "7", "attrs": {"duration_ns": 1000 + i}} for i in range(n)]
+    for index, change in changes.items():
+        rows[int(index.removeprefix("row"))].update(change)
+    return rows
+
+
+def test_a_replayed_batch_changes_nothing(pipeline, keys):
+    batch = wire.Forward(0, "test", events("replayed", 40))
+    first = forward(keys, pipeline["ingest"], batch)
+    again = forward(keys, pipeline["ingest"], batch)
+    assert (first.ack, first.stored, first.duplicates) == (0, 40, 0)
+    assert (again.ack, again.stored, again.duplicates) == (0, 0, 40)
+    assert per_node(pipeline["engine"])["replayed"] == 40
+
+
+def test_bad_rows_are_rejected_one_by_one(pipeline, keys):
+    rows = events("mixed", 10, row2={"t": "yesterday"}, row5={"attrs": {"bytes": -5}},
+                  row7={"node": "x" * 1000})
+    ack = forward(keys, pipeline["ingest"], wire.Forward(1, "test", rows))
+    assert (ack.stored, ack.rejected) == (7, 3)
+    assert per_node(pipeline["engine"])["mixed"] == 7
+    assert pipeline["echod"].alive()
+
+
+def test_an_unknown_fleetd_key_is_refused(pipeline, keys, tmp_path):
+    stranger_public, stranger_secret = curve.generate(tmp_path / "stranger", "stranger")
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    curve.connect_curve(socket, curve.load_keypair(stranger_secret),
+                        curve.load_public(keys.echod_public))
+    socket.connect(pipeline["ingest"])
+    socket.send_multipart(wire.encode(wire.Forward(0, "intruder", events("intruder", 5))))
+    assert not socket.poll(2000), "echod answered a fleetd it does not know"
+    socket.close()
+    context.term()
+    assert "intruder" not in per_node(pipeline["engine"])

@@ -1,0 +1,314 @@
+"""echod's storage against a real PostgreSQL: migrations, the batch writer, day partitions and
+retention, and the embedded cluster.
+
+PostgreSQL refuses to run as root, and pytest-postgresql's ``postgresql_proc`` runs pg_ctl as
+the current user, so the session's server is echod's own embedded cluster (run as the
+``postgres`` system user when the tests run as root). pytest-postgresql's ``postgresql_noproc``
+and ``postgresql`` fixtures then give each test a fresh database cloned from a template: a blank
+one for the migration tests, a migrated one for the rest. The writer commits its own
+transactions, so a fresh database per test stands in for a rolled-back transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from pytest_postgresql import factories
+from pytest_postgresql.executors import NoopExecutor
+from sqlalchemy import URL, func, select, text
+from sqlalchemy.orm import Session
+
+from echod.db import (drop_partitions_older_than, event_partitions, head_revision, make_engine,
+                      status, upgrade)
+from echod.embedded import EmbeddedPostgres, find_bindir
+from echod.errors import EmbeddedDatabaseError, SchemaTooNew
+from echod.models import Base, Event, HealthScore, Node, Threshold
+from echod.store import write_batch
+
+CLUSTER = "testcluster"
+FAST_BUT_UNSAFE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+def state_dir() -> Path:
+    """A private directory right under /tmp, which the postgres user can reach once it owns it
+    (pytest's tmp_path sits under a root-only directory)."""
+    return Path(tempfile.mkdtemp(prefix="echod-test-"))
+
+
+def url_of(server: NoopExecutor) -> URL:
+    return URL.create("postgresql+psycopg", username=server.user, password=server.password,
+                      database=server.dbname, query={"host": server.host, "port": str(server.port)})
+
+
+def migrate(host, port, user, dbname, password, **_) -> None:
+    """pytest-postgresql loader: bring the template database to the head revision."""
+    engine = make_engine(url_of(NoopExecutor(host, port, user, "", dbname, password)))
+    upgrade(engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def echod_server():
+    """The session's PostgreSQL; the noproc fixtures clone their templates from its empty
+    database ``echod_tests_tmpl``."""
+    where = state_dir()
+    cluster = EmbeddedPostgres(where, dbname="echod_tests_tmpl", settings=FAST_BUT_UNSAFE)
+    try:
+        cluster.start()
+        yield NoopExecutor(host=str(cluster.socket_dir), port=cluster.port, user="postgres",
+                           options="", dbname="echod_tests", password=cluster.password)
+    finally:
+        cluster.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+blank_proc = factories.postgresql_noproc(dbname="echod_blank", depends_on="echod_server")
+migrated_proc = factories.postgresql_noproc(dbname="echod_migrated", depends_on="echod_server",
+                                            load=[migrate])
+blank_db = factories.postgresql("blank_proc")
+migrated_db = factories.postgresql("migrated_proc")
+
+
+@pytest.fixture
+def blank_engine(blank_db, blank_proc):
+    engine = make_engine(url_of(blank_proc))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def engine(migrated_db, migrated_proc):
+    engine = make_engine(url_of(migrated_proc))
+    yield engine
+    engine.dispose()
+
+
+def event(node: str, seq: int, t: float, **attrs) -> dict:
+    return {"id": f"{node}:boot-{node}:{seq}", "t": t, "kind": "collective", "node": node,
+            "cluster": CLUSTER, "boot_id": f"boot-{node}", "job": "4242", "attrs": attrs}
+
+
+def score(node: str, t: float, value: float = 0.9) -> dict:
+    return {"t": t, "cluster": CLUSTER, "node": node, "job": "4242", "score": value,
+            "state": "active",
+            "signals": {"throughput": 0.9, "compute": 0.8, "memory": 0.7, "cpu": 0.6}}
+
+
+def threshold(t: float, cohort: str = "job:4242") -> dict:
+    return {"t": t, "cluster": CLUSTER, "cohort": cohort, "threshold": 0.61, "median": 0.9,
+            "mad": 0.05, "active": 8, "quorum_met": True, "panic": False,
+            "stragglers": ["node03"]}
+
+
+def count(session: Session, model) -> int:
+    return session.scalar(select(func.count()).select_from(model))
+
+
+def schema_of(engine) -> list[tuple]:
+    with engine.connect() as connection:
+        return connection.execute(text(
+            "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = 'public' ORDER BY 1")).all()
+
+
+# -- migrations --------------------------------------------------------------------------------
+
+def test_upgrade_twice_is_a_no_op_and_status_reports_head(blank_engine):
+    assert status(blank_engine) == (None, head_revision())
+    assert upgrade(blank_engine) == head_revision()
+    migrated = schema_of(blank_engine)
+    assert ("events", "p") in migrated            # partitioned table
+    assert upgrade(blank_engine) == head_revision()
+    assert schema_of(blank_engine) == migrated
+    assert status(blank_engine) == (head_revision(), head_revision())
+
+
+def test_a_database_from_a_newer_echod_is_refused(engine):
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+    with pytest.raises(SchemaTooNew) as refused:
+        upgrade(engine)
+    assert refused.value.current == "9999_from_the_future"
+    assert refused.value.head == head_revision()
+    assert "9999_from_the_future" in str(refused.value) and head_revision() in str(refused.value)
+    assert status(engine) == ("9999_from_the_future", head_revision())
+
+
+def test_models_describe_what_the_migrations_create(engine):
+    with engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert differences == []
+
+
+# -- the writer --------------------------------------------------------------------------------
+
+def chain_attrs(i: int) -> dict:
+    """Attributes of every JSON scalar kind, some lifted into columns, and a causal chain id."""
+    return {"chain_id": f"chain-{i // 8}", "op": "ncclAllReduce", "comm_hash": "9f2c4e01aa55b3d7",
+            "seq": 1000 + i, "rank": i % 8, "bytes": 4096 * (i + 1), "duration_ns": 1500 + i,
+            "nranks": 8, "in_group": i % 2 == 0, "latency_s": 0.000123 * (i + 1),
+            "root": None, "ts_ns": 2**64 - 1 - i, "delta": -i, "where": "rank→peer ✓",
+            "note": "slow 🐢, not NUL: \\u0000"}
+
+
+def test_events_from_eight_nodes_are_all_stored_with_their_attrs_intact(engine):
+    now = time.time()
+    nodes = [f"node{n:02d}" for n in range(8)]
+    events = [event(nodes[i % 8], i // 8, now - 60 + i * 0.01, step=i // 8) for i in range(2000)]
+    chained = list(range(5, 2000, 25))[:80]
+    for i in chained:
+        events[i]["attrs"] = chain_attrs(i)
+    result = write_batch(engine, {"events": events})
+    assert (result.stored, result.duplicates, result.rejected) == (2000, 0, [])
+    with Session(engine) as session:
+        per_node = dict(session.execute(
+            select(Event.node, func.count()).group_by(Event.node)).all())
+        assert per_node == {node: 250 for node in nodes}
+        stored = session.scalars(select(Event).where(Event.attrs.has_key("chain_id"))).all()
+        assert len(stored) == 80
+        by_id = {e.id: e for e in stored}
+        for i in chained:
+            sent, kept = events[i], by_id[events[i]["id"]]
+            assert reassembled_attrs(kept) == sent["attrs"]
+            assert kept.t == datetime.fromtimestamp(sent["t"], UTC)
+            assert (kept.node, kept.cluster, kept.job, kept.kind) == (
+                sent["node"], CLUSTER, "4242", "collective")
+        seen = session.execute(select(Node.name, Node.boot_id)).all()
+        assert sorted(seen) == [(node, f"boot-{node}") for node in nodes]
+
+
+def reassembled_attrs(kept: Event) -> dict:
+    lifted = {"op": kept.op, "comm_hash": kept.comm_hash, "seq": kept.seq, "rank": kept.rank,
+              "bytes": kept.nbytes, "duration_ns": kept.duration_ns}
+    return {**kept.attrs, **{k: v for k, v in lifted.items() if v is not None}}
+
+
+def test_a_replayed_batch_stores_nothing_twice(engine):
+    now = time.time()
+    batch = {"events": [event("node01", i, now - 30 + i) for i in range(20)],
+             "scores": [score(f"node0{n}", now - 5) for n in range(4)],
+             "thresholds": [threshold(now - 5)]}
+    first = write_batch(engine, batch)
+    assert (first.stored, first.duplicates, first.rejected) == (25, 0, [])
+    with Session(engine) as session:
+        before = session.execute(select(Node.name, Node.first_seen, Node.last_seen)).all()
+    again = write_batch(engine, batch)
+    assert (again.stored, again.duplicates, again.rejected) == (0, 25, [])
+    with Session(engine) as session:
+        assert (count(session, Event), count(session, HealthScore),
+                count(session, Threshold)) == (20, 4, 1)
+        assert session.execute(select(Node.name, Node.first_seen, Node.last_seen)).all() == before
+
+
+def test_bad_rows_are_rejected_one_by_one_and_the_good_ones_stored(engine):
+    now = time.time()
+    good = [event("node01", i, now - 10) for i in range(3)]
+    bad = [
+        {**event("node01", 10, now), "t": "yesterday"},                 # wrong type
+        {**event("node01", 11, now), "kind": 7},                        # wrong type
+        {**event("node01", 12, now), "job": "j" * 300},                 # huge string
+        event("node01", 13, now, bytes=-4096),                          # negative bytes
+        event("node01", 14, 86_400.0 * 100),                            # April 1970
+        event("node01", 15, now, latency=math.inf),                     # not finite
+        event("node01", 16, now, blob="x" * 17_000),                    # attrs over 16 KiB
+        event("node01", 17, now, nested={"a": 1}),                      # attrs not flat
+        event("node01", 18, now + 3 * 86_400),                          # days ahead
+        {**event("node01", 19, now), "id": "node02:boot:19"},           # not its node's id
+    ]
+    scores = [score("node01", now), {**score("node02", now), "score": math.nan},
+              {**score("node03", now), "signals": {"cpu": "high"}}]
+    thresholds = [threshold(now), {**threshold(now, "c2"), "active": "8"}]
+    result = write_batch(engine, {"events": good[:1] + bad + good[1:], "scores": scores,
+                                  "thresholds": thresholds})
+    assert result.stored == 3 + 1 + 1
+    reasons = {(section, index): reason for section, index, reason in result.rejected}
+    assert sorted(reasons) == [("events", i) for i in range(1, 11)] + [
+        ("scores", 1), ("scores", 2), ("thresholds", 1)]
+    expected_words = {("events", 1): "t: expected a number", ("events", 2): "kind: expected a",
+                      ("events", 3): "job: longer than 256", ("events", 4): "attrs.bytes: neg",
+                      ("events", 5): "before 2000", ("events", 6): "attrs.latency: not a finite",
+                      ("events", 7): "more than 16384", ("events", 8): "attrs.nested: expected",
+                      ("events", 9): "in the future", ("events", 10): "id: not namespaced",
+                      ("scores", 1): "score: not a finite", ("scores", 2): "signals.cpu",
+                      ("thresholds", 1): "active: expected an integer"}
+    for key, words in expected_words.items():
+        assert words in reasons[key], (key, reasons[key])
+    with Session(engine) as session:
+        assert sorted(session.scalars(select(Event.id))) == sorted(e["id"] for e in good)
+        assert session.scalars(select(HealthScore.node)).all() == ["node01"]
+        assert session.scalars(select(Threshold.cohort)).all() == ["job:4242"]
+
+
+# -- partitions and retention ------------------------------------------------------------------
+
+def test_events_of_three_days_land_in_three_partitions_and_retention_drops_the_oldest(engine):
+    now = time.time()
+    today = datetime.fromtimestamp(now, UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    days = [today - timedelta(days=d) for d in (3, 2, 1)]
+    events = [event("node01", 10 * d + i, (day + timedelta(minutes=i)).timestamp())
+              for d, day in enumerate(days) for i in range(5)]
+    assert write_batch(engine, {"events": events}, now=now).stored == 15
+    names = [f"events_{day:%Y%m%d}" for day in days]
+    with engine.connect() as connection:
+        assert sorted(event_partitions(connection).values()) == names
+        placed = dict(connection.execute(text(
+            "SELECT tableoid::regclass::text, count(*) FROM events GROUP BY 1")).all())
+    assert placed == {name: 5 for name in names}
+    assert drop_partitions_older_than(engine, 2, now=now) == names[:1]
+    assert drop_partitions_older_than(engine, 2, now=now) == []
+    with engine.connect() as connection:
+        assert sorted(event_partitions(connection).values()) == names[1:]
+        assert connection.scalar(text("SELECT count(*) FROM events")) == 10
+
+
+# -- the embedded cluster ----------------------------------------------------------------------
+
+def test_embedded_cluster_listens_on_its_socket_only_and_keeps_data_across_restarts():
+    where = state_dir()
+    cluster = EmbeddedPostgres(where, settings=FAST_BUT_UNSAFE)
+    try:
+        with cluster:
+            assert f"host={where / 'socket'}".replace("/", "%2F") in cluster.dsn
+            engine = make_engine(cluster.dsn)
+            with engine.connect() as connection:
+                assert connection.scalar(text("SHOW listen_addresses")) == ""
+                assert connection.scalar(text("SHOW unix_socket_directories")) == str(
+                    cluster.socket_dir)
+                assert connection.scalar(text("SELECT inet_server_addr()")) is None
+            upgrade(engine)
+            now = time.time()
+            result = write_batch(engine, {"events": [event("node07", i, now) for i in range(5)]})
+            assert result.stored == 5
+            engine.dispose()
+        assert not cluster.running()
+        with EmbeddedPostgres(where) as again:
+            engine = make_engine(again.dsn)
+            assert status(engine) == (head_revision(), head_revision())
+            with Session(engine) as session:
+                assert sorted(session.scalars(select(Event.id))) == [
+                    f"node07:boot-node07:{i}" for i in range(5)]
+            engine.dispose()
+    finally:
+        cluster.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_embedded_cluster_failures_say_why(tmp_path):
+    with pytest.raises(EmbeddedDatabaseError, match="no PostgreSQL server programs"):
+        find_bindir(str(tmp_path / "*" / "bin"))
+    where = state_dir()
+    try:
+        broken = EmbeddedPostgres(where, settings={"shared_buffers": "lots"})
+        with pytest.raises(EmbeddedDatabaseError, match="shared_buffers") as failed:
+            broken.start()
+        assert "pg_ctl start failed" in str(failed.value)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
