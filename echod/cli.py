@@ -22,23 +22,46 @@ from .metrics import EchoMetrics
 
 @contextlib.contextmanager
 def database(cfg):
-    """The configured PostgreSQL, or echod's private cluster for as long as the block runs."""
+    """The configured PostgreSQL, or echod's private cluster for as long as the block runs
+    (left running if it already was: a running echod's, which ``echod db status`` shares)."""
     if cfg.dsn:
         yield cfg.dsn
         return
-    with EmbeddedPostgres(cfg.state_dir / "postgres") as embedded:
-        yield embedded.dsn
+    embedded = EmbeddedPostgres(cfg.state_dir / "postgres")
+    already = embedded.running()
+    dsn = embedded.start()
+    try:
+        yield dsn
+    finally:
+        if not already:
+            embedded.stop()
 
 
 def writer(engine):
-    """store.write_batch, with a database that cannot commit turned into DatabaseUnavailable."""
+    """store.write_batch, with a database that cannot commit turned into DatabaseUnavailable
+    (the batch comes again), and a batch the database refuses for its content acknowledged as
+    rejected (so that it does not come again and again)."""
     def write(batch: dict):
         try:
             return store.write_batch(engine, batch)
         except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
             engine.dispose()
-            raise DatabaseUnavailable(str(exc.orig or exc).strip().splitlines()[0]) from None
+            raise DatabaseUnavailable(first_line(exc)) from None
+        except sqlalchemy.exc.DBAPIError as exc:
+            return store.IngestResult(0, 0, [("batch", -1, first_line(exc))])
     return write
+
+
+def first_line(exc: sqlalchemy.exc.DBAPIError) -> str:
+    return str(exc.orig or exc).strip().splitlines()[0]
+
+
+def upgrade(engine) -> str:
+    """Migrate at start; a database that cannot be reached is a one-line error."""
+    try:
+        return db.upgrade(engine)
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+        raise DatabaseUnavailable(f"cannot reach the database: {first_line(exc)}") from None
 
 
 def retention(engine, days: int):
@@ -70,15 +93,17 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
         return
     cfg = settings(config, flags)
     metrics = EchoMetrics()
+    signals = SignalFlags().install()  # before the database starts, so SIGTERM stops it too
     try:
         with database(cfg) as dsn:
             engine = db.make_engine(dsn)
-            revision = db.upgrade(engine)
+            revision = upgrade(engine)
             click.echo(f"echod: schema at {revision}", err=True)
             http = serve_metrics(cfg.metrics_addr, metrics.registry) if cfg.metrics_addr else None
             try:
-                code = IngestServer(cfg, writer(engine), metrics, SignalFlags().install(),
-                                    housekeeping=retention(engine, cfg.retention_days)).run()
+                code = 0 if signals.stop else IngestServer(
+                    cfg, writer(engine), metrics, signals,
+                    housekeeping=retention(engine, cfg.retention_days)).run()
             finally:
                 if http is not None:
                     http.shutdown()
@@ -104,6 +129,9 @@ def _with_engine(action):
             engine = db.make_engine(dsn)
             try:
                 return action(engine)
+            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+                raise DatabaseUnavailable(f"cannot reach the database: {first_line(exc)}") \
+                    from None
             finally:
                 engine.dispose()
     except IngeroError as exc:
@@ -113,7 +141,7 @@ def _with_engine(action):
 @db_group.command("upgrade")
 def db_upgrade() -> None:
     """Apply every migration this echod knows (idempotent). Example: echod db upgrade"""
-    click.echo(f"schema at {_with_engine(db.upgrade)}")
+    click.echo(f"schema at {_with_engine(upgrade)}")
 
 
 @db_group.command("status")

@@ -49,7 +49,7 @@ SETTINGS = [
             "until echod acknowledges it [default: none, nothing is stored].", "ENDPOINT"),
     Setting("echod_public_key", "/etc/ingero/keys/echod.key", path,
             "echod's public key file (fleetd's own key pair authenticates it to echod).", "FILE"),
-    Setting("forward_batch_rows", 2000, integer(1, wire.MAX_FORWARD_ROWS),
+    Setting("forward_batch_rows", 2000, integer(1, wire.MAX_FORWARD_ROWS - wire.MAX_EVENTS - 1),
             "Rows gathered before a batch is sealed and sent to echod.", "N"),
     Setting("forward_interval", 0.2, number(0.01, 60.0),
             "Seconds after its first row that a batch is sealed, however small.", "SECONDS"),

@@ -74,6 +74,8 @@ class Forwarder:
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,
             "score": push.score, "state": push.state, "signals": push.signals})
         self._started()
+        if self.gathering.rows() >= self.cfg.forward_batch_rows:
+            self.seal()  # many pushes can arrive between two ticks: keep batches bounded
 
     def add_threshold(self, row: dict) -> None:
         self.gathering.thresholds.append(row)

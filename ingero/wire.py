@@ -291,6 +291,7 @@ class Heartbeat(Message):
 
 
 MAX_FORWARD_ROWS = 20_000
+MAX_ARRAY = MAX_FORWARD_ROWS  # the longest list any message may hold
 MAX_ROW_FIELDS = 64
 
 
@@ -359,7 +360,7 @@ def _unpack(body: bytes) -> dict:
     try:
         value = msgpack.unpackb(
             body, raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext,
-            max_str_len=MAX_FRAME_BYTES, max_bin_len=0, max_array_len=MAX_EVENTS * 4,
+            max_str_len=MAX_FRAME_BYTES, max_bin_len=0, max_array_len=MAX_ARRAY,
             max_map_len=MAX_EVENTS * 4, max_ext_len=0,
         )
     except FrameError:

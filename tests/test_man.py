@@ -11,9 +11,12 @@ from pathlib import Path
 import click
 import pytest
 
+import echod.cli
 import fleetd.cli
 import ingero.cli
 import ingerod.cli
+from echod.config import SETTINGS as ECHOD
+from echod.metrics import EchoMetrics
 from fleetd.config import SETTINGS as FLEETD
 from fleetd.metrics import FleetMetrics
 from ingero import wire
@@ -23,13 +26,16 @@ from ingerod.metrics import AgentMetrics
 
 MAN = Path(__file__).resolve().parent.parent / "man"
 PAGES = sorted(p for p in MAN.glob("*.[1-8]"))
-PAGE_NAMES = ["fleetd.8", "ingerod.8", "ingero.1", "ingero.yaml.5", "ingero-wire.7"]
+PAGE_NAMES = ["echod.8", "fleetd.8", "ingerod.8", "ingero.1", "ingero.yaml.5",
+              "ingero-wire.7"]
 
 # Every reason a rejected frame is counted under (ingero/wire.py, ingero/errors.py and
 # fleetd/server.py).
 REJECT_REASONS = ["frame_count", "too_large", "bad_header", "bad_version", "bad_type",
                   "bad_msgpack", "bad_schema", "unexpected_type", "too_many_nodes",
                   "internal_error"]
+# The reasons echod (echod/ingest.py) counts: the wire's own, and unexpected_type.
+ECHOD_REJECT_REASONS = [r for r in REJECT_REASONS if r not in ("too_many_nodes", "internal_error")]
 
 
 def plain(page: Path | str) -> str:
@@ -83,9 +89,9 @@ def test_required_sections(page):
     assert names[:3] == ["NAME", "SYNOPSIS", "DESCRIPTION"], names
 
 
-@pytest.mark.parametrize("page", ["fleetd.8", "ingerod.8", "ingero.1"])
+@pytest.mark.parametrize("page", ["echod.8", "fleetd.8", "ingerod.8", "ingero.1"])
 def test_section_order(page):
-    order = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT",
+    order = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "COMMANDS", "FILES", "ENVIRONMENT",
              "EXIT STATUS", "SIGNALS", "METRICS", "EXAMPLES", "OVERHEAD", "SEE ALSO"]
     names = list(sections((MAN / page).read_text()))
     assert set(names) <= set(order), set(names) - set(order)
@@ -101,7 +107,8 @@ def metric_names(metrics) -> set[str]:
 
 
 @pytest.mark.parametrize("page, metrics, prefix", [
-    ("fleetd.8", FleetMetrics, "ingero_fleet_"), ("ingerod.8", AgentMetrics, "ingero_agent_")])
+    ("fleetd.8", FleetMetrics, "ingero_fleet_"), ("ingerod.8", AgentMetrics, "ingero_agent_"),
+    ("echod.8", EchoMetrics, "ingero_echo_")])
 def test_every_metric_is_documented_and_no_other(page, metrics, prefix):
     exported = metric_names(metrics())
     assert exported and all(name.startswith(prefix) for name in exported)
@@ -112,7 +119,8 @@ def test_every_metric_is_documented_and_no_other(page, metrics, prefix):
 
 
 @pytest.mark.parametrize("page, metrics", [("fleetd.8", FleetMetrics),
-                                           ("ingerod.8", AgentMetrics)])
+                                           ("ingerod.8", AgentMetrics),
+                                           ("echod.8", EchoMetrics)])
 def test_metric_labels_are_documented(page, metrics):
     section = sections(plain(page))["METRICS"]
     instance = metrics()
@@ -127,7 +135,8 @@ def test_metric_labels_are_documented(page, metrics):
             assert re.search(rf"^\.B {name}$", section, re.M), name
 
 
-@pytest.mark.parametrize("page, table", [("fleetd.8", FLEETD), ("ingerod.8", INGEROD)])
+@pytest.mark.parametrize("page, table", [("fleetd.8", FLEETD), ("ingerod.8", INGEROD),
+                                         ("echod.8", ECHOD)])
 def test_every_setting_flag_is_documented_with_its_default(page, table):
     options = sections(plain(page))["OPTIONS"]
     for s in table:
@@ -147,9 +156,12 @@ def click_options(command: click.Command):
 
 
 @pytest.mark.parametrize("page, command", [
-    ("fleetd.8", fleetd.cli.main), ("ingerod.8", ingerod.cli.main), ("ingero.1", ingero.cli.main)])
+    ("fleetd.8", fleetd.cli.main), ("ingerod.8", ingerod.cli.main), ("ingero.1", ingero.cli.main),
+    ("echod.8", echod.cli.main)])
 def test_every_command_line_option_is_documented(page, command):
-    options = sections(plain(page))["OPTIONS"]
+    # A subcommand's options are in OPTIONS, or in COMMANDS where the page has one.
+    text = sections(plain(page))
+    options = text["OPTIONS"] + text.get("COMMANDS", "")
     for name, param in click_options(command):
         for flag in param.opts:
             block = tagged(options, rf"\.BI? {flag}(\s|$)")
@@ -160,7 +172,8 @@ def test_every_command_line_option_is_documented(page, command):
 
 
 @pytest.mark.parametrize("section, table", [("FLEETD SETTINGS", FLEETD),
-                                            ("INGEROD SETTINGS", INGEROD)])
+                                            ("INGEROD SETTINGS", INGEROD),
+                                            ("ECHOD SETTINGS", ECHOD)])
 def test_every_yaml_key_is_documented_with_its_default(section, table):
     text = sections(plain("ingero.yaml.5"))[section]
     for s in table:
@@ -172,7 +185,8 @@ def test_every_yaml_key_is_documented_with_its_default(section, table):
 
 
 @pytest.mark.parametrize("name, table, prefix", [("fleetd", FLEETD, "FLEETD"),
-                                                 ("ingerod", INGEROD, "INGEROD")])
+                                                 ("ingerod", INGEROD, "INGEROD"),
+                                                 ("echod", ECHOD, "ECHOD")])
 def test_example_config_files_load(tmp_path, name, table, prefix):
     examples = sections(plain("ingero.yaml.5"))["EXAMPLES"]
     match = re.search(rf"^\.I /etc/ingero/{name}\.yaml\n.*?^\.EX\n(.*?)^\.EE", examples,
@@ -212,3 +226,8 @@ def test_every_rejection_reason_is_documented():
     fleetd_metrics = sections(plain("fleetd.8"))["METRICS"]
     for reason in REJECT_REASONS:
         assert reason in fleetd_metrics, reason
+    echod_metrics = tagged(sections(plain("echod.8"))["METRICS"],
+                           r"\.BR ingero_echo_frames_rejected_total ")
+    for reason in ECHOD_REJECT_REASONS:
+        assert re.search(rf"^\.BR? {reason}\b", echod_metrics, re.M), reason
+    assert "too_many_nodes" not in echod_metrics

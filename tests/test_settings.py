@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from echod.config import SETTINGS as ECHOD
 from fleetd.config import SETTINGS as FLEETD
 from ingero.errors import ConfigError
 from ingero.settings import load
@@ -56,12 +57,19 @@ def test_daemons_turn_config_errors_into_one_line(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("Error: quorum")
     missing = run("ingerod", "--config", str(tmp_path / "none.yaml"))
     assert missing.returncode == 1 and "cannot read config file" in missing.stderr
+    bad.write_text("retention_days: 0\n")
+    result = run("echod", "--config", str(bad))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: retention_days")
+    missing = run("echod", "--config", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 1 and "cannot read config file" in missing.stderr
 
 
 MAN = Path(__file__).resolve().parent.parent / "man"
 
 
-@pytest.mark.parametrize("page, table", [("fleetd.8", FLEETD), ("ingerod.8", INGEROD)])
+@pytest.mark.parametrize("page, table", [("fleetd.8", FLEETD), ("ingerod.8", INGEROD),
+                                         ("echod.8", ECHOD)])
 def test_every_setting_is_in_its_man_page(page, table):
     text = (MAN / page).read_text().replace("\\-", "-")
     undocumented = [s.flag for s in table if s.flag not in text]
