@@ -16,8 +16,9 @@ from typing import Callable
 
 import zmq
 
-from ingero import curve, wire
-from ingero.errors import FrameError, IngeroError
+from ingero import wire
+from ingero.errors import FrameError
+from ingero.router import SecureRouter
 
 from .errors import DatabaseUnavailable
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog
@@ -43,38 +44,18 @@ class IngestServer:
         self.watchdog = Watchdog(self.notifier)
         self.complaints = RateLimitedLog(log, 10.0)
         self.context = zmq.Context()
-        self.auth = None
+        self.router = SecureRouter(self.context, cfg, "fleetd", self._refused, log)
         self.socket = None
         self.endpoint = None
         self.backoff = 0.0
 
     def open(self) -> None:
-        self.socket = self.context.socket(zmq.ROUTER)
-        self.socket.linger = 1000
-        self.socket.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_bytes + 1024)
-        if not self.cfg.insecure_plaintext_zmq:
-            keypair = curve.load_keypair(self.cfg.secret_key)
-            self.auth = curve.FleetAuthenticator(self.context, self._refused)
-            self.auth.start()
-            count = self.auth.load(self.cfg.authorized_keys)
-            log.info("CURVE on: %d authorised fleetd key(s) in %s", count,
-                     self.cfg.authorized_keys)
-            curve.serve_curve(self.socket, keypair)
-        else:
-            log.warning("--insecure-plaintext-zmq: fleetd is neither authenticated nor "
-                        "encrypted")
-        try:
-            self.socket.bind(self.cfg.ingest_bind)
-        except zmq.ZMQError as exc:
-            raise IngeroError(f"cannot bind {self.cfg.ingest_bind}: {exc}") from None
-        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = self.router.open(self.cfg.ingest_bind)
+        self.socket = self.router.socket
         log.info("ingest listening on %s", self.endpoint)
 
     def close(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
-        if self.auth is not None:
-            self.auth.stop()
+        self.router.close()
         self.context.term()
 
     def run(self) -> int:
@@ -93,7 +74,7 @@ class IngestServer:
                     self.keep_house()
                 if self.flags.reload:
                     self.flags.reload = False
-                    self.reload()
+                    self.router.reload()
                 self.watchdog.tick(now)
             self.notifier.stopping()
         finally:
@@ -108,15 +89,6 @@ class IngestServer:
             self.housekeeping()
         except Exception as exc:  # the database may be down; ingest goes on regardless
             self.complaints.warning("housekeeping", "retention skipped: %s", exc)
-
-    def reload(self) -> None:
-        if self.auth is None:
-            return
-        try:
-            log.info("SIGHUP: %d authorised fleetd key(s) loaded",
-                     self.auth.load(self.cfg.authorized_keys))
-        except IngeroError as exc:
-            log.error("SIGHUP: could not reload authorised keys: %s", exc)
 
     def drain(self) -> None:
         """Handle what waits, one batch at a time; stop early while the store is down."""

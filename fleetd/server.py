@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import zmq
 
-from ingero import __version__, curve, wire
-from ingero.errors import FrameError, IngeroError
+from ingero import __version__, wire
+from ingero.errors import FrameError
+from ingero.router import SecureRouter
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
@@ -44,7 +45,7 @@ class FleetServer:
             cfg.expected_nodes, cfg.max_nodes)
         self.bad_frames = RateLimitedLog(log, 10.0)
         self.context = zmq.Context()
-        self.auth = None
+        self.router = SecureRouter(self.context, cfg, "agent", self._refused, log)
         self.socket = None
         self.forwarder = None
         self.poller = zmq.Poller()
@@ -55,9 +56,8 @@ class FleetServer:
 
     def open(self) -> None:
         """Bind the socket (and the metrics listener); errors here stop the daemon at start."""
-        self.socket = self.context.socket(zmq.ROUTER)
-        self._secure_and_bind(self.socket)
-        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = self.router.open(self.cfg.bind)
+        self.socket = self.router.socket
         self.poller.register(self.socket, zmq.POLLIN)
         if self.cfg.echod is not None:
             self.forwarder = Forwarder(self.cfg, self.context, self.metrics, self.clock)
@@ -69,33 +69,11 @@ class FleetServer:
             where = f", metrics on {self.cfg.metrics_addr[0]}:{self.http.server_port}"
         log.info("listening on %s%s", self.endpoint, where)
 
-    def _secure_and_bind(self, socket: zmq.Socket) -> None:
-        socket.linger = 1000
-        socket.sndhwm = socket.rcvhwm = 10_000
-        socket.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_bytes + 1024)
-        if not self.cfg.insecure_plaintext_zmq:
-            keypair = curve.load_keypair(self.cfg.secret_key)
-            self.auth = curve.FleetAuthenticator(self.context, self._refused)
-            self.auth.start()
-            count = self.auth.load(self.cfg.authorized_keys)
-            log.info("CURVE on: %d authorised agent key(s) in %s", count,
-                     self.cfg.authorized_keys)
-            curve.serve_curve(socket, keypair)
-        else:
-            log.warning("--insecure-plaintext-zmq: agents are neither authenticated nor encrypted")
-        try:
-            socket.bind(self.cfg.bind)
-        except zmq.ZMQError as exc:
-            raise IngeroError(f"cannot bind {self.cfg.bind}: {exc}") from None
-
     def close(self) -> None:
         """Release everything ``open`` got, however far it got."""
         if self.forwarder is not None:
             self.forwarder.close()
-        if self.socket is not None:
-            self.socket.close()
-        if self.auth is not None:
-            self.auth.stop()
+        self.router.close()
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
@@ -123,7 +101,7 @@ class FleetServer:
                 self.watchdog.tick(self.clock())
                 if self.flags.reload:
                     self.flags.reload = False
-                    self.reload()
+                    self.router.reload()
             self.notifier.stopping()
             self.drain()
             if self.forwarder is not None:
@@ -134,15 +112,6 @@ class FleetServer:
         finally:
             self.close()
         return 0
-
-    def reload(self) -> None:
-        if self.auth is None:
-            return
-        try:
-            count = self.auth.load(self.cfg.authorized_keys)
-            log.info("SIGHUP: %d authorised agent key(s) loaded", count)
-        except Exception as exc:  # keep serving with the keys already loaded
-            log.error("SIGHUP: could not reload authorised keys: %s", exc)
 
     # -- messages ------------------------------------------------------------------------------
 
