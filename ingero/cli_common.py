@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -44,8 +43,3 @@ def keygen_command(default_dir: str, default_name: str, what: str) -> click.Comm
             raise click.ClickException(str(exc)) from None
         click.echo(f"public key: {public}\nsecret key: {secret}")
     return keygen
-
-
-def fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
