@@ -41,6 +41,19 @@ static ncclResult_t check_rank(const struct ncclComm *comm, int rank)
     return rank >= 0 && rank < comm->nranks ? ncclSuccess : ncclInvalidArgument;
 }
 
+/* A call with one buffer addressed to one rank (broadcast root, send or receive peer). */
+static ncclResult_t to_one_rank(enum nccl_op op, ncclComm_t comm, const void *buff, size_t count,
+                                ncclDataType_t datatype, int rank, cudaStream_t stream)
+{
+    struct ncclComm *c = comm_checked(comm);
+    ncclResult_t r = check_collective(c, count, buff, buff, datatype);
+    if (r == ncclSuccess)
+        r = check_rank(c, rank);
+    if (r != ncclSuccess)
+        return r;
+    return op_submit(op, c, count * datatype_bytes(datatype), rank, stream);
+}
+
 SIM_API ncclResult_t ncclGetVersion(int *version)
 {
     if (!version)
@@ -207,37 +220,19 @@ SIM_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t 
 SIM_API ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
                                ncclComm_t comm, cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, count, buff, buff, datatype);
-    if (r == ncclSuccess)
-        r = check_rank(c, root);
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_BROADCAST, c, count * datatype_bytes(datatype), root, stream);
+    return to_one_rank(OP_BROADCAST, comm, buff, count, datatype, root, stream);
 }
 
 SIM_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
                               int peer, ncclComm_t comm, cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, count, sendbuff, sendbuff, datatype);
-    if (r == ncclSuccess)
-        r = check_rank(c, peer);
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_SEND, c, count * datatype_bytes(datatype), peer, stream);
+    return to_one_rank(OP_SEND, comm, sendbuff, count, datatype, peer, stream);
 }
 
 SIM_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                               ncclComm_t comm, cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, count, recvbuff, recvbuff, datatype);
-    if (r == ncclSuccess)
-        r = check_rank(c, peer);
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_RECV, c, count * datatype_bytes(datatype), peer, stream);
+    return to_one_rank(OP_RECV, comm, recvbuff, count, datatype, peer, stream);
 }
 
 SIM_API ncclResult_t ncclGroupStart(void)
