@@ -1,8 +1,8 @@
 """Every echod setting, declared once: flags, echod.yaml, ECHOD_* variables and echod(8)."""
 
 from ingero import wire
-from ingero.settings import (Setting, boolean, integer, listen_address, log_level,
-                             optional_text, path, zmq_endpoint)
+from ingero.settings import (Setting, boolean, integer, listen_address, log_level, number,
+                             optional, optional_text, path, text, zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/echod.yaml"
 
@@ -29,4 +29,37 @@ SETTINGS = [
     Setting("max_frame_bytes", wire.MAX_FRAME_BYTES, integer(1024, 256 * 1024 * 1024),
             "Largest batch accepted; larger ones are dropped and counted.", "BYTES"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
+    # -- the HTTP API ------------------------------------------------------------------------
+    Setting("api_bind", "0.0.0.0:7472", listen_address,
+            "HOST:PORT the HTTP API (gunicorn) listens on, or none for ingest only.", "HOST:PORT"),
+    Setting("tls_cert", None, optional(path),
+            "PEM certificate (chain) the API serves; required unless --insecure-no-tls.", "FILE"),
+    Setting("tls_key", None, optional(path), "PEM private key of --tls-cert.", "FILE"),
+    Setting("insecure_no_tls", False, boolean,
+            "Serve the API over plain HTTP: bearer tokens and results cross the network "
+            "unencrypted.", is_flag=True),
+    Setting("tokens_file", "/etc/ingero/echod-tokens.yaml", path,
+            "The API's bearer tokens, stored hashed (manage it with 'echod token'); re-read on "
+            "SIGHUP.", "FILE"),
+    Setting("token_grace", 300.0, number(0, 7 * 86_400),
+            "Seconds a token removed from --tokens-file keeps working after SIGHUP.", "SECONDS"),
+    Setting("audit_log", "/var/log/ingero/echod-audit.jsonl", path,
+            "JSON-lines audit log of API requests, refused ones included (token hashes, never "
+            "tokens).", "FILE"),
+    Setting("rate_limit", 30.0, number(0.1, 100_000),
+            "Requests per second allowed to one token, on average.", "PER_SECOND"),
+    Setting("rate_burst", 100, integer(1, 1_000_000),
+            "Requests one token may make at once before --rate-limit applies.", "REQUESTS"),
+    Setting("api_workers", 2, integer(1, 64), "gunicorn worker processes.", "N"),
+    Setting("api_threads", 8, integer(1, 256), "Threads per gunicorn worker.", "N"),
+    Setting("drain_seconds", 5.0, number(0, 600),
+            "On SIGTERM, seconds the API answers 503 with Retry-After before it stops.",
+            "SECONDS"),
+    Setting("sql_timeout", 60.0, number(0.1, 3600),
+            "Statement timeout of the SQL sandbox and the tools, in seconds.", "SECONDS"),
+    Setting("sql_row_cap", 10_000, integer(1, 1_000_000),
+            "Most rows one SQL query returns; the answer says when it was cut.", "ROWS"),
+    Setting("sql_role", "ingero_sql", text,
+            "PostgreSQL role the SQL sandbox and the tools read as (echod creates it; its "
+            "password is kept under --state-dir).", "ROLE"),
 ]

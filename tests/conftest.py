@@ -11,6 +11,8 @@ import pytest
 
 from ingero.launch import Daemon, KeyRing, free_port, stop_all
 
+pytest_plugins = ["tests.pg"]
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

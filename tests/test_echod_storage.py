@@ -1,29 +1,22 @@
 """echod's storage against a real PostgreSQL: migrations, the batch writer, day partitions and
 retention, and the embedded cluster.
 
-PostgreSQL refuses to run as root, and pytest-postgresql's ``postgresql_proc`` runs pg_ctl as
-the current user, so the session's server is echod's own embedded cluster (run as the
-``postgres`` system user when the tests run as root). pytest-postgresql's ``postgresql_noproc``
-and ``postgresql`` fixtures then give each test a fresh database cloned from a template: a blank
-one for the migration tests, a migrated one for the rest. The writer commits its own
-transactions, so a fresh database per test stands in for a rolled-back transaction.
+The session's PostgreSQL and the per-test databases (blank or migrated) come from tests/pg.py.
+The writer commits its own transactions, so a fresh database per test stands in for a
+rolled-back transaction.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from pytest_postgresql import factories
-from pytest_postgresql.executors import NoopExecutor
-from sqlalchemy import URL, func, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from echod.db import (drop_partitions_older_than, event_partitions, head_revision, make_engine,
@@ -33,62 +26,9 @@ from echod.errors import EmbeddedDatabaseError, SchemaTooNew
 from echod.models import Base, Event, HealthScore, Node, Threshold
 from echod.store import write_batch
 
+from .pg import FAST_BUT_UNSAFE, state_dir
+
 CLUSTER = "testcluster"
-FAST_BUT_UNSAFE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-
-
-def state_dir() -> Path:
-    """A private directory right under /tmp, which the postgres user can reach once it owns it
-    (pytest's tmp_path sits under a root-only directory)."""
-    return Path(tempfile.mkdtemp(prefix="echod-test-"))
-
-
-def url_of(server: NoopExecutor) -> URL:
-    return URL.create("postgresql+psycopg", username=server.user, password=server.password,
-                      database=server.dbname, query={"host": server.host, "port": str(server.port)})
-
-
-def migrate(host, port, user, dbname, password, **_) -> None:
-    """pytest-postgresql loader: bring the template database to the head revision."""
-    engine = make_engine(url_of(NoopExecutor(host, port, user, "", dbname, password)))
-    upgrade(engine)
-    engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def echod_server():
-    """The session's PostgreSQL; the noproc fixtures clone their templates from its empty
-    database ``echod_tests_tmpl``."""
-    where = state_dir()
-    cluster = EmbeddedPostgres(where, dbname="echod_tests_tmpl", settings=FAST_BUT_UNSAFE)
-    try:
-        cluster.start()
-        yield NoopExecutor(host=str(cluster.socket_dir), port=cluster.port, user="postgres",
-                           options="", dbname="echod_tests", password=cluster.password)
-    finally:
-        cluster.stop()
-        shutil.rmtree(where, ignore_errors=True)
-
-
-blank_proc = factories.postgresql_noproc(dbname="echod_blank", depends_on="echod_server")
-migrated_proc = factories.postgresql_noproc(dbname="echod_migrated", depends_on="echod_server",
-                                            load=[migrate])
-blank_db = factories.postgresql("blank_proc")
-migrated_db = factories.postgresql("migrated_proc")
-
-
-@pytest.fixture
-def blank_engine(blank_db, blank_proc):
-    engine = make_engine(url_of(blank_proc))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def engine(migrated_db, migrated_proc):
-    engine = make_engine(url_of(migrated_proc))
-    yield engine
-    engine.dispose()
 
 
 def event(node: str, seq: int, t: float, **attrs) -> dict:
