@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (BigInteger, Boolean, DateTime, Float, Identity, Index, Integer, MetaData,
-                        Text, UniqueConstraint)
+                        Text, UniqueConstraint, true)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -158,3 +158,13 @@ class Node(Base):
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
     boot_id: Mapped[str | None] = mapped_column(Text)
+
+
+class SandboxKey(Base):
+    """The one secret that signs the SQL sandbox's scopes (``echod.sandbox``); no role but the
+    owner may read it."""
+
+    __tablename__ = "sandbox_key"
+
+    id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=true())
+    key: Mapped[str] = mapped_column(Text)
