@@ -1,0 +1,59 @@
+"""The API's audit log: one JSON line per request, refused ones included, with the token's hash
+and name, never the token."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .auth import RAW_TOKEN
+
+
+class AuditLog:
+    """JSON lines, one per request, appended by every worker process to the same file: each line
+    is one write() to a file opened O_APPEND, so lines from several processes do not mix."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def write(self, **fields: Any) -> None:
+        """Append ``{"ts": <ISO 8601 UTC>, **fields}``; refuses (ValueError) a record that would
+        hold anything shaped like a token, so a caller's mistake cannot leak one."""
+        if "ts" in fields:
+            raise ValueError("the audit log stamps 'ts' itself")
+        for name, value in fields.items():
+            if RAW_TOKEN.search(json.dumps({name: value}, default=str)):
+                raise ValueError(f"audit field {name!r} holds what looks like a bearer token; "
+                                 "log its token_hash() instead")
+        stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
+        record = {"ts": stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z"), **fields}
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        with self._lock:
+            written = os.write(self._fd, line)
+            while written < len(line):            # only on a full disk or a signal
+                written += os.write(self._fd, line[written:])
+
+    def reopen(self) -> None:
+        """After the file was rotated away (logrotate without copytruncate)."""
+        with self._lock:
+            os.close(self._fd)
+            self._fd = self._open()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
