@@ -54,6 +54,7 @@ def run(args) -> dict:
     ingest, fleet = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     daemons = [Daemon.module("echod", "echod", [
         "--ingest-bind", ingest, "--state-dir", str(root / "state"), "--metrics-addr", "none",
+        "--api-bind", "none",
         *keys.echod_flags()], root)]
     database = EmbeddedPostgres(root / "state" / "postgres")
     try:

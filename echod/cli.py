@@ -14,10 +14,12 @@ from ingero.settings import click_options
 
 from . import db, store
 from .config import DEFAULT_CONFIG, SETTINGS
+from .api.supervisor import ApiProcess, check_tls
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable
 from .ingest import IngestServer
 from .metrics import EchoMetrics
+from .tokens_cli import token_group
 
 
 @contextlib.contextmanager
@@ -84,9 +86,11 @@ def settings(config, flags):
 @click_options(SETTINGS)
 @click.pass_context
 def main(ctx: click.Context, config: str | None, **flags) -> None:
-    """ingero's event store: takes what fleetd forwards and keeps it in PostgreSQL.
+    """ingero's event store: keeps what fleetd forwards in PostgreSQL and answers questions
+    about it over HTTP (a Flask API under gunicorn) and MCP.
 
-    With no --dsn it runs a private PostgreSQL cluster under --state-dir.
+    With no --dsn it runs a private PostgreSQL cluster under --state-dir. The API needs
+    --tls-cert and --tls-key (or --insecure-no-tls) and tokens from 'echod token create'.
     """
     if ctx.invoked_subcommand is not None:
         ctx.obj = (config, flags)
@@ -95,16 +99,24 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
     metrics = EchoMetrics()
     signals = SignalFlags().install()  # before the database starts, so SIGTERM stops it too
     try:
+        tls = check_tls(cfg) if cfg.api_bind else None   # a bad setup fails before anything runs
         with database(cfg) as dsn:
             engine = db.make_engine(dsn)
             revision = upgrade(engine)
             click.echo(f"echod: schema at {revision}", err=True)
+            api = ApiProcess(cfg, tls, engine, revision) if cfg.api_bind else None
             http = serve_metrics(cfg.metrics_addr, metrics.registry) if cfg.metrics_addr else None
             try:
+                if api is not None and not signals.stop:
+                    api.start()
                 code = 0 if signals.stop else IngestServer(
                     cfg, writer(engine), metrics, signals,
-                    housekeeping=retention(engine, cfg.retention_days)).run()
+                    housekeeping=retention(engine, cfg.retention_days),
+                    on_reload=api.reload if api else None,
+                    on_tick=api.check if api else None).run()
             finally:
+                if api is not None:
+                    api.stop(drain=signals.stop)
                 if http is not None:
                     http.shutdown()
                 engine.dispose()
@@ -156,3 +168,4 @@ def db_status() -> None:
 
 
 main.add_command(keygen_command("/etc/ingero/keys", "echod", "echod"))
+main.add_command(token_group)

@@ -34,8 +34,14 @@ BACKOFF_START, BACKOFF_MAX = 0.1, 5.0
 class IngestServer:
     def __init__(self, cfg: SimpleNamespace, write: Callable[[dict], object], metrics,
                  flags: SignalFlags | None = None, notifier: Notifier | None = None,
-                 housekeeping: Callable[[], object] | None = None):
+                 housekeeping: Callable[[], object] | None = None,
+                 on_reload: Callable[[], object] | None = None,
+                 on_tick: Callable[[float], object] | None = None):
+        """``on_reload`` runs on SIGHUP after the authorised keys are re-read; ``on_tick`` runs
+        every loop (at least every 100 ms) and may raise to stop echod."""
         self.cfg = cfg
+        self.on_reload = on_reload
+        self.on_tick = on_tick
         self.write = write
         self.housekeeping = housekeeping
         self.metrics = metrics
@@ -75,6 +81,10 @@ class IngestServer:
                 if self.flags.reload:
                     self.flags.reload = False
                     self.router.reload()
+                    if self.on_reload is not None:
+                        self.on_reload()
+                if self.on_tick is not None:
+                    self.on_tick(now)
                 self.watchdog.tick(now)
             self.notifier.stopping()
         finally:

@@ -16,7 +16,7 @@ packages=(
     python3-bpfcc bpfcc-tools libbpfcc linux-headers-amd64
     postgresql postgresql-15
     slurmctld slurmd slurm-client munge
-    faketime mandoc systemd iproute2 procps
+    faketime mandoc systemd iproute2 procps openssl
 )
 
 missing=()

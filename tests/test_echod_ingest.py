@@ -18,7 +18,7 @@ from echod.embedded import EmbeddedPostgres
 from ingero import curve, wire
 from ingero.launch import free_port, wait_for
 
-from .support import Producer, metric
+from .support import Producer, forward, metric
 
 
 @pytest.fixture
@@ -37,6 +37,7 @@ def pipeline(spawn, keys, state_dir):
     ingest = f"tcp://127.0.0.1:{free_port()}"
     fleet = f"tcp://127.0.0.1:{free_port()}"
     echod = spawn("echod", "echod", ["--ingest-bind", ingest, "--state-dir", str(state_dir),
+                                     "--api-bind", "none",
                                      "--metrics-addr", "none", *keys.echod_flags()])
     assert wait_for(lambda: "ingest listening" in echod.log() or not echod.alive(), 120), \
         echod.log()
@@ -102,23 +103,6 @@ def test_5000_events_at_1000_per_second_with_a_postgres_restart(pipeline, keys):
     assert metric(pipeline["fleet_port"], "ingero_fleet_forward_resent_total") > 0
     for producer in producers:
         producer.close()
-
-
-def forward(keys, endpoint, message) -> wire.ForwardAck:
-    """Send one batch as fleetd would, and wait for echod's acknowledgement."""
-    context = zmq.Context()
-    socket = context.socket(zmq.DEALER)
-    socket.linger = 0
-    curve.connect_curve(socket, curve.load_keypair(keys.fleet_secret),
-                        curve.load_public(keys.echod_public))
-    socket.connect(endpoint)
-    try:
-        socket.send_multipart(wire.encode(message))
-        assert socket.poll(30_000), "echod did not acknowledge"
-        return wire.decode(socket.recv_multipart())
-    finally:
-        socket.close()
-        context.term()
 
 
 def events(node: str, n: int, **changes) -> list[dict]:

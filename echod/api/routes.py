@@ -1,0 +1,142 @@
+"""The API's routes, in two blueprints: ``root`` (/api/versions, /metrics) and ``v1``.
+
+Tools answer ``POST /api/v1/tools/<name>`` with their arguments as the JSON body, checked
+against the tool's input schema before it runs. ``POST /api/v1/sql`` is the ``run_analysis``
+tool under its own name.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, current_app, g, jsonify, request
+from jsonschema import Draft202012Validator
+from prometheus_client import CONTENT_TYPE_LATEST
+
+import ingero
+
+from .. import tools  # noqa: F401 (declaring the tools fills REGISTRY)
+from ..registry import REGISTRY, Scope, ToolContext
+from . import OPTIONAL, PUBLIC, ApiError, access
+from .openapi import API_VERSION, document
+
+root = Blueprint("root", __name__)
+v1 = Blueprint("v1", __name__)
+
+NO_CLUSTERS = Scope(frozenset())
+VALIDATORS = {tool.name: Draft202012Validator(tool.input_schema) for tool in REGISTRY}
+
+
+def state():
+    return current_app.extensions["echod"]
+
+
+def major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+@root.get("/api/versions")
+@access(PUBLIC)
+def versions():
+    return jsonify(versions=[{"path": "/api/v1", "version": API_VERSION}],
+                   echod=major_minor(ingero.__version__))
+
+
+@root.get("/metrics")
+def metrics():
+    return state().metrics.render(), 200, {"Content-Type": CONTENT_TYPE_LATEST}
+
+
+@v1.get("/health")
+@access(OPTIONAL)
+def health():
+    """Liveness and the database; version detail only for a token holder."""
+    started = time.monotonic()
+    with state().sandbox.reading(g.principal.scope if g.principal else NO_CLUSTERS) as conn:
+        conn.exec_driver_sql("SELECT 1")
+    body = {"status": "ok", "database": "ok",
+            "database_ms": round((time.monotonic() - started) * 1000, 3)}
+    if g.principal is not None:
+        body.update(echod=ingero.__version__, api=API_VERSION,
+                    schema=state().settings.schema_revision)
+    return jsonify(body)
+
+
+@v1.get("/whoami")
+def whoami():
+    principal = g.principal
+    return jsonify(name=principal.name, token_sha256_prefix=principal.token_sha256[:12],
+                   clusters=principal.scope.describe(),
+                   capabilities=sorted(principal.capabilities),
+                   retiring_until=principal.retiring_until)
+
+
+@v1.get("/tools")
+def tools():
+    principal = g.principal
+    return jsonify(tools=[{**tool.listing(), "allowed": principal.may(tool.capability)}
+                          for tool in REGISTRY])
+
+
+@v1.post("/tools/<name>")
+def call_tool(name: str):
+    if name not in REGISTRY:
+        raise ApiError(404, "unknown_tool", f"no tool named {name!r}; GET /api/v1/tools "
+                       f"lists them")
+    return jsonify(run_tool(name, arguments()))
+
+
+@v1.post("/sql")
+def sql():
+    return jsonify(run_tool("run_analysis", arguments()))
+
+
+@v1.get("/openapi.json")
+@access(PUBLIC)
+def openapi():
+    return jsonify(document())
+
+
+def arguments() -> dict:
+    """The JSON object in the request body ({} for an empty body)."""
+    if not request.get_data(cache=True):
+        return {}
+    body = request.get_json(silent=True)
+    if body is None:
+        raise ApiError(400, "bad_json", "the body must be a JSON object "
+                       "(Content-Type: application/json)")
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_arguments", "the body must be a JSON object of arguments")
+    return body
+
+
+def run_tool(name: str, args: dict) -> dict:
+    tool = REGISTRY[name]
+    g.extra["tool"] = name
+    g.principal.require(tool.capability)
+    errors = sorted(VALIDATORS[name].iter_errors(args), key=lambda e: list(e.path))
+    if errors:
+        first = errors[0]
+        where = "/".join(map(str, first.absolute_path)) or "arguments"
+        raise ApiError(400, "bad_arguments", f"{name}: {where}: {first.message}")
+    args = whole_numbers(args, tool.input_schema)
+    cluster = args.get("cluster")
+    if isinstance(cluster, str):
+        g.principal.require_cluster(cluster)
+    context = ToolContext(state().sandbox, g.principal.scope, time.time())
+    started = time.monotonic()
+    result = tool.run(context, args)
+    state().metrics.tool_seconds.labels(name).observe(time.monotonic() - started)
+    return result
+
+
+def whole_numbers(args: dict, schema: dict) -> dict:
+    """JSON Schema counts 5.0 as an integer; give the tool the int it declared."""
+    properties = schema.get("properties", {})
+    return {name: int(value) if isinstance(value, float) and _integer(properties.get(name))
+            else value for name, value in args.items()}
+
+
+def _integer(schema: dict | None) -> bool:
+    kind = (schema or {}).get("type")
+    return kind == "integer" or (isinstance(kind, list) and "integer" in kind)

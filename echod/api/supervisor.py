@@ -1,0 +1,176 @@
+"""echod's main process runs the API as a gunicorn child and steers it.
+
+Start: check TLS and the tokens file, make the sandbox role, hand the workers their settings
+(``settings.ApiSettings``, a 0600 file in a private runtime directory), start gunicorn and wait
+until it listens. SIGHUP: rotate the tokens (the retired ones keep working for the grace window,
+recorded in a file the new workers read) and HUP gunicorn, which replaces its workers
+gracefully. SIGTERM: create the drain file (every request now gets 503 with Retry-After), wait
+``--drain-seconds``, then stop gunicorn, which finishes the requests in flight.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import secrets
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from .. import auth, sandbox
+from ..errors import EchodError
+from .settings import ENVIRONMENT, ApiSettings
+
+log = logging.getLogger("echod")
+
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 30.0
+
+
+class ApiStartError(EchodError):
+    """The API cannot be configured or started, or its gunicorn died."""
+
+
+def check_tls(cfg) -> tuple[str, str] | None:
+    """(certificate, key) to serve, None for plain HTTP; refuse a half or unreadable setup."""
+    if cfg.insecure_no_tls:
+        log.warning("serving the API without TLS (--insecure-no-tls): tokens and answers "
+                    "cross the network in clear text")
+        return None
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        raise ApiStartError("the API needs --tls-cert and --tls-key (or --insecure-no-tls, which "
+                       "sends tokens in clear text; or --api-bind none for no API)")
+    for what, path in (("--tls-cert", cfg.tls_cert), ("--tls-key", cfg.tls_key)):
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise ApiStartError(f"{what} {path}: {exc.strerror}") from None
+    return str(cfg.tls_cert), str(cfg.tls_key)
+
+
+def role_password(state_dir: Path) -> str:
+    """The sandbox role's password, made once and kept (0600) under the state directory."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "sql-role.password"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+class ApiProcess:
+    def __init__(self, cfg, tls: tuple[str, str] | None, engine: Engine, revision: str | None):
+        """``tls``: (certificate, key) from ``check_tls``, or None for plain HTTP."""
+        self.cfg = cfg
+        self.tls = tls
+        self.tokens = auth.TokenStore(cfg.tokens_file, cfg.state_dir / "retired-tokens.json",
+                                      cfg.token_grace)
+        self.tokens.load()
+        password = role_password(cfg.state_dir)
+        key = sandbox.prepare(engine, cfg.sql_role, password)
+        url = sandbox.sandbox_url(engine.url, cfg.sql_role, password)
+        self.runtime = Path(tempfile.mkdtemp(prefix="echod-api-"))
+        (self.runtime / "metrics").mkdir()
+        self.settings = ApiSettings(
+            sandbox_url=url.render_as_string(hide_password=False), sandbox_key=key,
+            tokens_file=str(cfg.tokens_file), retired_file=str(self.tokens.retired_file),
+            token_grace=cfg.token_grace, audit_log=str(cfg.audit_log),
+            rate_limit=cfg.rate_limit, rate_burst=cfg.rate_burst,
+            drain_file=str(self.runtime / "draining"), drain_seconds=cfg.drain_seconds,
+            sql_timeout_ms=int(cfg.sql_timeout * 1000), sql_row_cap=cfg.sql_row_cap,
+            threads=cfg.api_threads, schema_revision=revision)
+        self.settings.write(self.runtime / "api.json")
+        self.process: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        host, port = self.cfg.api_bind
+        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        argv = [sys.executable, "-m", "gunicorn", "--config", "python:echod.api.gunicorn_hooks",
+                "--bind", bind, "--workers", str(self.cfg.api_workers),
+                "--threads", str(self.cfg.api_threads), "--worker-class", "gthread",
+                "--graceful-timeout", str(int(STOP_GRACE_S)), "--log-level",
+                self.cfg.log_level, "--error-logfile", "-", "--name", "echod-api",
+                "--no-control-socket"]
+        if self.tls:
+            argv += ["--certfile", self.tls[0], "--keyfile", self.tls[1]]
+        return [*argv, "echod.api:create_app()"]
+
+    def start(self) -> None:
+        env = {**os.environ, ENVIRONMENT: str(self.runtime / "api.json"),
+               "ECHOD_API_WORKERS": str(self.cfg.api_workers),
+               "PROMETHEUS_MULTIPROC_DIR": str(self.runtime / "metrics")}
+        self.process = subprocess.Popen(self.argv(), env=env, stdin=subprocess.DEVNULL)
+        host, port = self.cfg.api_bind
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ApiStartError(f"the API (gunicorn) exited with status {self.process.returncode}"
+                               f" while starting; its messages are above")
+            if answering("127.0.0.1" if host in ("0.0.0.0", "::") else host, port,
+                         self.tls is not None):
+                log.info("API listening on %s:%d (%s)", host, port,
+                         "TLS" if self.tls else "plain HTTP")
+                return
+            time.sleep(0.1)
+        raise ApiStartError(f"the API did not listen on {host}:{port} within {START_TIMEOUT_S:.0f} s")
+
+    def check(self, _now: float = 0.0) -> None:
+        """Called from the main loop: the API must still be running."""
+        if self.process is not None and self.process.poll() is not None:
+            raise ApiStartError(f"the API (gunicorn) exited with status {self.process.returncode}")
+
+    def reload(self) -> None:
+        """SIGHUP: rotate the tokens, then let gunicorn replace its workers."""
+        try:
+            summary = self.tokens.rotate()
+        except EchodError as exc:
+            log.error("tokens not reloaded, the old ones stay in force: %s", exc)
+            return
+        log.info("tokens reloaded: %s", summary)
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGHUP)
+
+    def stop(self, drain: bool = True) -> int | None:
+        """Drain (503 + Retry-After for --drain-seconds), then stop gunicorn gracefully."""
+        try:
+            if self.process is None or self.process.poll() is not None:
+                return self.process.returncode if self.process else None
+            if drain and self.cfg.drain_seconds > 0:
+                Path(self.settings.drain_file).touch()
+                log.info("draining the API for %.0f s", self.cfg.drain_seconds)
+                time.sleep(self.cfg.drain_seconds)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(STOP_GRACE_S + 5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                return self.process.wait()
+        finally:
+            shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def answering(host: str, port: int, tls: bool) -> bool:
+    """Whether a worker answers GET /api/versions (the certificate is ours: not checked here)."""
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection = http.client.HTTPSConnection(host, port, timeout=2, context=context)
+    else:
+        connection = http.client.HTTPConnection(host, port, timeout=2)
+    try:
+        connection.request("GET", "/api/versions")
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
