@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__, curve, demo, fleetclient
+from . import __version__, curve, demo, fleetclient, mcp
 from .errors import IngeroError
 
 
@@ -19,6 +19,9 @@ def main() -> None:
 
     Example: ingero demo
     """
+
+
+main.add_command(mcp.mcp_command)
 
 
 @main.command("demo")
