@@ -261,7 +261,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_break(api):
          "--phases", "examples,coverage,fuzzing", "--max-examples", "25", "--seed", "1",
          "--workers", "2", "--no-color", "--request-timeout", "60",
          "--generation-database", "none"],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, cwd=api.root)  # it leaves files there
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert api.daemon.alive()
 
