@@ -80,8 +80,8 @@ def settings(config, flags):
 
 
 @click.group(invoke_without_command=True, context_settings={"max_content_width": 100},
-             epilog="Example: echod --ingest-bind tcp://0.0.0.0:7471 --dsn "
-                    "postgresql://ingero@db/ingero")
+             epilog="Example: echod --dsn postgresql://ingero@db/ingero --tls-cert "
+                    "/etc/ingero/echod.crt --tls-key /etc/ingero/echod.key")
 @config_option(DEFAULT_CONFIG)
 @click_options(SETTINGS)
 @click.pass_context
@@ -105,8 +105,10 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
             revision = upgrade(engine)
             click.echo(f"echod: schema at {revision}", err=True)
             api = ApiProcess(cfg, tls, engine, revision) if cfg.api_bind else None
-            http = serve_metrics(cfg.metrics_addr, metrics.registry) if cfg.metrics_addr else None
+            http = None
             try:
+                if cfg.metrics_addr:
+                    http = serve_metrics(cfg.metrics_addr, metrics.registry)
                 if api is not None and not signals.stop:
                     api.start()
                 code = 0 if signals.stop else IngestServer(

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (BigInteger, Boolean, DateTime, Float, Identity, Index, Integer, MetaData,
-                        Text, UniqueConstraint, true)
+                        Text, UniqueConstraint, text, true)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -39,6 +39,8 @@ class Event(Base):
         Index(None, "cluster", "job", "t"),
         Index(None, "cluster", "node", "t"),
         Index(None, "kind", "t"),
+        Index("ix_events_collective_seq", "cluster", "job", "comm_hash", "seq",
+              postgresql_include=["rank", "t"], postgresql_where=text("kind = 'collective'")),
         {"postgresql_partition_by": "RANGE (t)"},
     )
 

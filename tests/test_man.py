@@ -12,11 +12,14 @@ import click
 import pytest
 
 import echod.cli
+import echod.tools  # noqa: F401 (declaring the tools fills REGISTRY)
 import fleetd.cli
 import ingero.cli
 import ingerod.cli
+from echod.api.metrics import ApiMetrics
 from echod.config import SETTINGS as ECHOD
 from echod.metrics import EchoMetrics
+from echod.registry import REGISTRY
 from fleetd.config import SETTINGS as FLEETD
 from fleetd.metrics import FleetMetrics
 from ingero import wire
@@ -106,13 +109,27 @@ def metric_names(metrics) -> set[str]:
     return names
 
 
+# echod's API serves its own metrics (at the API's /metrics, summed over the gunicorn workers);
+# echod.8 lists them in this subsection of METRICS, apart from ingest's.
+API_METRICS = "The API's metrics"
+
+
+def metrics_section(page: str, metrics) -> str:
+    """The part of a page's METRICS section that documents ``metrics``."""
+    text = sections(plain(page))["METRICS"]
+    if metrics is ApiMetrics:
+        return subsections(text)[API_METRICS]
+    return re.split(r"^\.SS[ \t]", text, maxsplit=1, flags=re.M)[0]
+
+
 @pytest.mark.parametrize("page, metrics, prefix", [
     ("fleetd.8", FleetMetrics, "ingero_fleet_"), ("ingerod.8", AgentMetrics, "ingero_agent_"),
-    ("echod.8", EchoMetrics, "ingero_echo_")])
-def test_every_metric_is_documented_and_no_other(page, metrics, prefix):
+    ("echod.8", EchoMetrics, "ingero_echo_"), ("echod.8", ApiMetrics, "ingero_echo_")])
+def test_every_metric_is_documented_and_no_other(page, metrics, prefix, monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)   # a private registry
     exported = metric_names(metrics())
     assert exported and all(name.startswith(prefix) for name in exported)
-    section = sections(plain(page))["METRICS"]
+    section = metrics_section(page, metrics)
     documented = set(re.findall(r"^\.BR? (" + prefix + r"\w+)", section, flags=re.M))
     assert exported - documented == set(), f"{page} METRICS lacks {exported - documented}"
     assert documented - exported == set(), f"{page} documents unknown {documented - exported}"
@@ -120,9 +137,10 @@ def test_every_metric_is_documented_and_no_other(page, metrics, prefix):
 
 @pytest.mark.parametrize("page, metrics", [("fleetd.8", FleetMetrics),
                                            ("ingerod.8", AgentMetrics),
-                                           ("echod.8", EchoMetrics)])
-def test_metric_labels_are_documented(page, metrics):
-    section = sections(plain(page))["METRICS"]
+                                           ("echod.8", EchoMetrics), ("echod.8", ApiMetrics)])
+def test_metric_labels_are_documented(page, metrics, monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    section = metrics_section(page, metrics)
     instance = metrics()
     for metric in vars(instance).values():
         labels = getattr(metric, "_labelnames", None)
@@ -133,6 +151,20 @@ def test_metric_labels_are_documented(page, metrics):
             assert re.search(rf"^\.BR {name} {{ {','.join(labels)} }}$", section, re.M), name
         else:
             assert re.search(rf"^\.B {name}$", section, re.M), name
+
+
+def test_every_tool_is_documented_with_its_arguments():
+    """echod.8's Tools has one entry per tool of the registry, naming every argument, the
+    required ones outside brackets."""
+    text = subsections(sections(plain("echod.8"))["DESCRIPTION"])["Tools"]
+    documented = set(re.findall(r"^\.TP\n\\fB(\w+)\\fP", text, flags=re.M))
+    assert documented == {tool.name for tool in REGISTRY}
+    for tool in REGISTRY:
+        tag = tagged(text, rf"\\fB{tool.name}\\fP").split("\n", 1)[0]
+        for argument in tool.input_schema["properties"]:
+            assert f"\\fI{argument}\\fP" in tag, f"echod.8: {tool.name} lacks {argument}"
+        for argument in tool.input_schema.get("required", []):
+            assert f"[\\fI{argument}\\fP]" not in tag, f"echod.8: {tool.name} {argument}"
 
 
 @pytest.mark.parametrize("page, table", [("fleetd.8", FLEETD), ("ingerod.8", INGEROD),

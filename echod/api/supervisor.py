@@ -108,7 +108,10 @@ class ApiProcess:
         env = {**os.environ, ENVIRONMENT: str(self.runtime / "api.json"),
                "ECHOD_API_WORKERS": str(self.cfg.api_workers),
                "PROMETHEUS_MULTIPROC_DIR": str(self.runtime / "metrics")}
-        self.process = subprocess.Popen(self.argv(), env=env, stdin=subprocess.DEVNULL)
+        # its own session: a Ctrl-C or a signal to echod's process group reaches echod only,
+        # which drains before it stops gunicorn
+        self.process = subprocess.Popen(self.argv(), env=env, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
         host, port = self.cfg.api_bind
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
