@@ -191,7 +191,7 @@ class Sandbox:
         set (as parameters: no statement text shows the scope); always rolled back."""
         if scope.clusters is not None and "*" in scope.clusters:
             raise ValueError("'*' is not a cluster name")
-        limit = str(timeout_ms or self.timeout_ms)
+        limit = str(min(timeout_ms or self.timeout_ms, self.timeout_ms))
         with self.engine.connect() as connection:
             try:
                 connection.exec_driver_sql("SET TRANSACTION READ ONLY")
@@ -217,10 +217,11 @@ class Sandbox:
 
     def run(self, sql: str, scope: Scope, *, timeout_ms: int | None = None,
             row_cap: int | None = None) -> SqlResult:
-        """Check ``sql``, run it in ``scope`` and return at most ``row_cap`` rows."""
+        """Check ``sql``, run it in ``scope`` and return at most ``row_cap`` rows. A caller may
+        ask for less than the operator's row cap and timeout, never more."""
         statement = check_sql(sql)
-        cap = row_cap or self.row_cap
-        limit = timeout_ms or self.timeout_ms
+        cap = min(row_cap or self.row_cap, self.row_cap)
+        limit = min(timeout_ms or self.timeout_ms, self.timeout_ms)
         started = time.perf_counter()
         with self.reading(scope, limit) as connection:
             columns, rows = _fetch(connection, statement, cap + 1, limit)

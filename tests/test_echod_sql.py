@@ -343,10 +343,17 @@ def test_a_long_sleep_is_cut_at_the_timeout(sandbox):
 
 
 def test_rows_past_the_cap_are_cut_and_marked(sandbox):
-    result = sandbox.run("select generate_series(1, 1000000)", EVERY, row_cap=250)
+    result = sandbox.run("select generate_series(1, 1000000)", EVERY)
     assert result.truncated is True
-    assert len(result.rows) == 250 and result.rows[-1] == [250]
+    assert len(result.rows) == 100 and result.rows[-1] == [100]
     assert sandbox.run("select generate_series(1, 100)", EVERY).truncated is False
+
+
+def test_a_caller_may_lower_the_operators_limits_but_not_raise_them(sandbox):
+    assert len(sandbox.run("select generate_series(1, 1000)", EVERY, row_cap=40).rows) == 40
+    assert len(sandbox.run("select generate_series(1, 1000)", EVERY, row_cap=10**6).rows) == 100
+    with sandbox.reading(EVERY, timeout_ms=60_000) as connection:
+        assert connection.scalar(text("SHOW statement_timeout")) == "5s"
 
 
 def test_what_a_statement_leaves_in_the_session_is_gone_for_the_next_caller(seeded):
