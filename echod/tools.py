@@ -14,11 +14,13 @@ same per-instance aggregates give the idle time the cost tools report: every ran
 before the last one waits t_last − t_rank. Hosts' clocks are not corrected yet (fleetd will
 estimate offsets), so a lag includes the clock offset between the nodes involved.
 
-Speed. The lag tools never scan a job's collectives. The communicators are found by skip scans
-of the partial index ``ix_events_collective_seq`` (cluster, job, comm_hash, seq INCLUDE rank, t;
-migration 0003), their sequence range in the window by a few probes, and then at most
-``max_entries`` (instance, rank) entries are read by index-only lookups of evenly spaced
-sequence numbers: every ``stride``-th collective, all of them when the window holds fewer.
+Speed. The collective tools never scan a job's collectives. The communicators are found by
+skip scans of the partial index ``ix_events_collective_seq`` (cluster, job, comm_hash, seq
+INCLUDE rank, t; migration 0003), their sequence range in the window by a few probes, and then
+at most ``max_entries`` (instance, rank) entries are read by lookups of evenly spaced sequence
+numbers: every ``stride``-th collective, all of them when the window holds fewer; answers say
+the stride. Entry times come back packed in one bytea and the lag statistics are numpy's
+(``entry_lags``); call statistics, which need the heap, read a smaller sample.
 """
 
 from __future__ import annotations
@@ -385,6 +387,21 @@ def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarra
                     np.add.reduceat(waited[by_rank], firsts), int((counts >= 2).sum()))
 
 
+def step_intervals(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,
+                   t: np.ndarray) -> dict[tuple[int, int], float]:
+    """Per (communicator, rank): the median time (µs) from a collective to the next one on the
+    communicator, over the consecutive pairs (seq, seq + 1) among the entries."""
+    order = np.lexsort((seq, rank, comm))
+    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
+    pair = (comm[1:] == comm[:-1]) & (rank[1:] == rank[:-1]) & (seq[1:] == seq[:-1] + 1)
+    comm, rank, gap = comm[1:][pair], rank[1:][pair], (t[1:] - t[:-1])[pair]
+    order = np.lexsort((gap, rank, comm))
+    comm, rank, gap = comm[order], rank[order], gap[order]
+    starts, sizes = segments(comm, rank)
+    medians = segment_quantile(gap, starts, sizes, 0.5)
+    return {(int(comm[i]), int(rank[i])): float(m) for i, m in zip(starts, medians)}
+
+
 def segments(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Starts and lengths of the runs of equal keys in sorted arrays."""
     size = len(keys[0])
@@ -517,23 +534,34 @@ SELECT string_agg(int4send(CAST(c.ix - 1 AS integer)) || int8send(e.seq) || int4
 FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]),
             CAST(:los AS bigint[]), CAST(:his AS bigint[]))
      WITH ORDINALITY AS c(cluster, job, comm_hash, lo, hi, ix)
-CROSS JOIN LATERAL generate_series(c.lo, c.hi, CAST(:stride AS bigint)) AS g(seq)
-JOIN events e ON e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
-             AND e.comm_hash = c.comm_hash AND e.seq = g.seq
-WHERE e.rank IS NOT NULL AND {window}
+CROSS JOIN LATERAL {seqs} AS g(seq)
+CROSS JOIN LATERAL (
+    SELECT e.seq, e.rank, e.t FROM events e
+    WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
+      AND e.comm_hash = c.comm_hash AND e.seq = g.seq AND e.rank IS NOT NULL AND {window}
+    OFFSET 0) e
 """
+EVERY_STRIDE = "generate_series(c.lo, c.hi, CAST(:stride AS bigint))"
+AND_THE_NEXT = ("(SELECT generate_series(c.lo, c.hi, CAST(:stride AS bigint)) UNION ALL "
+                "SELECT generate_series(c.lo + 1, c.hi + 1, CAST(:stride AS bigint)))")
+# OFFSET 0 keeps each lateral subquery a probe of one instance by the index: flattened into a
+# join, PostgreSQL may rather merge-join the whole index (it cannot tell how many rows
+# generate_series makes). The sequence numbers come from generate_series itself, not from an
+# expression over it, so that they are index conditions.
 # One entry as ENTRIES packs it: the communicator's index, seq, rank and t (µs since
 # 2000-01-01, as timestamptz_send writes it), big-endian: one bytea for all, no per-row work in
 # Python.
 ENTRY = np.dtype([("comm", ">i4"), ("seq", ">i8"), ("rank", ">i4"), ("t", ">i8")])
 RANK_NODES = """
-SELECT DISTINCT ON (e.cluster, e.job, e.rank) e.cluster, e.job, e.rank, e.node
+SELECT DISTINCT ON (c.cluster, c.job, e.rank) c.cluster, c.job, e.rank, e.node
 FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]),
             CAST(:seqs AS bigint[])) AS c(cluster, job, comm_hash, seq)
-JOIN events e ON e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
-             AND e.comm_hash = c.comm_hash AND e.seq = c.seq
-WHERE e.rank IS NOT NULL
-ORDER BY e.cluster, e.job, e.rank, e.t DESC
+CROSS JOIN LATERAL (
+    SELECT e.rank, e.node, e.t FROM events e
+    WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
+      AND e.comm_hash = c.comm_hash AND e.seq = c.seq AND e.rank IS NOT NULL
+    OFFSET 0) e
+ORDER BY c.cluster, c.job, e.rank, e.t DESC
 """
 
 
@@ -609,16 +637,24 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
                   int(stats.samples.sum()) if stats else 0)
 
 
-def read_entries(conn: Connection, sel: Selection, comms: list[Communicator],
-                 stride: int) -> tuple[np.ndarray, ...]:
-    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance."""
+def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int,
+                 and_next: bool = False) -> tuple[np.ndarray, ...]:
+    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance
+    (and, with ``and_next``, into the instance after each)."""
     window = Where().within("e.t", sel.window)
-    packed = conn.execute(text(ENTRIES.format(window=window.sql())), {
-        **window.params, "clusters": [c.cluster for c in comms], "jobs": [c.job for c in comms],
-        "comms": [c.comm_hash for c in comms], "los": [c.lo for c in comms],
-        "his": [c.hi for c in comms], "stride": stride}).scalar()
+    statement = ENTRIES.format(window=window.sql(),
+                               seqs=AND_THE_NEXT if and_next else EVERY_STRIDE)
+    packed = conn.execute(text(statement), {**window.params, **comm_arrays(comms),
+                                            "stride": stride}).scalar()
     entries = np.frombuffer(packed or b"", ENTRY)
     return tuple(entries[name].astype(np.int64) for name in ENTRY.names)
+
+
+def comm_arrays(comms: list[Communicator]) -> dict[str, list]:
+    """The communicators as the parallel arrays the sampling statements unnest."""
+    return {"clusters": [c.cluster for c in comms], "jobs": [c.job for c in comms],
+            "comms": [c.comm_hash for c in comms], "los": [c.lo for c in comms],
+            "his": [c.hi for c in comms]}
 
 
 def rank_lag_rows(stats: LagStats, comms: list[Communicator],
@@ -662,7 +698,8 @@ def ordered(ranks: list[RankLag]) -> list[RankLag]:
 HOST_EVIDENCE = f"""
 SELECT e.cluster, e.node, e.rank, e.kind, e.attrs ->> 'preemptor_comm' AS comm,
        sum({jnum('count')}) AS preemptions, sum({jnum('requests')}) AS requests,
-       sum(e.bytes) AS bytes
+       sum(e.bytes) AS bytes, max({jnum('requests')}) AS peak_requests,
+       max(e.bytes) AS peak_bytes
 FROM events e
 JOIN unnest(CAST(:ev_clusters AS text[]), CAST(:ev_nodes AS text[])) AS n(cluster, node)
   ON e.cluster = n.cluster AND e.node = n.node
@@ -705,7 +742,8 @@ class NodeHealth:
 
 @dataclass
 class HostEvidence:
-    """What a rank's host did in the window: preemptions by whom, block I/O."""
+    """What a rank's host did in the window: preemptions by whom, block I/O (heavy: a sample
+    with at least 64 MiB or 1000 requests)."""
 
     preemptions: int = 0
     preemptors: dict[str, int] = field(default_factory=dict)
@@ -767,12 +805,15 @@ def host_evidence(conn: Connection, sel: Selection, params: dict,
                   ranks: list[RankLag]) -> dict[tuple[str, str, int], HostEvidence]:
     """Per rank: its own process's host events plus its node's that name no rank."""
     where = sel.where("e", node=False, rank=False)
-    found = rows(conn, HOST_EVIDENCE.format(where=where.sql()), {**params, **where.params})
+    on_node = defaultdict(list)
+    for row in rows(conn, HOST_EVIDENCE.format(where=where.sql()), {**params, **where.params}):
+        on_node[(row[0], row[1])].append(row[2:])
     host = {}
     for r in ranks:
         evidence = HostEvidence()
-        for cluster, node, rank, kind, comm, preemptions, requests, nbytes in found:
-            if (cluster, node) != (r.cluster, r.node) or rank not in (None, r.rank):
+        for rank, kind, comm, preemptions, requests, nbytes, peak_requests, peak_bytes in \
+                on_node[(r.cluster, r.node)]:
+            if rank not in (None, r.rank):
                 continue
             if kind == "preempted":
                 evidence.preemptions += whole(preemptions)
@@ -781,8 +822,8 @@ def host_evidence(conn: Connection, sel: Selection, params: dict,
             else:
                 evidence.blockio_requests += whole(requests)
                 evidence.blockio_bytes += whole(nbytes)
-        evidence.heavy_blockio = (evidence.blockio_bytes >= HEAVY_BLOCKIO_BYTES
-                                  or evidence.blockio_requests >= HEAVY_BLOCKIO_REQUESTS)
+                evidence.heavy_blockio |= (whole(peak_bytes) >= HEAVY_BLOCKIO_BYTES
+                                           or whole(peak_requests) >= HEAVY_BLOCKIO_REQUESTS)
         host[(r.cluster, r.node, r.rank)] = evidence
     return host
 
@@ -893,7 +934,6 @@ COST_OUT = closed({
     "by_rank": array(closed({"cluster": STR, "job": STR, "rank": INT, "node": STR_OR_NULL,
                              "last_arrivals": INT, "gpu_seconds": NUM_OR_NULL,
                              "share": NUM_OR_NULL, "usd": NUM_OR_NULL}))})
-
 
 
 # == the tools ==================================================================================
@@ -1158,7 +1198,7 @@ def find_outlier_nodes(ctx: ToolContext, args: dict) -> dict:
     for row in found:
         cohorts[(row[0], row[1])].append(row)
     outliers, summaries = [], []
-    for (cluster, job), members in sorted(cohorts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    for (cluster, job), members in sorted(cohorts.items(), key=cohort_order):
         bar = lower_bar(np.array([m[4] for m in members]), SCORE_K, SCORE_MAD_FLOOR)
         below = [m for m in members if m[4] < bar.bar]
         summaries.append({"cluster": cluster, "job": job, "nodes": len(members),
@@ -1167,6 +1207,11 @@ def find_outlier_nodes(ctx: ToolContext, args: dict) -> dict:
         outliers += [outlier_json(m, bar) for m in below]
     outliers.sort(key=lambda o: (o["score_median"] if o["score_median"] is not None else 0))
     return {"outliers": outliers, "cohorts": summaries, "window": sel.window.to_json()}
+
+
+def cohort_order(item: tuple) -> tuple[str, str]:
+    (cluster, job), _members = item
+    return cluster, job or ""
 
 
 def outlier_json(row: tuple, bar: Bar) -> dict:
@@ -1198,8 +1243,7 @@ SELECT e.cluster, e.node, e.job, e.rank, e.kind, e.op, count(*),
        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY e.duration_ns), max(e.t)
 FROM events e
 WHERE e.duration_ns IS NOT NULL
-  AND e.kind IN ('collective', 'comm_init', 'comm_destroy', 'sync', 'alloc', 'free', 'memcpy')
-  AND {where}
+  AND e.kind IN ('comm_init', 'comm_destroy', 'sync', 'alloc', 'free', 'memcpy') AND {where}
 GROUP BY 1, 2, 3, 4, 5, 6 HAVING count(*) >= :min_calls
 """
 PREEMPTION_BURSTS = f"""
@@ -1217,8 +1261,8 @@ ORDER BY e.t DESC LIMIT :limit
 FAILED_CALLS = """
 SELECT e.t, e.cluster, e.node, e.job, e.rank, e.kind, e.op, (e.attrs ->> 'result')::numeric
 FROM events e
-WHERE jsonb_typeof(e.attrs -> 'result') = 'number' AND (e.attrs ->> 'result')::numeric <> 0
-  AND {where}
+WHERE e.kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(e.attrs -> 'result') = 'number'
+  AND (e.attrs ->> 'result')::numeric <> 0 AND {where}
 ORDER BY e.t DESC LIMIT :limit
 """
 ANOMALY_OUT = closed({
@@ -1248,11 +1292,12 @@ def anomalies(ctx: ToolContext, args: dict) -> dict:
     (a node agent's own verdict edges: its score crossed the bar), panic / quorum_lost (a
     cohort's threshold could not be trusted: too many nodes under it, or too few nodes), slow_calls
     (an op on one rank whose p99 call duration is at least 3× its p50 over at least 10 calls;
-    t is its last call; for NCCL the duration is the enqueue), preemption_burst (the process was
-    pushed off its CPU at least 5 times in one sample; detail names the preemptor),
+    t is its last call; NCCL calls are judged on the collectives collective_stats reads, every
+    k-th past 100,000 entries, and their duration is the enqueue), preemption_burst (the
+    process was pushed off its CPU at least 5 times in one sample; detail names the preemptor),
     heavy_blockio (at least 64 MiB or 1000 requests of block I/O in one sample), failed_call
-    (a call whose result ≠ 0, e.g. a failed cudaMalloc). The window defaults to the whole job
-    when 'job' is given, else the last hour."""
+    (a sync, allocation or free whose result ≠ 0, e.g. a failed cudaMalloc). The window
+    defaults to the whole job when 'job' is given, else the last hour."""
     sel = select(ctx, args, node=True)
     limit = args.get("limit", 100)
     found: list[dict] = []
@@ -1262,7 +1307,7 @@ def anomalies(ctx: ToolContext, args: dict) -> dict:
         found += edges(conn, where, params)
         if sel.node is None:
             found += threshold_alerts(conn, sel, limit + 1)
-        found += slow_calls(conn, where, params)
+        found += slow_calls(conn, sel, where, params)
         found += host_anomalies(conn, where, params)
         found += failed_calls(conn, where, params)
     found.sort(key=lambda a: a["t"], reverse=True)
@@ -1270,10 +1315,13 @@ def anomalies(ctx: ToolContext, args: dict) -> dict:
             "window": sel.window.to_json()}
 
 
+EDGE_WORDS = {"straggler": "became a straggler", "resolved": "recovered"}
+
+
 def edges(conn: Connection, where: Where, params: dict) -> list[dict]:
     return [anomaly(kind, t, cluster, node, job, rank,
-                    f"{node}{where_rank(rank)}: {'became a straggler' if kind == 'straggler' else 'recovered'}"
-                    f" (score {num(score, 3)}, bar {num(bar, 3)}, {mode or 'unknown'} mode)",
+                    f"{node}{where_rank(rank)}: {EDGE_WORDS[kind]} (score {num(score, 3)}, "
+                    f"bar {num(bar, 3)}, {mode or 'unknown'} mode)",
                     score=num(score), threshold=num(bar), mode=mode)
             for t, kind, cluster, node, job, rank, score, bar, mode in
             rows(conn, EDGES.format(where=where.sql()), params)]
@@ -1297,14 +1345,21 @@ def threshold_alerts(conn: Connection, sel: Selection, limit: int) -> list[dict]
     return out
 
 
-def slow_calls(conn: Connection, where: Where, params: dict) -> list[dict]:
+def slow_calls(conn: Connection, sel: Selection, where: Where, params: dict) -> list[dict]:
+    """Ops whose p99 call duration is at least 3× their p50: exact for the host-side calls,
+    from the sampled collectives (as collective_stats reads them) for NCCL."""
+    found = [(cluster, node, job, rank, op or kind, calls, p50, p99, last)
+             for cluster, node, job, rank, kind, op, calls, (p50, p99), last in rows(
+                 conn, CALL_DURATIONS.format(where=where.sql()),
+                 {**params, "min_calls": SLOW_CALL_MIN_CALLS})]
+    found += [(c.cluster, c.node, c.job, c.rank, c.op or "collective", c.calls, c.p50_ns,
+               c.p99_ns, c.last)
+              for c in sample_calls(conn, sel, sel.where("e", rank=False)).calls
+              if c.calls >= SLOW_CALL_MIN_CALLS and c.p99_ns is not None]
     out = []
-    for cluster, node, job, rank, kind, op, calls, (p50, p99), last in rows(
-            conn, CALL_DURATIONS.format(where=where.sql()),
-            {**params, "min_calls": SLOW_CALL_MIN_CALLS}):
+    for cluster, node, job, rank, name, calls, p50, p99, last in found:
         ratio = p99 / max(p50, 1.0)
         if ratio >= SLOW_CALL_RATIO:
-            name = op or kind
             out.append(anomaly("slow_calls", last, cluster, node, job, rank,
                                f"{node}{where_rank(rank)}: {name} p99 {num(p99 / 1e3, 1)} µs is "
                                f"{num(ratio, 1)}× its p50 over {calls} calls",
@@ -1345,21 +1400,84 @@ def failed_calls(conn: Connection, where: Where, params: dict) -> list[dict]:
 
 # -- collective_stats --------------------------------------------------------------------------
 
-COLLECTIVES = """
-WITH c AS (
-    SELECT e.cluster, e.job, e.op, e.comm_hash, e.rank, e.bytes, e.duration_ns,
-           date_part('epoch', e.t - lag(e.t) OVER (PARTITION BY e.cluster, e.comm_hash, e.rank
-                                                   ORDER BY e.seq, e.t)) AS gap
-    FROM events e WHERE e.kind = 'collective' AND {where}
-)
-SELECT cluster, job, op, comm_hash, rank, count(*), sum(bytes),
-       percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY duration_ns),
-       sum(bytes) FILTER (WHERE duration_ns > 0), sum(duration_ns) FILTER (WHERE duration_ns > 0),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY gap)
-FROM c WHERE {op}
-GROUP BY 1, 2, 3, 4, 5
-ORDER BY 1, 2, 3, 4, 5 LIMIT :limit
+CALLS = """
+SELECT CAST(c.ix - 1 AS integer), e.op, e.rank, count(*), sum(e.bytes),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY e.duration_ns),
+       sum(e.bytes) FILTER (WHERE e.duration_ns > 0),
+       sum(e.duration_ns) FILTER (WHERE e.duration_ns > 0 AND e.bytes IS NOT NULL), max(e.t)
+FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]),
+            CAST(:los AS bigint[]), CAST(:his AS bigint[]))
+     WITH ORDINALITY AS c(cluster, job, comm_hash, lo, hi, ix)
+CROSS JOIN LATERAL generate_series(c.lo, c.hi, CAST(:stride AS bigint)) AS g(seq)
+CROSS JOIN LATERAL (
+    SELECT e.op, e.rank, e.bytes, e.duration_ns, e.t FROM events e
+    WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
+      AND e.comm_hash = c.comm_hash AND e.seq = g.seq AND e.rank IS NOT NULL AND {where}
+    OFFSET 0) e
+GROUP BY 1, 2, 3
 """
+DEFAULT_CALL_ENTRIES = 100_000          # call statistics read the heap: a smaller sample
+
+
+@dataclass
+class CallStats:
+    """Collective calls of one (op, communicator, rank) among those examined."""
+
+    cluster: str
+    job: str
+    op: str | None
+    comm_hash: str
+    rank: int
+    node: str | None
+    calls: int
+    bytes: int
+    p50_ns: float | None
+    p95_ns: float | None
+    p99_ns: float | None
+    timed_bytes: int
+    timed_ns: int
+    last: datetime
+    interval_us: float | None = None
+
+
+@dataclass
+class CallSurvey:
+    calls: list[CallStats]
+    coverage: dict
+    stride: int
+
+
+def sample_calls(conn: Connection, sel: Selection, where: Where, *, comm_hash: str | None = None,
+                 max_entries: int = DEFAULT_CALL_ENTRIES, intervals: bool = False) -> CallSurvey:
+    """Per (op, communicator, rank): calls, bytes and call-duration percentiles from every
+    stride-th collective of the selection's communicators (``where`` filters the calls); with
+    ``intervals``, also the median time to the next collective on the communicator."""
+    comms = [c for c in communicators(conn, sel) if comm_hash in (None, c.comm_hash)]
+    stride = max(1, math.ceil(sum(c.instances * max(c.ranks, 1) for c in comms) / max_entries))
+    coverage = {"communicators": len(comms), "instances_total": sum(c.instances for c in comms),
+                "instances_examined": sum(-(-c.instances // stride) for c in comms),
+                "stride": stride, "entries_examined": 0}
+    if not comms:
+        return CallSurvey([], coverage, stride)
+    nodes = rank_nodes(conn, comms)
+    found = []
+    for ix, op, rank, calls, nbytes, durations, timed_bytes, timed_ns, last in rows(
+            conn, CALLS.format(where=where.sql()),
+            {**where.params, **comm_arrays(comms), "stride": stride}):
+        c = comms[ix]
+        found.append(CallStats(c.cluster, c.job, op, c.comm_hash, rank,
+                               nodes.get((c.cluster, c.job, rank)), calls, whole(nbytes),
+                               *(durations or (None,) * 3), whole(timed_bytes), whole(timed_ns),
+                               last))
+    if intervals and found:
+        gaps = step_intervals(*read_entries(conn, sel, comms, stride, and_next=stride > 1))
+        index = {(c.cluster, c.job, c.comm_hash): i for i, c in enumerate(comms)}
+        for call in found:
+            call.interval_us = gaps.get((index[(call.cluster, call.job, call.comm_hash)],
+                                         call.rank))
+    found.sort(key=lambda c: (c.cluster, c.job, c.op or "", c.comm_hash, c.rank))
+    coverage["entries_examined"] = sum(c.calls for c in found)
+    return CallSurvey(found, coverage, stride)
 
 
 @tool("collective_stats", summary="Per op, communicator and rank: calls, bytes, call durations, "
@@ -1368,42 +1486,43 @@ ORDER BY 1, 2, 3, 4, 5 LIMIT :limit
                         "op": described(NAME, "Only this collective (e.g. ncclAllReduce)."),
                         "comm_hash": described(NAME, "Only this communicator (16 hex digits)."),
                         "rank": RANK_ARG, "since": SINCE_ARG, "until": UNTIL_ARG,
-                        "limit": LIMIT}),
+                        "limit": LIMIT,
+                        "max_entries": {**MAX_ENTRIES, "default": DEFAULT_CALL_ENTRIES}}),
       output_schema=closed({
           "collectives": array(closed({
-              "cluster": STR, "job": STR_OR_NULL, "op": STR_OR_NULL, "comm_hash": STR_OR_NULL,
-              "rank": INT_OR_NULL, "calls": INT, "bytes": INT,
+              "cluster": STR, "job": STR, "op": STR_OR_NULL, "comm_hash": STR, "rank": INT,
+              "node": STR_OR_NULL, "calls": INT, "bytes": INT,
               "call_p50_us": NUM_OR_NULL, "call_p95_us": NUM_OR_NULL,
               "enqueue_bandwidth_gbps": NUM_OR_NULL, "interval_median_ms": NUM_OR_NULL})),
-          "truncated": BOOL, "window": WINDOW_OUT}))
+          "truncated": BOOL, "coverage": COVERAGE_OUT, "window": WINDOW_OUT}))
 def collective_stats(ctx: ToolContext, args: dict) -> dict:
     """NCCL collectives per (op, communicator, rank): calls, bytes, call duration p50/p95 (µs),
     enqueue_bandwidth_gbps = bytes / call duration over the calls with a duration (GB/s) and
-    interval_median_ms = the median time between one collective on the communicator and the
-    next at this rank (any op), which tracks the training step time. Read the durations
-    honestly: NCCL calls are asynchronous, the traced duration is the enqueue call and not the
-    transfer on the GPU, so enqueue bandwidth is no bus bandwidth; it falls when the host is slow
-    to enqueue. At most 'limit' rows (default 100). The window defaults to the whole job when
-    'job' is given, else the last hour."""
+    interval_median_ms = the median time from one collective on the communicator to the next at
+    this rank (any op), which tracks the training step time. Read the durations honestly: NCCL
+    calls are asynchronous, the traced duration is the enqueue call and not the transfer on the
+    GPU, so enqueue bandwidth is no bus bandwidth; it falls when the host is slow to enqueue.
+    Past 'max_entries' (collective, rank) entries only every k-th collective is read
+    (coverage.stride = k) and calls and bytes are scaled by k. Collectives without a job,
+    communicator or sequence number are not counted. At most 'limit' rows (default 100). The
+    window defaults to the whole job when 'job' is given, else the last hour."""
     sel = select(ctx, args, rank=True)
-    op = Where().equal("op", "op", args.get("op"))
     limit = args.get("limit", 100)
     with reading(ctx) as conn:
-        where = pinned(conn, sel).where("e", node=False)
-        where.equal("e.comm_hash", "comm_hash", args.get("comm_hash"))
-        found = rows(conn, COLLECTIVES.format(where=where.sql(), op=op.sql()),
-                     {**where.params, **op.params, "limit": limit + 1})
-    out = []
-    for cluster, job, name, comm, rank, calls, nbytes, durations, timed_bytes, timed_ns, gap \
-            in found[:limit]:
-        p50, p95 = durations or (None, None)
-        out.append({"cluster": cluster, "job": job, "op": name, "comm_hash": comm, "rank": rank,
-                    "calls": calls, "bytes": whole(nbytes),
-                    "call_p50_us": None if p50 is None else num(p50 / 1e3, 3),
-                    "call_p95_us": None if p95 is None else num(p95 / 1e3, 3),
-                    "enqueue_bandwidth_gbps": num(timed_bytes / timed_ns, 3) if timed_ns else None,
-                    "interval_median_ms": ms(gap)})
-    return {"collectives": out, "truncated": len(found) > limit, "window": sel.window.to_json()}
+        where = sel.where("e", node=False).equal("e.op", "op", args.get("op"))
+        found = sample_calls(conn, sel, where, comm_hash=args.get("comm_hash"),
+                             max_entries=args.get("max_entries", DEFAULT_CALL_ENTRIES),
+                             intervals=True)
+    k = found.stride
+    out = [{"cluster": c.cluster, "job": c.job, "op": c.op, "comm_hash": c.comm_hash,
+            "rank": c.rank, "node": c.node, "calls": c.calls * k, "bytes": whole(c.bytes) * k,
+            "call_p50_us": None if c.p50_ns is None else num(c.p50_ns / 1e3, 3),
+            "call_p95_us": None if c.p95_ns is None else num(c.p95_ns / 1e3, 3),
+            "enqueue_bandwidth_gbps": num(c.timed_bytes / c.timed_ns, 3) if c.timed_ns else None,
+            "interval_median_ms": None if c.interval_us is None else num(c.interval_us / 1e3, 3)}
+           for c in found.calls[:limit]]
+    return {"collectives": out, "truncated": len(found.calls) > limit,
+            "coverage": found.coverage, "window": sel.window.to_json()}
 
 
 # -- memcpy_bandwidth --------------------------------------------------------------------------
@@ -1846,13 +1965,12 @@ SELECT j."user", j.gpus, j.nodes, j.start, j."end" FROM jobs j
 WHERE j.cluster = :cluster AND j.id = :job
 """
 JOB_EVENTS = """
-SELECT count(*), min(e.t), max(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job
+SELECT (SELECT count(*) FROM (SELECT 1 FROM events e
+                              WHERE e.cluster = :cluster AND e.job = :job LIMIT :cap) counted),
+       (SELECT min(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job),
+       (SELECT max(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job)
 """
-RANK_COLLECTIVES = """
-SELECT e.rank, count(*) FROM events e
-WHERE e.kind = 'collective' AND e.cluster = :cluster AND e.job = :job AND e.rank IS NOT NULL
-GROUP BY 1
-"""
+EVENT_COUNT_CAP = 1_000_000
 JOB_NODES = """
 SELECT DISTINCT s.node FROM health_scores s WHERE s.cluster = :cluster AND s.job = :job
 """
@@ -1870,7 +1988,7 @@ WHERE s.cluster = :cluster AND s.job = :job GROUP BY 1
           "cluster": STR, "job": STR, "user": STR_OR_NULL, "gpus": INT_OR_NULL,
           "nodes": array(STR), "ranks": INT, "first_event": TIME_OR_NULL,
           "last_event": TIME_OR_NULL, "duration_s": NUM_OR_NULL, "collectives": INT,
-          "events": INT,
+          "events": INT, "events_capped": BOOL,
           "per_rank": array(closed({"rank": INT, "node": STR_OR_NULL, "collectives": INT,
                                     "lag_median_ms": NUM_OR_NULL, "score_avg": NUM_OR_NULL,
                                     "straggler": BOOL})),
@@ -1878,11 +1996,14 @@ WHERE s.cluster = :cluster AND s.job = :job GROUP BY 1
 def job_report(ctx: ToolContext, args: dict) -> dict:
     """Everything about one job over its whole run: who ran it and on how many GPUs (when the
     jobs table knows), its nodes, ranks, first and last event, duration, collectives and events
-    stored; per rank: node, collectives, median entry lag (ms, see find_stragglers), its node's
-    average health score and whether it is a straggler; the stragglers with their evidence; and
-    the cost summary of get_cost (usd only with a rate: usd_per_gpu_hour, or gpu + provider).
-    404 when the job is not in the clusters you may see; 400 when it ran in several of them and
-    no 'cluster' says which. Clock offsets between hosts are not corrected yet."""
+    stored (events are counted up to 1,000,000: events_capped says there are more); per rank:
+    node, collectives, median entry lag (ms, see find_stragglers), its node's average health
+    score and whether it is a straggler; the stragglers with their evidence; and the cost
+    summary of get_cost (usd only with a rate: usd_per_gpu_hour, or gpu + provider). Collectives
+    are those compared across ranks (an instance at least 2 ranks entered): past 'max_entries'
+    every k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job
+    is not in the clusters you may see; 400 when it ran in several of them and no 'cluster'
+    says which. Clock offsets between hosts are not corrected yet."""
     rate, source = gpu_rate(args)
     with reading(ctx) as conn:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
@@ -1898,8 +2019,7 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
 def job_facts(conn: Connection, sel: Selection) -> dict:
     params = {"cluster": sel.cluster, "job": sel.job}
     return {"job": conn.execute(text(JOB_ROW), params).first(),
-            "events": conn.execute(text(JOB_EVENTS), params).one(),
-            "collectives": dict(rows(conn, RANK_COLLECTIVES, params)),
+            "events": conn.execute(text(JOB_EVENTS), {**params, "cap": EVENT_COUNT_CAP}).one(),
             "nodes": [n for (n,) in rows(conn, JOB_NODES, params)],
             "scores": dict(rows(conn, RANK_SCORES, params))}
 
@@ -1909,22 +2029,23 @@ def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLa
     user, gpus, job_nodes, _start, _end = facts["job"] or (None, None, [], None, None)
     count, first, last = facts["events"]
     lags = {r.rank: r for r in found.ranks}
-    ranks = sorted(set(facts["collectives"]) | set(lags))
+    ranks = sorted(lags)
     nodes = sorted(set(job_nodes or []) | set(facts["nodes"])
                    | {r.node for r in found.ranks if r.node})
     per_rank = []
     for rank in ranks:
-        lag = lags.get(rank)
-        node = lag.node if lag else None
+        lag = lags[rank]
+        node = lag.node
         per_rank.append({"rank": rank, "node": node,
-                         "collectives": facts["collectives"].get(rank, 0),
-                         "lag_median_ms": ms(lag.lag_median) if lag else None,
+                         "collectives": lag.samples * found.stride,
+                         "lag_median_ms": ms(lag.lag_median),
                          "score_avg": num(facts["scores"].get(node)) if node else None,
-                         "straggler": bool(lag and lag.straggler)})
+                         "straggler": lag.straggler})
     return {"cluster": sel.cluster, "job": sel.job, "user": user, "gpus": gpus, "nodes": nodes,
             "ranks": len(ranks), "first_event": iso(first), "last_event": iso(last),
             "duration_s": num((last - first).total_seconds(), 3) if first and last else None,
-            "collectives": sum(facts["collectives"].values()), "events": count,
+            "collectives": sum(r.samples for r in found.ranks) * found.stride,
+            "events": count, "events_capped": count >= EVENT_COUNT_CAP,
             "per_rank": per_rank,
             "top_stragglers": [rank_json(r, found, evidence) for r in stragglers[:10]],
             "cost": cost, "coverage": found.coverage()}
@@ -1953,9 +2074,10 @@ def run_analysis(ctx: ToolContext, args: dict) -> dict:
     rows of your clusters are visible; statements that write, change settings or reach files
     or the network are refused (400). Times come back in ISO 8601, intervals in seconds."""
     timeout = args.get("timeout_s")
+    timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
     try:
         result = ctx.sandbox.run(args["sql"], ctx.scope, row_cap=args.get("row_cap"),
-                                 timeout_ms=None if timeout is None else max(1, round(timeout * 1000)))
+                                 timeout_ms=timeout_ms)
     except SqlError as exc:
         raise ToolError(str(exc), exc.code, exc.status) from exc
     return {"columns": list(result.columns), "rows": [list(row) for row in result.rows],

@@ -338,8 +338,8 @@ def test_explain_names_host_preemption_by_the_hog_and_acquits_a_punctual_rank(wo
     assert (late["cause"], late["confidence"]) == ("host_preemption", "high")
     assert "ingero-hog" in late["fix"] and "taskset" in late["fix"]
     evidence = late["evidence"]
-    assert evidence["preemptions"] == {"total": 240, "by": [{"comm": "ingero-hog",
-                                                              "count": 240}]}
+    assert evidence["preemptions"] == {"total": 240,
+                                       "by": [{"comm": "ingero-hog", "count": 240}]}
     assert evidence["lag"]["straggler"] and evidence["lag"]["lag_median_ms"] == pytest.approx(20)
     assert evidence["lag"]["peers_lag_median_ms"] == pytest.approx(0.3, abs=0.002)
     assert evidence["health"]["lowest_signal"] == "cpu"
@@ -384,7 +384,9 @@ def test_job_report_agrees_with_find_stragglers_and_get_cost(world):
         "alpha", RANKS, RANKS * STEPS)
     assert report["nodes"] == ["a-node0", "a-node1", "a-node2", "a-node3"]
     assert report["first_event"] == iso(world["t0"])
-    assert report["events"] > RANKS * STEPS * 3
+    # collectives, two syncs each, preemptions, block I/O, copies, allocations, one edge
+    assert (report["events"], report["events_capped"]) == (1600 + 3200 + 21 + 6 + 120 + 31 + 1,
+                                                           False)
     by_rank = {r["rank"]: r for r in stragglers["ranks"]}
     for line in report["per_rank"]:
         assert line["collectives"] == STEPS
@@ -410,6 +412,13 @@ def test_collective_stats_match_the_seeded_calls(world):
         assert r["call_p50_us"] == 25 + rank and r["call_p95_us"] == 30 + rank
         assert r["enqueue_bandwidth_gbps"] == pytest.approx(STEPS * ALLREDUCE_BYTES / total_ns,
                                                             rel=1e-5)
+        assert r["interval_median_ms"] == pytest.approx(STEP_S * 1000, abs=0.002)
+    assert answer["coverage"]["stride"] == 1
+    # every other collective past max_entries: counts scaled back, intervals from pairs
+    sampled = call(world, "collective_stats", job=JOB, op="ncclAllReduce", max_entries=1000)
+    assert sampled["coverage"]["stride"] == 2 and len(sampled["collectives"]) == RANKS
+    for r in sampled["collectives"]:
+        assert (r["calls"], r["bytes"]) == (STEPS, STEPS * ALLREDUCE_BYTES)
         assert r["interval_median_ms"] == pytest.approx(STEP_S * 1000, abs=0.002)
     one = call(world, "collective_stats", job=JOB, rank=3, comm_hash=COMM)
     assert [r["rank"] for r in one["collectives"]] == [3]
@@ -667,6 +676,15 @@ def test_entry_lags_from_arrays():
     assert tools.entry_lags(np.array([0]), np.array([1]), np.array([0]), np.array([5])) is None
 
 
+def test_step_intervals_pair_consecutive_collectives_per_rank():
+    # rank 0: seq 1→2 (10 µs), 2→3 (30 µs), 5 without its next; rank 1: 1→2 (7 µs)
+    comm = np.array([0, 0, 0, 0, 0, 0])
+    seq = np.array([3, 1, 2, 5, 1, 2])
+    rank = np.array([0, 0, 0, 0, 1, 1])
+    t = np.array([140, 100, 110, 900, 100, 107])
+    assert tools.step_intervals(comm, seq, rank, t) == {(0, 0): 20.0, (0, 1): 7.0}
+
+
 def test_segment_quantile_interpolates_as_percentile_cont():
     values = np.array([1.0, 2.0, 3.0, 4.0, 10.0, 20.0])
     starts, sizes = np.array([0, 4]), np.array([4, 2])
@@ -684,6 +702,42 @@ def test_parse_time():
     assert tools.parse_time("since", "9999-12-31T23:59:59-05:00") == tools.LATEST
     with pytest.raises(ToolError):
         tools.parse_time("since", "2026-11-21")
+
+
+def late_rank_facts(**changes) -> tools.Facts:
+    lag = tools.RankLag("c", "j", 5, "n5", 100, 0.02, 0.03, 0.04, 90, 10.0, 0.0, True)
+    facts = tools.Facts(lag, tools.Bar(0.001, 0.0002, 0.002), tools.HostEvidence(),
+                        tools.NodeHealth(), tools.SyncWork(100, 800_000_000, 100, 50_000_000),
+                        peers_self_ms=8.0, peers_wait_ms=19.0)
+    for name, value in changes.items():
+        setattr(facts, name, value)
+    return facts
+
+
+@pytest.mark.parametrize("changes,cause,confidence", [
+    ({"host": tools.HostEvidence(preemptions=40, preemptors={"hog": 40})},
+     "host_preemption", "high"),
+    ({"host": tools.HostEvidence(blockio_requests=3000, heavy_blockio=True)}, "io", "medium"),
+    ({"health": tools.NodeHealth(signals={"cpu": 0.5})}, "host_preemption", "medium"),
+    ({"health": tools.NodeHealth(signals={"memory": 0.2, "cpu": 0.95})}, "memory_pressure",
+     "medium"),
+    ({"sync": tools.SyncWork(100, 2_000_000_000, 100, 50_000_000),
+      "health": tools.NodeHealth(signals={"compute": 0.3})}, "slow_gpu", "high"),
+    ({"sync": tools.SyncWork(100, 800_000_000, 100, 4_000_000_000)}, "network_or_peer", "low"),
+    ({}, "unknown", "low"),
+    ({"verdict_cause": "io"}, "io", "medium"),
+])
+def test_the_strongest_evidence_names_the_cause(changes, cause, confidence):
+    diagnosis = tools.diagnose(late_rank_facts(**changes))
+    assert (diagnosis.cause, diagnosis.confidence) == (cause, confidence)
+    assert diagnosis.fix and diagnosis.findings
+    if cause == "host_preemption" and confidence == "high":
+        assert "hog" in diagnosis.fix
+
+
+def test_a_rank_without_comparable_collectives_is_unknown():
+    diagnosis = tools.diagnose(late_rank_facts(lag=None))
+    assert (diagnosis.cause, diagnosis.fix) == ("unknown", None)
 
 
 def test_robust_bars_ignore_the_outlier():
