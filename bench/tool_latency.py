@@ -1,0 +1,342 @@
+"""find_stragglers latency over millions of stored events, through the real SQL sandbox.
+
+A private embedded PostgreSQL (echod's, migrated) is filled with one 64-rank job shaped like a
+real one: an AllReduce per rank every 100 ms on one communicator (one rank 15–25 ms late, the
+others within 2 ms), a peer-wait sync and a host-to-device copy per rank every tenth step, the
+late rank's preemptions every 5 s, health scores and thresholds, over a few hours that cross
+midnight (two day partitions). The rows are made in SQL with generate_series into the day
+partitions while they are detached, then attached, so that PostgreSQL builds the indexes in
+bulk as a restore would. After ANALYZE, find_stragglers runs as echod runs it (the sandbox
+role, row-level security, a signed scope) for the whole job and for a one-hour window: one
+cold call (server restarted, page cache dropped when allowed), then warm calls (p50, p95);
+also once with every collective read (stride 1) for comparison; then one warm call of each
+other job-level tool. Needs root (the embedded cluster runs as postgres). Run:
+``.venv/bin/python bench/tool_latency.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sqlalchemy import Float, Integer, Text, bindparam, text  # noqa: E402
+
+from echod import tools  # noqa: E402
+from echod.db import DAY, make_engine, partition_name, upgrade  # noqa: E402
+from echod.embedded import EmbeddedPostgres  # noqa: E402
+from echod.registry import REGISTRY, Scope, ToolContext  # noqa: E402
+from echod.sandbox import Sandbox, prepare, sandbox_url  # noqa: E402
+
+CLUSTER, JOB, COMM = "bench", "7001", "9f2c4e01aa55b3d7"
+START = datetime(2026, 11, 18, 22, 30, tzinfo=UTC)
+STEP_S = 0.1
+EVENTS_PER_STEP_RANK = 1.2          # a collective, and a sync and a copy every tenth step
+ROLE = "ingero_bench"
+LOADING = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+           "maintenance_work_mem": "1GB", "max_wal_size": "8GB", "checkpoint_timeout": "30min"}
+
+COLLECTIVES = """
+INSERT INTO {table} (t, id, cluster, node, job, rank, kind, op, comm_hash, seq, bytes,
+                     duration_ns, attrs)
+SELECT to_timestamp(:start + s * :step + CASE WHEN r = :late THEN 0.015 + random() * 0.010
+                                            ELSE random() * 0.002 END),
+       format('gpu-%s:b0:c%s', lpad((r / :per_node)::text, 2, '0'), s * :ranks + r),
+       :cluster, format('gpu-%s', lpad((r / :per_node)::text, 2, '0')), :job, r, 'collective',
+       'ncclAllReduce', :comm, s, 268435456, 12000 + (random() * 4000)::int,
+       jsonb_build_object('comm_rank', r, 'nranks', :ranks, 'count', 67108864,
+                          'datatype', 'float32', 'redop', 'sum', 'stream', '0x7f00a000',
+                          'in_group', false, 'pid', 4000 + r, 'tid', 4000 + r, 'job', :job,
+                          'step', 0, 'local_rank', r % :per_node, 'world_size', :ranks)
+FROM generate_series(:first, :last) s, generate_series(0, :ranks - 1) r
+"""
+SYNCS_AND_COPIES = """
+INSERT INTO {table} (t, id, cluster, node, job, rank, kind, op, comm_hash, seq, bytes,
+                     duration_ns, attrs)
+SELECT to_timestamp(:start + s * :step + 0.03 + k * 0.01),
+       format('gpu-%s:b0:%s%s', lpad((r / :per_node)::text, 2, '0'), k, s * :ranks + r),
+       :cluster, format('gpu-%s', lpad((r / :per_node)::text, 2, '0')), :job, r,
+       CASE k WHEN 0 THEN 'sync' ELSE 'memcpy' END,
+       CASE k WHEN 0 THEN 'cudaStreamSynchronize' ELSE 'cudaMemcpyAsync' END,
+       CASE k WHEN 0 THEN :comm END, CASE k WHEN 0 THEN s END,
+       CASE k WHEN 1 THEN 67108864 END,
+       CASE k WHEN 0 THEN CASE WHEN r = :late THEN 500000 ELSE 20000000 END ELSE 5000000 END,
+       CASE k WHEN 0 THEN jsonb_build_object('peer_wait', true, 'stream', '0x7f00a000',
+                                             'pid', 4000 + r, 'job', :job, 'result', 0)
+              ELSE jsonb_build_object('direction', 'host_to_device', 'pid', 4000 + r,
+                                      'job', :job) END
+FROM generate_series(:first, :last) s, generate_series(0, :ranks - 1) r, generate_series(0, 1) k
+WHERE s % 10 = 0
+"""
+PREEMPTIONS = """
+INSERT INTO {table} (t, id, cluster, node, job, rank, kind, attrs)
+SELECT to_timestamp(:start + s * :step + 0.05),
+       format('gpu-%s:b0:p%s', lpad((:late / :per_node)::text, 2, '0'), s), :cluster,
+       format('gpu-%s', lpad((:late / :per_node)::text, 2, '0')), :job, :late, 'preempted',
+       jsonb_build_object('preemptor_pid', 31337, 'preemptor_comm', 'ingero-hog',
+                          'count', 12, 'pid', 4000 + :late, 'job', :job)
+FROM generate_series(:first, :last) s WHERE s % 50 = 0
+"""
+SCORES = """
+INSERT INTO health_scores (cluster, node, t, job, score, state, throughput, compute, memory, cpu)
+SELECT :cluster, format('gpu-%s', lpad(n::text, 2, '0')), to_timestamp(:start + i * 5), :job,
+       CASE WHEN n = :late / :per_node THEN 0.62 ELSE 0.93 END, 'active', 0.95, 0.93, 0.9,
+       CASE WHEN n = :late / :per_node THEN 0.55 ELSE 0.96 END
+FROM generate_series(0, :samples - 1) i, generate_series(0, :nodes - 1) n
+"""
+THRESHOLDS = """
+INSERT INTO thresholds (cluster, cohort, t, threshold, median, mad, active, quorum_met, panic,
+                        stragglers)
+SELECT :cluster, 'job:' || :job, to_timestamp(:start + i * 5), 0.9, 0.93, 0.01, :nodes, true,
+       false, ARRAY[format('gpu-%s', lpad((:late / :per_node)::text, 2, '0'))]
+FROM generate_series(0, :samples - 1) i
+"""
+NODES = """
+INSERT INTO nodes (cluster, name, first_seen, last_seen, boot_id)
+SELECT :cluster, format('gpu-%s', lpad(n::text, 2, '0')), to_timestamp(:start),
+       to_timestamp(:end), 'b0'
+FROM generate_series(0, :nodes - 1) n
+"""
+PARAMETER_TYPES = {"start": Float, "step": Float, "end": Float, "first": Integer, "last": Integer,
+                   "ranks": Integer, "per_node": Integer, "late": Integer, "samples": Integer,
+                   "nodes": Integer, "cluster": Text, "job": Text, "comm": Text}
+SIZES = """
+SELECT sum(pg_table_size(i.inhrelid)), sum(pg_indexes_size(i.inhrelid)),
+       (SELECT sum(pg_relation_size(x.indexrelid)) FROM pg_index x
+        JOIN pg_inherits p ON p.inhrelid = x.indexrelid
+        WHERE p.inhparent = 'ix_events_collective_seq'::regclass)
+FROM pg_inherits i WHERE i.inhparent = 'events'::regclass
+"""
+
+
+# -- the data ----------------------------------------------------------------------------------
+
+def typed(sql: str):
+    """The statement with its parameters typed, so that PostgreSQL is told their types (the
+    generated SQL calls overloaded functions and builds JSON from them)."""
+    return text(sql).bindparams(*(bindparam(name, type_=kind)
+                                  for name, kind in PARAMETER_TYPES.items()
+                                  if f":{name}" in sql))
+
+
+def shape(args) -> dict:
+    steps = int(args.events / (args.ranks * EVENTS_PER_STEP_RANK))
+    return {"start": START.timestamp(), "step": STEP_S, "ranks": args.ranks,
+            "per_node": args.ranks_per_node, "late": args.late_rank, "cluster": CLUSTER,
+            "job": JOB, "comm": COMM, "steps": steps, "nodes": args.ranks // args.ranks_per_node}
+
+
+def day_steps(params: dict) -> list[tuple[datetime, int, int]]:
+    """(day, first step, last step) of each UTC day the job's steps fall on."""
+    days, step = [], 0
+    while step < params["steps"]:
+        t = START + timedelta(seconds=step * STEP_S)
+        day = datetime(t.year, t.month, t.day, tzinfo=UTC)
+        end = min(params["steps"], int(((day + DAY) - START).total_seconds() / STEP_S))
+        days.append((day, step, end - 1))
+        step = end
+    return days
+
+
+def load(engine, params: dict) -> float:
+    """Fill the database; return the seconds it took."""
+    started = time.monotonic()
+    with engine.begin() as conn:
+        conn.execute(text("SELECT setseed(0.42)"))
+        for day, first, last in day_steps(params):
+            table = partition_name(day.date())
+            conn.execute(text(f"CREATE TABLE {table} (LIKE events INCLUDING DEFAULTS)"))
+            for statement in (COLLECTIVES, SYNCS_AND_COPIES, PREEMPTIONS):
+                conn.execute(typed(statement.format(table=table)),
+                             {**params, "first": first, "last": last})
+            print(f"  {table}: steps {first}..{last} loaded, attaching (index builds)",
+                  flush=True)
+            conn.execute(text(
+                f"ALTER TABLE events ATTACH PARTITION {table} FOR VALUES FROM "
+                f"('{day.isoformat()}') TO ('{(day + DAY).isoformat()}')"))
+        samples = int(params["steps"] * STEP_S / 5)
+        for statement in (SCORES, THRESHOLDS):
+            conn.execute(typed(statement), {**params, "samples": samples})
+        conn.execute(typed(NODES), {**params, "end": params["start"] + params["steps"] * STEP_S})
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+    return time.monotonic() - started
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+def timed(ctx: ToolContext, args: dict) -> tuple[float, dict]:
+    started = time.perf_counter()
+    answer = REGISTRY["find_stragglers"].run(ctx, args)
+    return time.perf_counter() - started, answer
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def case(name: str, args: dict, ctx_of, database: EmbeddedPostgres, warm: int) -> dict:
+    """One cold call after a restart (and a dropped page cache), then warm calls."""
+    database.stop()
+    dropped = drop_page_cache()
+    database.start()
+    ctx = ctx_of()
+    cold, answer = timed(ctx, args)
+    runs = [timed(ctx, args)[0] for _ in range(warm)]
+    exact, exact_answer = timed(ctx, {**args, "max_entries": 10_000_000})
+    late = answer["ranks"][0]
+    print(f"  {name}: cold {cold:.3f} s, warm p50 {statistics.median(runs):.3f} s, "
+          f"exact {exact:.3f} s; rank {late['rank']} first, lag {late['lag_median_ms']} ms",
+          flush=True)
+    return {"arguments": args, "cold_s": round(cold, 3), "page_cache_dropped": dropped,
+            "warm_runs": warm, "warm_p50_s": round(statistics.median(runs), 3),
+            "warm_p95_s": round(percentile(runs, 0.95), 3), "warm_min_s": round(min(runs), 3),
+            "coverage": answer["coverage"], "first_rank": late["rank"],
+            "first_rank_lag_median_ms": late["lag_median_ms"],
+            "exact_s": round(exact, 3), "exact_coverage": exact_answer["coverage"],
+            "exact_first_rank_lag_median_ms": exact_answer["ranks"][0]["lag_median_ms"]}
+
+
+def other_tools(ctx: ToolContext, hour: dict) -> dict:
+    """The other job-level tools on the same data: one warm call each (after one to warm up)."""
+    calls = {"explain": {"job": JOB, "rank": 37}, "job_report": {"job": JOB},
+             "get_cost": {"job": JOB}, "collective_stats": {"job": JOB},
+             "collective_stats_one_hour": {**hour},
+             "anomalies_one_hour": {**hour}, "memcpy_bandwidth_one_hour": {**hour}}
+    seconds = {}
+    for name, args in calls.items():
+        tool = REGISTRY[name.removesuffix("_one_hour")]
+        tool.run(ctx, args)
+        started = time.perf_counter()
+        tool.run(ctx, args)
+        seconds[name] = round(time.perf_counter() - started, 3)
+    print(f"  other tools, warm: {seconds}", flush=True)
+    return seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
+
+
+def entries_plan(ctx: ToolContext, args: dict) -> dict:
+    """The plan of the statement that reads the sampled entries, as the sandbox runs it."""
+    sel = tools.select(ctx, args)
+    with tools.reading(ctx) as conn:
+        comms = tools.communicators(conn, sel)
+        entries = sum(c.instances * c.ranks for c in comms)
+        stride = max(1, -(-entries // tools.DEFAULT_MAX_ENTRIES))
+        window = tools.Where().within("e.t", sel.window)
+        plan = conn.execute(text("EXPLAIN (FORMAT JSON) " + tools.ENTRIES.format(
+            window=window.sql(), seqs=tools.EVERY_STRIDE)), {
+            **window.params, **tools.comm_arrays(comms), "stride": stride}).scalar()[0]["Plan"]
+    return {"top_node": plan["Node Type"], "nodes": plan_nodes(plan)}
+
+
+def plan_nodes(node: dict, depth: int = 0) -> list[str]:
+    """The plan's nodes in order, indented by depth, with the index each scan uses."""
+    line = "  " * depth + node["Node Type"] + (
+        f" using {node['Index Name']}" if "Index Name" in node else "")
+    return [line] + [below for child in node.get("Plans", ())
+                     for below in plan_nodes(child, depth + 1)]
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+def run(args) -> dict:
+    root = Path(args.state_dir) if args.state_dir else Path(
+        tempfile.mkdtemp(prefix="ingero-tool-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    database = EmbeddedPostgres(root / "postgres", settings=LOADING)
+    sandbox = None
+    try:
+        engine = make_engine(database.start())
+        upgrade(engine)
+        params = shape(args)
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT count(*) FROM events")).scalar()
+        load_s = None
+        if stored == 0:
+            print(f"loading about {args.events:,} events ({params['steps']:,} steps of "
+                  f"{args.ranks} ranks)", flush=True)
+            load_s = round(load(engine, params), 1)
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT count(*) FROM events")).scalar()
+            table_bytes, index_bytes, seq_index_bytes = conn.execute(text(SIZES)).one()
+        password = secrets.token_urlsafe(24)
+        key = prepare(engine, ROLE, password)
+        engine.dispose()
+
+        def ctx_of() -> ToolContext:
+            nonlocal sandbox
+            if sandbox is not None:
+                sandbox.dispose()
+            sandbox = Sandbox(sandbox_url(database.dsn, ROLE, password), key)
+            return ToolContext(sandbox, Scope(frozenset({CLUSTER})), time.time())
+
+        hours = params["steps"] * STEP_S / 3600
+        hour = START + timedelta(hours=max(0.0, (hours - 1) / 2))     # the middle hour
+        cases = {"whole_job": {"job": JOB},
+                 "one_hour": {"job": JOB, "since": tools.iso(hour),
+                              "until": tools.iso(hour + timedelta(hours=1))}}
+        results = {name: case(name, case_args, ctx_of, database, args.warm)
+                   for name, case_args in cases.items()}
+        plan = entries_plan(ctx_of(), cases["whole_job"])
+        others = other_tools(ctx_of(), cases["one_hour"])
+    finally:
+        if sandbox is not None:
+            sandbox.dispose()
+        database.stop()
+        if not args.state_dir and not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return {"events": stored, "ranks": args.ranks, "late_rank": args.late_rank,
+            "hours": round(hours, 2), "load_s": load_s,
+            "events_table_bytes": int(table_bytes), "events_indexes_bytes": int(index_bytes),
+            "collective_index_bytes": int(seq_index_bytes),
+            "default_max_entries": tools.DEFAULT_MAX_ENTRIES, "entries_plan": plan,
+            "cases": results, "other_tools_warm_s": others}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=10_000_000,
+                        help="about how many events to store")
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--late-rank", type=int, default=37)
+    parser.add_argument("--warm", type=int, default=20, help="warm calls per case")
+    parser.add_argument("--state-dir", help="keep the database here and reuse it next time")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary database")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench/tool_latency.py needs root: echod's embedded PostgreSQL runs as postgres")
+    result = run(args)
+    text_out = json.dumps(result, indent=2)
+    print(text_out)
+    if args.json:
+        args.json.write_text(text_out + "\n")
+
+
+if __name__ == "__main__":
+    main()
