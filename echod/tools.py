@@ -1845,18 +1845,17 @@ def explain(ctx: ToolContext, args: dict) -> dict:
     with no evidence here). confidence is high, medium or low; fix is one line to try. Evidence:
     its lag against its peers (the bar is median + 2·1.4826·MAD of the ranks' median lags),
     preemptions by command, block I/O, its node's health score and signals, sync self-work
-    against peer-wait, and fleetd's verdict when there is one. 404 when the job or the rank is
-    not in the clusters you may see; 400 when the job ran in several of them and no 'cluster'
-    says which. The window defaults to the whole job. Clock offsets between hosts are not
-    corrected yet."""
+    against peer-wait, and fleetd's verdict when there is one. 404 when the job is not in the
+    clusters you may see or has no such rank (a rank that took part in none of its compared
+    collectives); 400 when the job ran in several of them and no 'cluster' says which. The
+    window defaults to the whole job. Clock offsets between hosts are not corrected yet."""
     rank = args["rank"]
     with reading(ctx) as conn:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
         sel = replace(select(ctx, args), cluster=cluster)
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
         lag = found.rank(cluster, sel.job, rank)
-        if lag is None and not conn.execute(text(RANK_EXISTS), {
-                "cluster": cluster, "job": sel.job, "rank": rank}).scalar():
+        if lag is None and not rank_exists(conn, found, cluster, sel.job, rank):
             raise ToolError(f"no rank {rank} in job {sel.job!r}", "not_found", 404)
         node = lag.node if lag else None
         evidence = gather_evidence(conn, sel, [lag] if lag else [])
@@ -1868,6 +1867,15 @@ def explain(ctx: ToolContext, args: dict) -> dict:
             "cause": diagnosis.cause, "confidence": diagnosis.confidence, "fix": diagnosis.fix,
             "findings": diagnosis.findings, "evidence": explain_evidence(facts, found, verdict),
             "coverage": found.coverage(), "window": sel.window.to_json()}
+
+
+def rank_exists(conn: Connection, found: Survey, cluster: str, job: str, rank: int) -> bool:
+    """Whether the job has this rank. A job whose collectives were compared has exactly the
+    ranks found there; only a job without them is searched (it has few events)."""
+    if any((r.cluster, r.job) == (cluster, job) for r in found.ranks):
+        return False
+    return bool(conn.execute(text(RANK_EXISTS), {"cluster": cluster, "job": job,
+                                                 "rank": rank}).scalar())
 
 
 def explain_facts(found: Survey, lag: RankLag | None, evidence: Evidence,
