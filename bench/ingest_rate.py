@@ -11,9 +11,7 @@ Run: ``.venv/bin/python bench/ingest_rate.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
-import os
 import shutil
 import sys
 import tempfile
@@ -25,6 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import text  # noqa: E402
 
+from bench.report import run_and_report  # noqa: E402
 from echod.db import make_engine  # noqa: E402
 from echod.embedded import EmbeddedPostgres  # noqa: E402
 from ingero.launch import Daemon, KeyRing, free_port, stop_all, wait_for  # noqa: E402
@@ -96,13 +95,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/ingest_rate.py needs root: echod's embedded PostgreSQL runs as postgres")
-    result = run(args)
-    text_out = json.dumps(result, indent=2)
-    print(text_out)
-    if args.json:
-        args.json.write_text(text_out + "\n")
+    run_and_report(__file__, "echod's embedded PostgreSQL runs as postgres", run, args)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ other job-level tool. Needs root (the embedded cluster runs as postgres). Run:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -33,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import Float, Integer, Text, bindparam, text  # noqa: E402
 
+from bench.report import run_and_report  # noqa: E402
 from echod import tools  # noqa: E402
 from echod.db import DAY, make_engine, partition_name, upgrade  # noqa: E402
 from echod.embedded import EmbeddedPostgres  # noqa: E402
@@ -329,13 +329,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary database")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/tool_latency.py needs root: echod's embedded PostgreSQL runs as postgres")
-    result = run(args)
-    text_out = json.dumps(result, indent=2)
-    print(text_out)
-    if args.json:
-        args.json.write_text(text_out + "\n")
+    run_and_report(__file__, "echod's embedded PostgreSQL runs as postgres", run, args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Needs root and Debian's bcc. Run: ``.venv/bin/python bench/trace_overhead.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import run_and_report  # noqa: E402
 import sim  # noqa: E402
 from ingerod.probes import PROBES  # noqa: E402
 from sim import scenario as scenarios  # noqa: E402
@@ -147,13 +147,7 @@ def main() -> None:
     parser.add_argument("--bytes", type=int, default=4 << 20, help="all-reduce size")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/trace_overhead.py needs root: uprobes need CAP_BPF and CAP_PERFMON")
-    result = run(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    run_and_report(__file__, "uprobes need CAP_BPF and CAP_PERFMON", run, args)
 
 
 if __name__ == "__main__":

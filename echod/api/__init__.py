@@ -75,15 +75,7 @@ class ApiState:
         self.metrics = ApiMetrics()
 
     def draining(self) -> bool:
-        return bool(self.settings.drain_file) and _exists(self.settings.drain_file)
-
-
-def _exists(path: str) -> bool:
-    try:
-        os.stat(path)
-    except OSError:
-        return False
-    return True
+        return bool(self.settings.drain_file) and os.path.exists(self.settings.drain_file)
 
 
 def create_app(settings: ApiSettings | None = None, workers: int | None = None) -> Flask:
