@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, text
 
-from fleetd.stats import MAD_TO_SIGMA, median_mad
+from ingero.analysis import Bar, LagStats, entry_lags, lower_bar, step_intervals, upper_bar
 
 from .registry import ToolContext, ToolError, obj, tool
 from .sqlcheck import MAX_SQL_CHARS, SqlError
@@ -318,112 +318,7 @@ def ms(seconds: float | None) -> float | None:
     return None if seconds is None else num(seconds * 1000.0, 3)
 
 
-# -- robust statistics (pure functions of arrays) ----------------------------------------------
-
-@dataclass(frozen=True)
-class Bar:
-    median: float
-    mad: float
-    bar: float
-
-
-def upper_bar(values: np.ndarray, k: float, mad_floor: float) -> Bar:
-    """median + k·1.4826·max(MAD, floor): values above it are outliers on the high side."""
-    median, mad = median_mad(values)
-    return Bar(median, mad, median + k * MAD_TO_SIGMA * max(mad, mad_floor))
-
-
-def lower_bar(values: np.ndarray, k: float, mad_floor: float) -> Bar:
-    """median − k·1.4826·max(MAD, floor): values below it are outliers on the low side."""
-    median, mad = median_mad(values)
-    return Bar(median, mad, median - k * MAD_TO_SIGMA * max(mad, mad_floor))
-
-
-@dataclass(frozen=True)
-class LagStats:
-    """Per (communicator's job, rank): entry-lag statistics in µs. ``comm`` is the index of one
-    communicator of the rank's job (ranks are grouped by job, not by communicator)."""
-
-    comm: np.ndarray
-    rank: np.ndarray
-    samples: np.ndarray
-    lag_p50: np.ndarray
-    lag_p95: np.ndarray
-    lag_max: np.ndarray
-    last_arrivals: np.ndarray
-    idle_caused: np.ndarray      # µs its peers waited at the instances it entered last
-    waited: np.ndarray           # µs it waited for the last rank itself
-    instances: int
-
-
-def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarray,
-               job_of: np.ndarray | None = None) -> LagStats | None:
-    """Entry lags from entries (communicator index, seq, rank, entry time in µs): an instance
-    is one (communicator, seq) with at least 2 entries; a rank's lag there is its time minus the
-    instance's earliest; ranks are grouped by ``job_of[comm]`` (default: by communicator)."""
-    order = np.lexsort((t, seq, comm))
-    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
-    starts, counts = segments(comm, seq)
-    row_instance = np.repeat(np.arange(len(starts)), counts)
-    lag = t - t[starts][row_instance]
-    last = t[starts + counts - 1][row_instance]
-    idle = counts * (t[starts + counts - 1] - t[starts]) - np.add.reduceat(lag, starts) \
-        if len(starts) else np.zeros(0, np.int64)
-    keep = (counts >= 2)[row_instance]
-    if not keep.any():
-        return None
-    job = (job_of[comm] if job_of is not None else comm)[keep]
-    rank, lag, is_last = rank[keep], lag[keep], (t == last)[keep]
-    caused = np.where(is_last, idle[row_instance][keep], 0)
-    waited = (last - t)[keep]
-    by_rank = np.lexsort((lag, rank, job))
-    job, rank, lag = job[by_rank], rank[by_rank], lag[by_rank]
-    firsts, sizes = segments(job, rank)
-    return LagStats(comm[keep][by_rank][firsts], rank[firsts], sizes,
-                    segment_quantile(lag, firsts, sizes, 0.5),
-                    segment_quantile(lag, firsts, sizes, 0.95), lag[firsts + sizes - 1],
-                    np.add.reduceat(is_last[by_rank].astype(np.int64), firsts),
-                    np.add.reduceat(caused[by_rank], firsts),
-                    np.add.reduceat(waited[by_rank], firsts), int((counts >= 2).sum()))
-
-
-def step_intervals(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,
-                   t: np.ndarray) -> dict[tuple[int, int], float]:
-    """Per (communicator, rank): the median time (µs) from a collective to the next one on the
-    communicator, over the consecutive pairs (seq, seq + 1) among the entries."""
-    order = np.lexsort((seq, rank, comm))
-    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
-    pair = (comm[1:] == comm[:-1]) & (rank[1:] == rank[:-1]) & (seq[1:] == seq[:-1] + 1)
-    comm, rank, gap = comm[1:][pair], rank[1:][pair], (t[1:] - t[:-1])[pair]
-    order = np.lexsort((gap, rank, comm))
-    comm, rank, gap = comm[order], rank[order], gap[order]
-    starts, sizes = segments(comm, rank)
-    medians = segment_quantile(gap, starts, sizes, 0.5)
-    return {(int(comm[i]), int(rank[i])): float(m) for i, m in zip(starts, medians)}
-
-
-def segments(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and lengths of the runs of equal keys in sorted arrays."""
-    size = len(keys[0])
-    if size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    new = np.zeros(size, bool)
-    new[0] = True
-    for key in keys:
-        new[1:] |= key[1:] != key[:-1]
-    starts = np.flatnonzero(new)
-    return starts, np.diff(np.append(starts, size))
-
-
-def segment_quantile(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
-                     q: float) -> np.ndarray:
-    """The q-quantile of each sorted segment, interpolated as percentile_cont and numpy do."""
-    position = q * (sizes - 1)
-    below = np.floor(position).astype(np.int64)
-    above = np.minimum(below + 1, sizes - 1)
-    low, high = values[starts + below], values[starts + above]
-    return low + (position - below) * (high - low)
-
+# -- health signals -------------------------------------------------------------------------
 
 def lowest_signal(signals: dict[str, float | None]) -> tuple[str | None, float | None]:
     """The signal with the smallest value, ignoring those not reported."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from ingero.wire import Push
 
-from . import stats
+from ingero import analysis as stats
 
 log = logging.getLogger("fleetd")
 

@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 from pytest_postgresql.janitor import DatabaseJanitor
 
 from echod import tools
+from ingero import analysis
 from echod.db import make_engine
 from echod.registry import REGISTRY, Scope, ToolContext, ToolError
 from echod.sandbox import Sandbox, prepare, sandbox_url
@@ -666,14 +667,14 @@ def test_entry_lags_from_arrays():
     seq = np.array([7, 7, 7, 8, 8, 8, 7])
     rank = np.array([0, 1, 2, 0, 1, 2, 0])
     t = np.array([100, 101, 103, 200, 204, 205, 150])
-    stats = tools.entry_lags(comm, seq, rank, t)
+    stats = analysis.entry_lags(comm, seq, rank, t)
     assert stats.instances == 2
     assert stats.rank.tolist() == [0, 1, 2] and stats.samples.tolist() == [2, 2, 2]
     assert stats.lag_p50.tolist() == [0, 2.5, 4] and stats.lag_max.tolist() == [0, 4, 5]
     assert stats.last_arrivals.tolist() == [0, 0, 2]
     assert stats.idle_caused.tolist() == [0, 0, (3 + 2) + (5 + 1)]
     assert stats.waited.tolist() == [3 + 5, 2 + 1, 0]
-    assert tools.entry_lags(np.array([0]), np.array([1]), np.array([0]), np.array([5])) is None
+    assert analysis.entry_lags(np.array([0]), np.array([1]), np.array([0]), np.array([5])) is None
 
 
 def test_step_intervals_pair_consecutive_collectives_per_rank():
@@ -682,7 +683,7 @@ def test_step_intervals_pair_consecutive_collectives_per_rank():
     seq = np.array([3, 1, 2, 5, 1, 2])
     rank = np.array([0, 0, 0, 0, 1, 1])
     t = np.array([140, 100, 110, 900, 100, 107])
-    assert tools.step_intervals(comm, seq, rank, t) == {(0, 0): 20.0, (0, 1): 7.0}
+    assert analysis.step_intervals(comm, seq, rank, t) == {(0, 0): 20.0, (0, 1): 7.0}
 
 
 def test_segment_quantile_interpolates_as_percentile_cont():
@@ -690,7 +691,7 @@ def test_segment_quantile_interpolates_as_percentile_cont():
     starts, sizes = np.array([0, 4]), np.array([4, 2])
     for q in (0.5, 0.95):
         expected = [np.quantile(values[:4], q), np.quantile(values[4:], q)]
-        assert tools.segment_quantile(values, starts, sizes, q).tolist() == pytest.approx(expected)
+        assert analysis.segment_quantile(values, starts, sizes, q).tolist() == pytest.approx(expected)
 
 
 def test_parse_time():
@@ -706,7 +707,7 @@ def test_parse_time():
 
 def late_rank_facts(**changes) -> tools.Facts:
     lag = tools.RankLag("c", "j", 5, "n5", 100, 0.02, 0.03, 0.04, 90, 10.0, 0.0, True)
-    facts = tools.Facts(lag, tools.Bar(0.001, 0.0002, 0.002), tools.HostEvidence(),
+    facts = tools.Facts(lag, analysis.Bar(0.001, 0.0002, 0.002), tools.HostEvidence(),
                         tools.NodeHealth(), tools.SyncWork(100, 800_000_000, 100, 50_000_000),
                         peers_self_ms=8.0, peers_wait_ms=19.0)
     for name, value in changes.items():
@@ -742,7 +743,7 @@ def test_a_rank_without_comparable_collectives_is_unknown():
 
 def test_robust_bars_ignore_the_outlier():
     lags = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 20.0, 0.6, 0.7])
-    bar = tools.upper_bar(lags, 2.0, 0.5)
+    bar = analysis.upper_bar(lags, 2.0, 0.5)
     assert (bar.median, bar.mad) == pytest.approx((0.35, 0.25))
     assert bar.bar == pytest.approx(0.35 + 2 * 1.4826 * 0.5)
     assert math.isclose(tools.lower_bar(np.array([0.93, 0.94, 0.62, 0.92]), 2, 0.01).bar,

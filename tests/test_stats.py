@@ -5,7 +5,7 @@ import math
 import numpy as np
 from hypothesis import assume, given, settings, strategies as st
 
-from fleetd import stats
+from ingero import analysis as stats
 
 K = 2.0
 healthy_scores = st.lists(st.floats(0.85, 0.95), min_size=3, max_size=200)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import sim
-from fleetd.stats import peer_lag
+from ingero.analysis.lag import peer_lag
 from ingero.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster

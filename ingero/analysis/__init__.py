@@ -1,0 +1,16 @@
+"""The analysis: pure numpy functions of arrays that turn traced collectives into verdicts.
+
+No sockets, clocks or SQL inside: fleetd runs it online, echod's tools on stored data, and the
+tests by feeding arrays. A formula or a name of the domain is written here once.
+"""
+
+from .lag import LagStats, entry_lags, step_intervals
+from .robust import (MAD_TO_SIGMA, Bar, ema, lower_bar, mad_threshold, mean_sigma_threshold,
+                     median_mad, robust_bar, under_bar, upper_bar)
+from .segments import segment_quantile, segments
+
+__all__ = [
+    "MAD_TO_SIGMA", "Bar", "LagStats", "ema", "entry_lags", "lower_bar", "mad_threshold",
+    "mean_sigma_threshold", "median_mad", "robust_bar", "segment_quantile", "segments",
+    "step_intervals", "under_bar", "upper_bar",
+]

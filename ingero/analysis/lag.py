@@ -1,0 +1,109 @@
+"""Entry lag: how late a rank enters the same collective as its peers.
+
+Ranks call a communicator's collectives in the same order, so (communicator, sequence number)
+names one collective instance across ranks without trusting clocks; entry times are compared
+only after each node's clock offset is corrected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .segments import segment_quantile, segments
+
+
+@dataclass(frozen=True)
+class LagStats:
+    """Per (communicator's job, rank): entry-lag statistics in µs. ``comm`` is the index of one
+    communicator of the rank's job (ranks are grouped by job, not by communicator)."""
+
+    comm: np.ndarray
+    rank: np.ndarray
+    samples: np.ndarray
+    lag_p50: np.ndarray
+    lag_p95: np.ndarray
+    lag_max: np.ndarray
+    last_arrivals: np.ndarray
+    idle_caused: np.ndarray      # µs its peers waited at the instances it entered last
+    waited: np.ndarray           # µs it waited for the last rank itself
+    instances: int
+
+
+def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarray,
+               job_of: np.ndarray | None = None) -> LagStats | None:
+    """Entry lags from entries (communicator index, seq, rank, entry time in µs): an instance
+    is one (communicator, seq) with at least 2 entries; a rank's lag there is its time minus the
+    instance's earliest; ranks are grouped by ``job_of[comm]`` (default: by communicator)."""
+    order = np.lexsort((t, seq, comm))
+    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
+    starts, counts = segments(comm, seq)
+    row_instance = np.repeat(np.arange(len(starts)), counts)
+    lag = t - t[starts][row_instance]
+    last = t[starts + counts - 1][row_instance]
+    idle = counts * (t[starts + counts - 1] - t[starts]) - np.add.reduceat(lag, starts) \
+        if len(starts) else np.zeros(0, np.int64)
+    keep = (counts >= 2)[row_instance]
+    if not keep.any():
+        return None
+    job = (job_of[comm] if job_of is not None else comm)[keep]
+    rank, lag, is_last = rank[keep], lag[keep], (t == last)[keep]
+    caused = np.where(is_last, idle[row_instance][keep], 0)
+    waited = (last - t)[keep]
+    by_rank = np.lexsort((lag, rank, job))
+    job, rank, lag = job[by_rank], rank[by_rank], lag[by_rank]
+    firsts, sizes = segments(job, rank)
+    return LagStats(comm[keep][by_rank][firsts], rank[firsts], sizes,
+                    segment_quantile(lag, firsts, sizes, 0.5),
+                    segment_quantile(lag, firsts, sizes, 0.95), lag[firsts + sizes - 1],
+                    np.add.reduceat(is_last[by_rank].astype(np.int64), firsts),
+                    np.add.reduceat(caused[by_rank], firsts),
+                    np.add.reduceat(waited[by_rank], firsts), int((counts >= 2).sum()))
+
+
+def step_intervals(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,
+                   t: np.ndarray) -> dict[tuple[int, int], float]:
+    """Per (communicator, rank): the median time (µs) from a collective to the next one on the
+    communicator, over the consecutive pairs (seq, seq + 1) among the entries."""
+    order = np.lexsort((seq, rank, comm))
+    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
+    pair = (comm[1:] == comm[:-1]) & (rank[1:] == rank[:-1]) & (seq[1:] == seq[:-1] + 1)
+    comm, rank, gap = comm[1:][pair], rank[1:][pair], (t[1:] - t[:-1])[pair]
+    order = np.lexsort((gap, rank, comm))
+    comm, rank, gap = comm[order], rank[order], gap[order]
+    starts, sizes = segments(comm, rank)
+    medians = segment_quantile(gap, starts, sizes, 0.5)
+    return {(int(comm[i]), int(rank[i])): float(m) for i, m in zip(starts, medians)}
+
+
+def peer_lag(entries: np.ndarray) -> np.ndarray:
+    """Each rank's entry into a collective minus the median entry of its peers (the other ranks
+    at the same collective): the one definition of lag.
+
+    ``entries`` is (collectives × ranks) of clock-corrected entry times, NaN where a rank has not
+    (yet) entered; its lag is NaN there, and where it has no peer. A rank that arrives late has a
+    positive lag at the collectives it delays, its peers a lag near zero (or negative, against
+    it alone in a job of two). The median of the others, not the mean and not the earliest: a late
+    rank does not move the reference its peers are measured against, and one early rank does not
+    make everyone late.
+    """
+    entries = np.atleast_2d(np.asarray(entries, dtype=float))
+    order = np.argsort(entries, axis=1, kind="stable")          # NaNs sort last
+    ordered = np.take_along_axis(entries, order, axis=1)
+    valid = np.isfinite(entries).sum(axis=1, keepdims=True)
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(entries.shape[1])[None, :], axis=1)
+    others = valid - 1
+    half = others // 2
+
+    def other(j: np.ndarray) -> np.ndarray:
+        """The j-th smallest of the others: skip the rank's own place in the sorted row."""
+        index = np.where(j < position, j, j + 1).clip(0, entries.shape[1] - 1)
+        return np.take_along_axis(ordered, index, axis=1)
+
+    upper = other(np.broadcast_to(half, entries.shape))
+    lower = other(np.broadcast_to(np.maximum(half - 1, 0), entries.shape))
+    median = np.where(others % 2 == 1, upper, (lower + upper) / 2)
+    lag = entries - median
+    return np.where((others >= 1) & np.isfinite(entries), lag, np.nan)
