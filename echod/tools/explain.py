@@ -1,0 +1,190 @@
+"""The explain tool: one rank's lateness, its cause and the evidence for it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+from sqlalchemy import Connection, text
+
+from ingero.analysis import Bar
+
+from ..registry import ToolContext, ToolError, obj, tool
+from .diagnosis import CAUSES, Facts, SyncWork, diagnose
+from .evidence import (SIGNAL_NAME, SIGNALS_OUT, Evidence, HostEvidence, NodeHealth,
+                       gather_evidence, lowest_signal)
+from .lag import COVERAGE_OUT, RankLag, Survey, survey
+from .schema import (BOOL, CLUSTER_ARG, DEFAULT_MAX_ENTRIES, INT, JOB_ARG, MAX_ENTRIES,
+                     NUM_OR_NULL, RANK, SINCE_ARG, STR, STR_OR_NULL, TIME, UNTIL_ARG,
+                     WINDOW_OUT, array, closed, described, nullable)
+from .selection import Selection, Where, iso, job_cluster, ms, num, reading, rows, select, whole
+
+SYNCS = """
+SELECT e.rank, coalesce(e.attrs -> 'peer_wait', 'false'::jsonb) = 'true'::jsonb, count(*),
+       sum(e.duration_ns)
+FROM events e WHERE e.kind = 'sync' AND e.duration_ns IS NOT NULL AND {where}
+GROUP BY 1, 2
+"""
+RANK_EXISTS = """
+SELECT EXISTS (SELECT 1 FROM events e
+               WHERE e.cluster = :cluster AND e.job = :job AND e.rank = :rank)
+"""
+LATEST_VERDICT = """
+SELECT v.t, v.cause, v.lag_ns, v.op, v.comm_hash, v.cost_gpu_seconds
+FROM straggler_verdicts v
+WHERE v.cluster = :cluster AND v.job = :job AND v.rank = :rank AND {window}
+ORDER BY v.t DESC LIMIT 1
+"""
+
+
+def sync_work(conn: Connection, sel: Selection) -> dict[int, SyncWork]:
+    where = sel.where("e", node=False, rank=False)
+    work: dict[int, SyncWork] = defaultdict(SyncWork)
+    for rank, peer_wait, calls, total in rows(conn, SYNCS.format(where=where.sql()),
+                                              where.params):
+        if rank is None:
+            continue
+        if peer_wait:
+            work[rank].wait_calls, work[rank].wait_ns = calls, whole(total)
+        else:
+            work[rank].self_calls, work[rank].self_ns = calls, whole(total)
+    return work
+
+
+def peers_median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+def latest_verdict(conn: Connection, sel: Selection, rank: int) -> dict | None:
+    window = Where().within("v.t", sel.window)
+    found = conn.execute(text(LATEST_VERDICT.format(window=window.sql())),
+                         {**window.params, "cluster": sel.cluster, "job": sel.job,
+                          "rank": rank}).first()
+    if found is None:
+        return None
+    t, cause, lag_ns, op, comm, cost = found
+    return {"t": iso(t), "cause": cause, "lag_ms": None if lag_ns is None else num(lag_ns / 1e6, 3),
+            "op": op, "comm_hash": comm, "cost_gpu_seconds": num(cost, 3)}
+
+
+LAG_EVIDENCE_OUT = closed({
+    "samples": INT, "lag_median_ms": NUM_OR_NULL, "lag_p95_ms": NUM_OR_NULL,
+    "lag_max_ms": NUM_OR_NULL, "peers_lag_median_ms": NUM_OR_NULL, "bar_ms": NUM_OR_NULL,
+    "straggler": BOOL, "last_arrivals": INT, "idle_caused_gpu_s": NUM_OR_NULL})
+EXPLAIN_OUT = closed({
+    "cluster": STR, "job": STR, "rank": INT, "node": STR_OR_NULL,
+    "cause": {"type": "string", "enum": list(CAUSES)},
+    "confidence": {"type": "string", "enum": ["high", "medium", "low"]},
+    "fix": STR_OR_NULL, "findings": array(STR),
+    "evidence": closed({
+        "lag": nullable(LAG_EVIDENCE_OUT),
+        "preemptions": closed({"total": INT,
+                               "by": array(closed({"comm": STR, "count": INT}))}),
+        "blockio": closed({"requests": INT, "bytes": INT, "heavy": BOOL}),
+        "health": closed({"samples": INT, "score_min": NUM_OR_NULL, "score_avg": NUM_OR_NULL,
+                          "signals": SIGNALS_OUT, "lowest_signal": SIGNAL_NAME,
+                          "lowest_signal_value": NUM_OR_NULL, "threshold_listings": INT}),
+        "sync": closed({"self_work_calls": INT, "self_work_ms_avg": NUM_OR_NULL,
+                        "peer_wait_calls": INT, "peer_wait_ms_avg": NUM_OR_NULL,
+                        "peers_self_work_ms_median": NUM_OR_NULL,
+                        "peers_peer_wait_ms_median": NUM_OR_NULL}),
+        "verdict": nullable(closed({"t": TIME, "cause": STR, "lag_ms": NUM_OR_NULL,
+                                    "op": STR_OR_NULL, "comm_hash": STR_OR_NULL,
+                                    "cost_gpu_seconds": NUM_OR_NULL}))}),
+    "coverage": COVERAGE_OUT, "window": WINDOW_OUT})
+
+
+@tool("explain", summary="Why one rank is late: the cause, how sure, the fix, and the evidence",
+      input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG,
+                        "rank": described(RANK, "The rank (the process's global rank)."),
+                        "since": SINCE_ARG, "until": UNTIL_ARG, "max_entries": MAX_ENTRIES},
+                       ("job", "rank")),
+      output_schema=EXPLAIN_OUT)
+def explain(ctx: ToolContext, args: dict) -> dict:
+    """The cause of one rank's lateness and its evidence. cause is one of host_preemption (its
+    process was pushed off its CPU: preemption bursts, or a low cpu signal), io (heavy block I/O
+    by it), memory_pressure (low GPU memory headroom), slow_gpu (low compute signal, or its
+    syncs on its own kernels take much longer than its peers'), network_or_peer (it waits in
+    collectives much longer than its peers: the delay comes from elsewhere), none (it is not
+    late: its median entry lag is under the job's bar; see find_stragglers) or unknown (late
+    with no evidence here). confidence is high, medium or low; fix is one line to try. Evidence:
+    its lag against its peers (the bar is median + 2·1.4826·MAD of the ranks' median lags),
+    preemptions by command, block I/O, its node's health score and signals, sync self-work
+    against peer-wait, and fleetd's verdict when there is one. 404 when the job is not in the
+    clusters you may see or has no such rank (a rank that took part in none of its compared
+    collectives); 400 when the job ran in several of them and no 'cluster' says which. The
+    window defaults to the whole job. Clock offsets between hosts are not corrected yet."""
+    rank = args["rank"]
+    with reading(ctx) as conn:
+        cluster = job_cluster(conn, args["job"], args.get("cluster"))
+        sel = replace(select(ctx, args), cluster=cluster)
+        found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
+        lag = found.rank(cluster, sel.job, rank)
+        if lag is None and not rank_exists(conn, found, cluster, sel.job, rank):
+            raise ToolError(f"no rank {rank} in job {sel.job!r}", "not_found", 404)
+        node = lag.node if lag else None
+        evidence = gather_evidence(conn, sel, [lag] if lag else [])
+        work = sync_work(conn, sel)
+        verdict = latest_verdict(conn, sel, rank)
+    facts = explain_facts(found, lag, evidence, work, rank, verdict)
+    diagnosis = diagnose(facts)
+    return {"cluster": cluster, "job": sel.job, "rank": rank, "node": node,
+            "cause": diagnosis.cause, "confidence": diagnosis.confidence, "fix": diagnosis.fix,
+            "findings": diagnosis.findings, "evidence": explain_evidence(facts, found, verdict),
+            "coverage": found.coverage(), "window": sel.window.to_json()}
+
+
+def rank_exists(conn: Connection, found: Survey, cluster: str, job: str, rank: int) -> bool:
+    """Whether the job has this rank. A job whose collectives were compared has exactly the
+    ranks found there; only a job without them is searched (it has few events)."""
+    if any((r.cluster, r.job) == (cluster, job) for r in found.ranks):
+        return False
+    return bool(conn.execute(text(RANK_EXISTS), {"cluster": cluster, "job": job,
+                                                 "rank": rank}).scalar())
+
+
+def explain_facts(found: Survey, lag: RankLag | None, evidence: Evidence,
+                  work: dict[int, SyncWork], rank: int, verdict: dict | None) -> Facts:
+    peers = [r for r in found.ranks if lag is not None and (r.cluster, r.job) == (
+        lag.cluster, lag.job) and r.rank != rank]
+    bar = found.bars.get((lag.cluster, lag.job)) if lag else None
+    if bar is not None and peers:
+        bar = Bar(float(np.median([p.lag_median for p in peers])), bar.mad, bar.bar)
+    others = [w for r, w in work.items() if r != rank]
+    return Facts(lag, bar,
+                 (evidence.host.get((lag.cluster, lag.node, lag.rank)) if lag else None)
+                 or HostEvidence(),
+                 (evidence.health.get((lag.cluster, lag.node)) if lag else None) or NodeHealth(),
+                 work.get(rank, SyncWork()), peers_median([w.self_ms for w in others]),
+                 peers_median([w.wait_ms for w in others]),
+                 verdict["cause"] if verdict else None)
+
+
+def explain_evidence(facts: Facts, found: Survey, verdict: dict | None) -> dict:
+    lag, host, health, work = facts.lag, facts.host, facts.health, facts.sync
+    signal, value = lowest_signal(health.signals)
+    return {
+        "lag": None if lag is None else {
+            "samples": lag.samples, "lag_median_ms": ms(lag.lag_median),
+            "lag_p95_ms": ms(lag.lag_p95), "lag_max_ms": ms(lag.lag_max),
+            "peers_lag_median_ms": ms(facts.bar.median) if facts.bar else None,
+            "bar_ms": ms(facts.bar.bar) if facts.bar else None, "straggler": lag.straggler,
+            "last_arrivals": lag.last_arrivals,
+            "idle_caused_gpu_s": num(lag.idle_caused * found.scale, 3)},
+        "preemptions": {"total": host.preemptions,
+                        "by": [{"comm": comm, "count": count} for comm, count in
+                               sorted(host.preemptors.items(), key=lambda kv: -kv[1])]},
+        "blockio": {"requests": host.blockio_requests, "bytes": host.blockio_bytes,
+                    "heavy": host.heavy_blockio},
+        "health": {"samples": health.samples, "score_min": health.score_min,
+                   "score_avg": health.score_avg, "signals": health.signals,
+                   "lowest_signal": signal, "lowest_signal_value": value,
+                   "threshold_listings": health.listings},
+        "sync": {"self_work_calls": work.self_calls, "self_work_ms_avg": num(work.self_ms, 3),
+                 "peer_wait_calls": work.wait_calls, "peer_wait_ms_avg": num(work.wait_ms, 3),
+                 "peers_self_work_ms_median": num(facts.peers_self_ms, 3),
+                 "peers_peer_wait_ms_median": num(facts.peers_wait_ms, 3)},
+        "verdict": verdict,
+    }

@@ -1,0 +1,129 @@
+"""Every rank's entry lag in a selection, and the robust bar that makes it a straggler.
+
+Entry lag. Ranks call a communicator's collectives in the same order, so (communicator,
+sequence number) names one collective instance across ranks without trusting clocks. A rank's
+entry lag at an instance is its entry time minus the instance's earliest entry. The earliest
+needs one min per instance, a late rank cannot move it, and a reference that is off (an early
+rank, a skewed clock) shifts every rank alike, which the robust bar across ranks ignores. The
+same per-instance aggregates give the idle time the cost tools report: every rank that arrived
+before the last one waits t_last − t_rank. Hosts' clocks are not corrected yet (fleetd will
+estimate offsets), so a lag includes the clock offset between the nodes involved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Connection
+
+from ingero.analysis import Bar, LagStats, entry_lags, upper_bar
+
+from .collectives import Communicator, communicators, rank_nodes, read_entries
+from .schema import DEFAULT_MAX_ENTRIES, INT, closed
+from .selection import Selection
+
+LAG_K = 2.0                            # bar = median + k·1.4826·max(MAD, floor)
+LAG_MAD_FLOOR_S = 0.0005               # so ranks a hair apart flag nothing
+LAG_MIN_SAMPLES = 3
+
+
+@dataclass
+class RankLag:
+    """One rank's entry lag over the collective instances examined (seconds)."""
+
+    cluster: str
+    job: str
+    rank: int
+    node: str | None
+    samples: int
+    lag_median: float
+    lag_p95: float
+    lag_max: float
+    last_arrivals: int
+    idle_caused: float          # GPU-seconds its peers waited at instances it entered last
+    waited: float               # GPU-seconds it waited itself
+    straggler: bool = False
+
+
+@dataclass
+class Survey:
+    """The entry lags of the ranks in a selection and what was read to get them."""
+
+    ranks: list[RankLag]
+    bars: dict[tuple[str, str], Bar]
+    communicators: int
+    instances_total: int
+    instances_examined: int
+    stride: int
+    entries_examined: int
+
+    @property
+    def idle_total(self) -> float:
+        """GPU-seconds waited at the instances examined."""
+        return sum(r.waited for r in self.ranks)
+
+    @property
+    def scale(self) -> float:
+        """From the instances examined to all of them."""
+        return float(self.stride)
+
+    def coverage(self) -> dict:
+        return {"communicators": self.communicators, "instances_total": self.instances_total,
+                "instances_examined": self.instances_examined, "stride": self.stride,
+                "entries_examined": self.entries_examined}
+
+    def rank(self, cluster: str, job: str, rank: int) -> RankLag | None:
+        return next((r for r in self.ranks if (r.cluster, r.job, r.rank) == (cluster, job, rank)),
+                    None)
+
+
+COVERAGE_OUT = closed({"communicators": INT, "instances_total": INT, "instances_examined": INT,
+                       "stride": INT, "entries_examined": INT})
+
+
+def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTRIES) -> Survey:
+    """Every rank's entry lag in the selection, from at most ``max_entries`` entries."""
+    comms = communicators(conn, sel)
+    entries = sum(c.instances * max(c.ranks, 1) for c in comms)
+    stride = max(1, math.ceil(entries / max_entries))
+    jobs = {key: i for i, key in enumerate(dict.fromkeys((c.cluster, c.job) for c in comms))}
+    job_of = np.array([jobs[(c.cluster, c.job)] for c in comms], np.int64)
+    stats = entry_lags(*read_entries(conn, sel, comms, stride), job_of) if comms else None
+    ranks = rank_lag_rows(stats, comms, rank_nodes(conn, comms)) if stats else []
+    bars = job_bars(ranks)
+    for r in ranks:
+        bar = bars[(r.cluster, r.job)]
+        r.straggler = bool(r.samples >= LAG_MIN_SAMPLES and r.lag_median > bar.bar)
+    return Survey(ranks, bars, len(comms), sum(c.instances for c in comms),
+                  stats.instances if stats else 0, stride,
+                  int(stats.samples.sum()) if stats else 0)
+
+
+def rank_lag_rows(stats: LagStats, comms: list[Communicator],
+                  nodes: dict[tuple, str]) -> list[RankLag]:
+    found = []
+    for i, (comm, rank) in enumerate(zip(stats.comm, stats.rank)):
+        c = comms[comm]
+        found.append(RankLag(c.cluster, c.job, int(rank), nodes.get((c.cluster, c.job, int(rank))),
+                             int(stats.samples[i]), float(stats.lag_p50[i]) / 1e6,
+                             float(stats.lag_p95[i]) / 1e6, float(stats.lag_max[i]) / 1e6,
+                             int(stats.last_arrivals[i]), float(stats.idle_caused[i]) / 1e6,
+                             float(stats.waited[i]) / 1e6))
+    return found
+
+
+def job_bars(ranks: list[RankLag]) -> dict[tuple[str, str], Bar]:
+    """Per job, the robust bar over its ranks' median lags."""
+    medians: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in ranks:
+        medians[(r.cluster, r.job)].append(r.lag_median)
+    return {key: upper_bar(np.array(values), LAG_K, LAG_MAD_FLOOR_S)
+            for key, values in medians.items()}
+
+
+def ordered(ranks: list[RankLag]) -> list[RankLag]:
+    """Stragglers first, then by median lag, largest first."""
+    return sorted(ranks, key=lambda r: (not r.straggler, -r.lag_median, r.cluster, r.job, r.rank))

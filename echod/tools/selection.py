@@ -1,0 +1,262 @@
+"""What a tool's arguments select and how it reads it: RFC 3339 times, the window, the cluster,
+job, node and rank as bound SQL conditions, the caller's read-only transaction, and the JSON
+values that go out (ISO 8601 UTC times, finite numbers or null)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from ..registry import ToolContext, ToolError
+
+HOUR = timedelta(hours=1)
+WORK_MEM = "64MB"                      # the lag aggregates sort in memory
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+DATE_TIME = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?",
+    re.ASCII)
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def parse_time(name: str, value: Any) -> datetime:
+    """An RFC 3339 date-time as an aware UTC datetime. A leap second (:60) counts as the last
+    microsecond of its minute; years Python cannot hold clamp to its first or last instant."""
+    match = DATE_TIME.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ToolError(f"{name}: {value!r} is not an ISO 8601 date-time "
+                        "(e.g. 2026-11-21T22:00:00Z)")
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    micro = int((match.group(7) or ".0")[1:7].ljust(6, "0"))
+    if second == 60:
+        second, micro = 59, 999_999
+    try:
+        zone = offset_of(match.group(8))
+        if year == 0:
+            return EARLIEST
+        return datetime(year, month, day, hour, minute, second, micro, zone).astimezone(UTC)
+    except OverflowError:
+        return EARLIEST if year < 5000 else LATEST
+    except ValueError as exc:
+        raise ToolError(f"{name}: {value!r} is not a valid date-time ({exc})") from None
+
+
+def offset_of(zone: str | None) -> timezone:
+    if zone is None or zone in "Zz":
+        return UTC
+    hours, minutes = int(zone[1:3]), int(zone[4:6])
+    if hours > 23 or minutes > 59:
+        raise ValueError(f"offset {zone} out of range")
+    sign = -1 if zone[0] == "-" else 1
+    return timezone(sign * timedelta(hours=hours, minutes=minutes))
+
+
+@dataclass(frozen=True)
+class Window:
+    """[since, until): either end may be open."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def to_json(self) -> dict:
+        return {"since": iso(self.since), "until": iso(self.until)}
+
+
+def window_of(ctx: ToolContext, args: dict, *, whole_job: bool) -> Window:
+    """The window the arguments name. Without ``since`` it starts an hour before ``until`` (or
+    now), unless ``whole_job``: then it stays open and the job's own data bounds it."""
+    since = parse_time("since", args["since"]) if "since" in args else None
+    until = parse_time("until", args["until"]) if "until" in args else None
+    if since is not None and until is not None and since > until:
+        raise ToolError(f"since ({iso(since)}) is after until ({iso(until)})")
+    if since is None and not whole_job:
+        since = (until or datetime.fromtimestamp(ctx.now, UTC)) - HOUR
+    return Window(since, until)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a tool's arguments select: cluster, job, node, rank (each optional), a window."""
+
+    cluster: str | None = None
+    job: str | None = None
+    node: str | None = None
+    rank: int | None = None
+    window: Window = Window()
+    job_clusters: tuple[str, ...] | None = None     # see pinned()
+
+    def where(self, alias: str, *, time: str | None = "t", node: bool = True,
+              rank: bool = True) -> Where:
+        where = Where()
+        where.equal(f"{alias}.cluster", "cluster", self.cluster)
+        if self.cluster is None and self.job_clusters is not None:
+            where.add(f"{alias}.cluster = ANY (CAST(:job_clusters AS text[]))",
+                      job_clusters=list(self.job_clusters))
+        where.equal(f"{alias}.job", "job", self.job)
+        if node:
+            where.equal(f"{alias}.node", "node", self.node)
+        if rank:
+            where.equal(f"{alias}.rank", "rank", self.rank)
+        if time:
+            where.within(f"{alias}.{time}", self.window)
+        return where
+
+
+def select(ctx: ToolContext, args: dict, *, node: bool = False, rank: bool = False) -> Selection:
+    """The selection of the common arguments; the window defaults to the whole job when a job
+    is named, else to the last hour."""
+    return Selection(args.get("cluster"), args.get("job"), args.get("node") if node else None,
+                     args.get("rank") if rank else None,
+                     window_of(ctx, args, whole_job="job" in args))
+
+
+# -- SQL ---------------------------------------------------------------------------------------
+
+def storable(value: str) -> bool:
+    """Whether PostgreSQL text can hold it (no NUL, no lone surrogate)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class Where:
+    """AND-ed conditions: fixed SQL text, the caller's values bound as parameters. A value that
+    PostgreSQL text cannot hold was never stored, so it matches nothing instead of failing."""
+
+    def __init__(self):
+        self.clauses: list[str] = []
+        self.params: dict[str, Any] = {}
+
+    def add(self, clause: str, **params) -> Where:
+        if any(isinstance(v, str) and not storable(v) for v in params.values()):
+            self.clauses.append("FALSE")
+            return self
+        self.clauses.append(clause)
+        self.params.update(params)
+        return self
+
+    def equal(self, column: str, name: str, value: Any) -> Where:
+        return self if value is None else self.add(f"{column} = :{name}", **{name: value})
+
+    def within(self, column: str, window: Window) -> Where:
+        if window.since is not None:
+            self.add(f"{column} >= :since", since=window.since)
+        if window.until is not None:
+            self.add(f"{column} < :until", until=window.until)
+        return self
+
+    def sql(self) -> str:
+        return " AND ".join(self.clauses) or "TRUE"
+
+
+def rows(conn: Connection, sql: str, params: dict) -> list:
+    return conn.execute(text(sql), params).all()
+
+
+@contextlib.contextmanager
+def reading(ctx: ToolContext) -> Iterator[Connection]:
+    """The caller's read-only transaction, set to sort in memory and to skip JIT compilation
+    (which costs these queries more than it saves)."""
+    with ctx.read() as conn:
+        conn.execute(text(f"SET LOCAL work_mem = '{WORK_MEM}'"))
+        conn.execute(text("SET LOCAL jit = off"))
+        yield conn
+
+
+def jnum(key: str, alias: str = "e") -> str:
+    """SQL for a numeric attribute, NULL when the attribute is missing or not a number."""
+    return (f"CASE WHEN jsonb_typeof({alias}.attrs -> '{key}') = 'number' "
+            f"THEN ({alias}.attrs ->> '{key}')::numeric END")
+
+
+# -- JSON values -------------------------------------------------------------------------------
+
+def iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def num(value: Any, digits: int = 6) -> float | None:
+    """A finite float (rounded), or None."""
+    if value is None:
+        return None
+    value = float(value)
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def whole(value: Any) -> int:
+    """An integer from a count or numeric sum (None counts as 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, Decimal) and not value.is_finite():
+        return 0
+    return int(value)
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else num(seconds * 1000.0, 3)
+
+
+def scalar(value: Any) -> Any:
+    """An attribute value as JSON carries it (non-finite floats as null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+JOB_CLUSTERS = """
+SELECT c.cluster FROM (SELECT DISTINCT n.cluster FROM nodes n WHERE {where}) c
+CROSS JOIN LATERAL (
+    SELECT (SELECT 1 FROM events e WHERE e.cluster = c.cluster AND e.job = :job LIMIT 1) AS ran,
+           (SELECT 1 FROM jobs j WHERE j.cluster = c.cluster AND j.id = :job) AS listed) found
+WHERE found.ran IS NOT NULL OR found.listed IS NOT NULL
+ORDER BY 1
+"""
+
+
+def clusters_of_job(conn: Connection, job: str, cluster: str | None = None) -> list[str]:
+    """The visible clusters that ran ``job`` (or list it in the jobs table)."""
+    if not storable(job):
+        return []
+    where = Where().equal("n.cluster", "cluster", cluster)
+    return [c for (c,) in rows(conn, JOB_CLUSTERS.format(where=where.sql()),
+                               {**where.params, "job": job})]
+
+
+def pinned(conn: Connection, sel: Selection) -> Selection:
+    """A selection of a job in no named cluster, pinned to the clusters that ran it, so that
+    the (cluster, job, t) index serves the job's rows."""
+    if sel.job is None or sel.cluster is not None:
+        return sel
+    return replace(sel, job_clusters=tuple(clusters_of_job(conn, sel.job)))
+
+
+def job_cluster(conn: Connection, job: str, cluster: str | None) -> str:
+    """The one visible cluster that ran ``job``: 404 when none does, 400 when several do."""
+    found = clusters_of_job(conn, job, cluster)
+    if not found:
+        raise ToolError(f"no job {job!r} in the clusters you may see", "not_found", 404)
+    if len(found) > 1:
+        raise ToolError(f"job {job!r} ran in several clusters ({', '.join(found)}): name one "
+                        "with 'cluster'", "ambiguous", 400)
+    return found[0]
