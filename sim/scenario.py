@@ -40,6 +40,8 @@ class Job:
     dtype: str = "float32"
     extra_collectives: tuple[str, ...] = ()
     memcpy_every: int = 5
+    loss_every: int = 1              # a self-work sync after the forward pass (loss.item())
+    jitter_ms: float = 0.0           # random host time per step, uniform in [0, jitter_ms]
     job_id: str = "4242"
     rendezvous: str = "shm"
     netns: bool = False              # each node in its own network namespace (needs tcp, root)
@@ -147,7 +149,8 @@ JOB_FIELDS: dict[str, Check] = {
     "nodes": _integer(1, 64), "ranks_per_node": _integer(1, 64), "steps": _integer(1),
     "step_ms": _number(), "kernels": _integer(1), "host_work_ms": _number(),
     "allreduce_bytes": _integer(0), "dtype": _choice(DATATYPES),
-    "extra_collectives": _collectives, "memcpy_every": _integer(0), "job_id": _text,
+    "extra_collectives": _collectives, "memcpy_every": _integer(0),
+    "loss_every": _integer(0), "jitter_ms": _number(), "job_id": _text,
     "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
 }
 

@@ -34,6 +34,7 @@ struct training {
     struct ingero_sim_kernel forward, backward, optimizer;
     int64_t *step_ns, *sync_wait_ns;
     int steps_done;
+    unsigned int seed;          /* for the per-step jitter */
     char error[256];
 };
 
@@ -280,11 +281,30 @@ static int launch(struct training *t, const struct ingero_sim_kernel *kernel, in
     return 0;
 }
 
+/* The loss read after the forward pass, as loss.item() does: a sync that covers only the rank's
+ * own kernels (self-work), so a slow GPU shows in it. */
+static int read_loss(struct training *t, int step)
+{
+    int every = t->cfg->loss_every;
+    if (!every || step % every)
+        return 0;
+    return cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream));
+}
+
+/* Host time that varies from step to step (Python, the data loader): uniform in [0, jitter]. */
+static void jitter(struct training *t)
+{
+    if (t->cfg->jitter_ns > 0)
+        sleep_ns((int64_t)((double)rand_r(&t->seed) / RAND_MAX * (double)t->cfg->jitter_ns));
+}
+
 static int compute_and_communicate(struct training *t, int step)
 {
     int64_t delay = rank_delay_ns(t->cfg, step);
-    if (launch(t, &t->forward, t->cfg->kernels) || launch(t, &t->backward, 2 * t->cfg->kernels))
+    if (launch(t, &t->forward, t->cfg->kernels) || read_loss(t, step)
+        || launch(t, &t->backward, 2 * t->cfg->kernels))
         return 1;
+    jitter(t);
     if (delay > 0)
         sleep_ns(delay);
     return communicate(t, step) || launch(t, &t->optimizer, 1);
@@ -366,7 +386,7 @@ int main(int argc, char **argv)
     int status = rank_config_parse(&cfg, argc, argv);
     if (status)
         return status;
-    struct training t = { .cfg = &cfg };
+    struct training t = { .cfg = &cfg, .seed = (unsigned int)(getpid() ^ (cfg.rank * 7919)) };
     t.record_fd = record_open(cfg.record_path);
     t.step_ns = calloc((size_t)cfg.steps, sizeof *t.step_ns);
     t.sync_wait_ns = calloc((size_t)cfg.steps, sizeof *t.sync_wait_ns);

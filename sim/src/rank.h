@@ -48,6 +48,8 @@ struct rank_config {
     int ndelays;
     int die_at, hang_at;      /* step numbers; -1: never */
     int memcpy_every;         /* a blocking device-to-host copy every N steps; 0: never */
+    int loss_every;           /* a sync on the forward pass (loss.item()) every N steps; 0: never */
+    int64_t jitter_ns;        /* random host time per step, uniform in [0, jitter_ns] */
     const char *record_path;
     const char *unique_id_path;
 };

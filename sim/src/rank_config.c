@@ -25,6 +25,9 @@ static const char usage_text[] =
     "  --die-at N              exit 1 without cleanup at the start of step N\n"
     "  --hang-at N             stop calling anything at the start of step N\n"
     "  --memcpy-every N        blocking device-to-host copy every N steps (default 5; 0 off)\n"
+    "  --loss-every N          read the loss after the forward pass every N steps: a sync on\n"
+    "                          the rank's own kernels, as loss.item() (default 1; 0 off)\n"
+    "  --jitter-ms MS          random host time per step, uniform in [0, MS] (default 0)\n"
     "  --record PATH           ground-truth JSON lines (required)\n"
     "  --unique-id-file PATH   where rank 0 writes, and the others read, the ncclUniqueId\n"
     "example: RANK=0 WORLD_SIZE=1 ingero-sim-rank --steps 5 --record /tmp/r0.jsonl "
@@ -189,6 +192,7 @@ int64_t rank_delay_ns(const struct rank_config *cfg, int step)
 enum option_id {
     OPT_STEPS = 1, OPT_STEP_MS, OPT_KERNELS, OPT_BYTES, OPT_DTYPE, OPT_EXTRA, OPT_HOST_WORK,
     OPT_DELAY, OPT_DIE_AT, OPT_HANG_AT, OPT_MEMCPY_EVERY, OPT_RECORD, OPT_UNIQUE_ID, OPT_HELP,
+    OPT_LOSS_EVERY, OPT_JITTER,
 };
 
 static const struct option options[] = {
@@ -203,6 +207,8 @@ static const struct option options[] = {
     { "die-at", required_argument, NULL, OPT_DIE_AT },
     { "hang-at", required_argument, NULL, OPT_HANG_AT },
     { "memcpy-every", required_argument, NULL, OPT_MEMCPY_EVERY },
+    { "loss-every", required_argument, NULL, OPT_LOSS_EVERY },
+    { "jitter-ms", required_argument, NULL, OPT_JITTER },
     { "record", required_argument, NULL, OPT_RECORD },
     { "unique-id-file", required_argument, NULL, OPT_UNIQUE_ID },
     { "help", no_argument, NULL, OPT_HELP },
@@ -253,6 +259,8 @@ static int apply_option(struct rank_config *cfg, int id, const char *arg)
     case OPT_DIE_AT: return set_int("--die-at", arg, 0, &cfg->die_at);
     case OPT_HANG_AT: return set_int("--hang-at", arg, 0, &cfg->hang_at);
     case OPT_MEMCPY_EVERY: return set_int("--memcpy-every", arg, 0, &cfg->memcpy_every);
+    case OPT_LOSS_EVERY: return set_int("--loss-every", arg, 0, &cfg->loss_every);
+    case OPT_JITTER: return set_ms("--jitter-ms", arg, &cfg->jitter_ns);
     case OPT_STEP_MS: return set_ms("--step-ms", arg, &cfg->step_compute_ns);
     case OPT_HOST_WORK: return set_ms("--host-work-ms", arg, &cfg->host_work_ns);
     case OPT_BYTES: return set_bytes(cfg, arg);
@@ -271,7 +279,7 @@ static void set_defaults(struct rank_config *cfg)
     *cfg = (struct rank_config){
         .steps = 10, .step_compute_ns = 20000000, .kernels = 4, .allreduce_bytes = 4194304,
         .datatype = ncclFloat32, .host_work_ns = 500000, .die_at = -1, .hang_at = -1,
-        .memcpy_every = 5,
+        .memcpy_every = 5, .loss_every = 1,
     };
 }
 
