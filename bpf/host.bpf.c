@@ -4,7 +4,10 @@
  * a target thread switching out, or a thread we saw switch out switching back in, goes on.
  * A target thread switched out while still runnable (prev_state without any TASK_REPORT bit,
  * i.e. preempted or yielding) was pushed off its CPU: the time until it runs again is charged
- * as preempted time, and to the task that took the CPU.
+ * as preempted time, and to the task that took the CPU. A thread that slept and was woken but
+ * then waited at least RUNQ_CHARGE_NS for its CPU was kept off it just the same (a rank that
+ * mostly sleeps in syncs is rarely preempted, but it waits behind whoever holds the CPU): that
+ * wait is charged too, to the task it finally took the CPU from.
  */
 #ifndef INGERO_COMMON
 #include "common.bpf.c"
@@ -17,12 +20,19 @@
 #define MAX_PREEMPTORS 16384    /* (target, preempting task) pairs between two reads */
 #endif
 
+#ifndef RUNQ_CHARGE_NS
+#define RUNQ_CHARGE_NS 1000000  /* a woken thread's wait for its CPU worth charging */
+#endif
+
 #define TASK_REPORT_BITS 0x7f  /* interruptible, uninterruptible, stopped, traced, dead... */
 
 struct offcpu_start {
     u64 ts;
+    u64 woken;         /* when a sleeping thread was woken; 0 until then */
     u32 tgid;
     u32 preempted;
+    u32 by;            /* the task that preempted it */
+    u32 pad;
 };
 
 struct offcpu_total {
@@ -39,6 +49,7 @@ struct preemptor_key {
 
 struct preemptor_value {
     u64 count;
+    u64 ns;            /* how long the target was kept off its CPU by it */
     char comm[16];
 };
 
@@ -51,10 +62,43 @@ struct blockio_total {
 BPF_HASH(offcpu_since, u32, struct offcpu_start, MAX_THREADS);
 /* tgid → off-CPU totals since user space last read them. */
 BPF_HASH(offcpu, u32, struct offcpu_total, MAX_TARGETS);
-/* (target tgid, preempting pid) → how often, and the preempting task's name. */
+/* (target tgid, preempting pid) → how often, for how long, and the preempting task's name. */
 BPF_HASH(preemptors, struct preemptor_key, struct preemptor_value, MAX_PREEMPTORS);
 /* tgid → block I/O requests issued by the target. */
 BPF_HASH(blockio, u32, struct blockio_total, MAX_TARGETS);
+
+/* Charge one preemption of a target process to the task that held (or took) its CPU. */
+static __always_inline void charge_preemptor(u32 tgid, u32 pid, const char *comm, u64 ns)
+{
+    struct preemptor_key key = {.tgid = tgid, .pid = pid};
+    struct preemptor_value fresh = {}, *value;
+    value = preemptors.lookup_or_try_init(&key, &fresh);
+    if (value) {
+        value->count++;
+        value->ns += ns;
+        bpf_probe_read_kernel_str(value->comm, sizeof(value->comm), comm);
+    }
+}
+
+/* Add the time a preemption lasted to the task that caused it (counted when it happened; if
+ * user space read the pair in between, this time is not charged to anyone). */
+static __always_inline void charge_time(u32 tgid, u32 pid, u64 ns)
+{
+    struct preemptor_key key = {.tgid = tgid, .pid = pid};
+    struct preemptor_value *value = preemptors.lookup(&key);
+    if (value)
+        value->ns += ns;
+}
+
+/* A target thread off its CPU is woken: from now on it waits for a CPU, not for its event. */
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    u32 tid = args->pid;
+    struct offcpu_start *since = offcpu_since.lookup(&tid);
+    if (since && !since->preempted && !since->woken)
+        since->woken = bpf_ktime_get_ns();
+    return 0;
+}
 
 TRACEPOINT_PROBE(sched, sched_switch)
 {
@@ -67,6 +111,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
         struct offcpu_total zero = {}, *total;
         u64 delta = now - since->ts;
         u32 tgid = since->tgid;
+        u64 waited = since->woken ? now - since->woken : 0;
         total = offcpu.lookup_or_try_init(&tgid, &zero);
         if (total) {
             total->offcpu_ns += delta;
@@ -74,8 +119,15 @@ TRACEPOINT_PROBE(sched, sched_switch)
             if (since->preempted) {
                 total->preempted_ns += delta;
                 total->preemptions++;
+            } else if (waited >= RUNQ_CHARGE_NS) {
+                total->preempted_ns += waited;
+                total->preemptions++;
             }
         }
+        if (since->preempted && since->by != 0)
+            charge_time(tgid, since->by, delta);
+        if (waited >= RUNQ_CHARGE_NS && args->prev_pid != 0)
+            charge_preemptor(tgid, args->prev_pid, args->prev_comm, waited);
         offcpu_since.delete(&next_tid);
     }
 
@@ -83,16 +135,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
         u32 tid = args->prev_pid;
         struct offcpu_start start = {.ts = now, .tgid = prev_tgid};
         start.preempted = (args->prev_state & TASK_REPORT_BITS) == 0;
-        offcpu_since.update(&tid, &start);
         if (start.preempted && next_tid != 0) {
-            struct preemptor_key key = {.tgid = prev_tgid, .pid = next_tid};
-            struct preemptor_value fresh = {}, *value;
-            value = preemptors.lookup_or_try_init(&key, &fresh);
-            if (value) {
-                value->count++;
-                bpf_probe_read_kernel_str(value->comm, sizeof(value->comm), args->next_comm);
-            }
+            start.by = next_tid;
+            charge_preemptor(prev_tgid, next_tid, args->next_comm, 0);
         }
+        offcpu_since.update(&tid, &start);
     }
     return 0;
 }

@@ -123,7 +123,8 @@ class IngestServer:
             return True
         try:
             result = self.write({"events": batch.events, "scores": batch.scores,
-                                 "thresholds": batch.thresholds})
+                                 "thresholds": batch.thresholds, "verdicts": batch.verdicts,
+                                 "peer_lag": batch.peer_lag})
         except DatabaseUnavailable as exc:
             self.metrics.db_errors.inc()
             self.backoff = min(BACKOFF_MAX, max(BACKOFF_START, self.backoff * 2))

@@ -120,7 +120,7 @@ class StragglerVerdict(Base):
     """fleetd's finding that a rank is the straggler, why, with evidence and what it cost."""
 
     __tablename__ = "straggler_verdicts"
-    __table_args__ = (Index(None, "cluster", "job"),)
+    __table_args__ = (Index(None, "cluster", "job"), UniqueConstraint("cluster", "vid"))
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     t: Mapped[datetime]
@@ -134,6 +134,21 @@ class StragglerVerdict(Base):
     cause: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
     cost_gpu_seconds: Mapped[float | None] = mapped_column(Float)
+    vid: Mapped[str | None] = mapped_column(Text)
+    revision: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str | None] = mapped_column(Text)
+    confidence: Mapped[str | None] = mapped_column(Text)
+    severity: Mapped[str | None] = mapped_column(Text)
+    fix: Mapped[str | None] = mapped_column(Text)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    onset: Mapped[datetime | None]
+    last_seen: Mapped[datetime | None]
+    cleared: Mapped[datetime | None]
+    lag_p99_ns: Mapped[int | None] = mapped_column(BigInteger)
+    last_share: Mapped[float | None] = mapped_column(Float)
+    period: Mapped[int | None] = mapped_column(Integer)
+    occurrences: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class Job(Base):

@@ -20,6 +20,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, func, text
 from sqlalchemy.dialects.postgresql import insert
 
+from ingero.vocabulary import INT32, LIFTED, SIGNALS, UINT63
+
 from .db import RETENTION_LOCK, ensure_partitions
 from .models import Node
 
@@ -28,9 +30,6 @@ FUTURE_SLACK_S = 86_400
 MAX_TEXT = 256
 MAX_ATTRS_JSON = 16 * 1024
 MAX_STRAGGLERS = 4096
-INT32 = (-2**31, 2**31 - 1)
-UINT63 = (0, 2**63 - 1)
-SIGNALS = ("throughput", "compute", "memory", "cpu")
 MOVE_WORK_MEM = "64MB"          # to sort a staged batch in memory
 NODES_PER_STATEMENT = 5000      # 5 parameters each, under PostgreSQL's 65535
 
@@ -169,8 +168,6 @@ def _attrs_storable(attrs: dict) -> bool:
 
 # -- row checks: each returns the staging row ------------------------------------------------
 
-LIFTED = (("rank", INT32), ("op", None), ("comm_hash", None), ("seq", UINT63),
-          ("bytes", UINT63), ("duration_ns", UINT63))
 
 
 def check_event(row: dict, now: float) -> tuple:
@@ -230,6 +227,78 @@ def check_stragglers(value: Any) -> list[str]:
     return [check_string(f"stragglers[{i}]", node) for i, node in enumerate(value)]
 
 
+VERDICT_TEXT = ("vid", "cluster", "node", "kind", "cause", "confidence", "severity")
+MAX_FINDINGS = 32
+
+
+def check_verdict(row: dict, now: float) -> tuple:
+    """A revision of a rank verdict (see the Sink below for the columns)."""
+    vid, cluster, node, kind, cause, confidence, severity = (
+        check_text(row, name) for name in VERDICT_TEXT)
+    times = [None if row.get(name) is None else check_time({"t": row[name]}, now)
+             for name in ("first_seen", "onset", "last_seen", "cleared")]
+    if times[0] is None:
+        _fail("first_seen", "missing: when the verdict was raised")
+    evidence = check_evidence(row.get("evidence"), row.get("findings"))
+    return (vid, check_integer("revision", row.get("revision"), (0, INT32[1])), times[0],
+            cluster, check_text(row, "job", optional=True), node,
+            check_integer("rank", row.get("rank"), INT32), kind, cause, confidence, severity,
+            check_long_text("fix", row.get("fix")), check_text(row, "op", optional=True),
+            check_text(row, "comm_hash", optional=True),
+            check_integer("step", row.get("step"), UINT63, optional=True), *times[1:],
+            seconds_ns("lag_p50_s", row), seconds_ns("lag_p99_s", row),
+            check_number("last_share", row.get("last_share"), optional=True),
+            check_integer("period", row.get("period"), INT32, optional=True),
+            check_integer("occurrences", row.get("occurrences"), INT32),
+            check_number("cost_gpu_s", row.get("cost_gpu_s"), optional=True),
+            check_number("cost_usd", row.get("cost_usd"), optional=True), evidence)
+
+
+def check_long_text(name: str, value: Any) -> str | None:
+    """A sentence for people (a fix): up to 4 KiB of text."""
+    if value is None:
+        return None
+    if type(value) is not str or len(value) > 4096 or not _encodable(value) or "\x00" in value:
+        _fail(name, "expected text of at most 4096 characters")
+    return value
+
+
+def seconds_ns(name: str, row: dict) -> int | None:
+    value = check_number(name, row.get(name), optional=True)
+    return None if value is None else int(round(value * 1e9))
+
+
+def check_evidence(evidence: Any, findings: Any) -> str:
+    """The verdict's evidence map with its findings (sentences), as JSON for the jsonb column."""
+    if evidence is None:
+        evidence = {}
+    if type(evidence) is not dict:
+        _fail("evidence", f"expected a map, got {type(evidence).__name__}")
+    if findings is not None and (type(findings) is not list or len(findings) > MAX_FINDINGS
+                                 or any(type(f) is not str for f in findings)):
+        _fail("findings", f"expected a list of at most {MAX_FINDINGS} sentences")
+    try:
+        encoded = encode_json({**evidence, "findings": findings or []})
+    except (TypeError, ValueError):
+        _fail("evidence", "not JSON with finite numbers")
+    if len(encoded) > MAX_ATTRS_JSON or "\\u0000" in encoded:
+        _fail("evidence", f"more than {MAX_ATTRS_JSON} characters of JSON, or a NUL")
+    return encoded
+
+
+def check_peer_lag(row: dict, now: float) -> tuple:
+    """(t, cluster, job, comm_hash, seq_first, seq_last, rank, node, samples, lag median, p95,
+    max in ns)"""
+    return (check_time(row, now), check_text(row, "cluster"),
+            check_text(row, "job", optional=True), check_text(row, "comm_hash"),
+            check_integer("seq_first", row.get("seq_first"), UINT63),
+            check_integer("seq_last", row.get("seq_last"), UINT63),
+            check_integer("rank", row.get("rank"), INT32), check_text(row, "node", optional=True),
+            check_integer("samples", row.get("samples"), (1, INT32[1])),
+            *(check_integer(k, row.get(k), (-2**63, 2**63 - 1), optional=True)
+              for k in ("lag_median_ns", "lag_p95_ns", "lag_max_ns")))
+
+
 # -- where each section goes -------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -244,6 +313,7 @@ class Sink:
     columns: tuple[tuple[str, str], ...]
     check: Any
     casts: dict[str, str] = field(default_factory=dict)
+    on_conflict: str = "DO NOTHING"
 
     def create_staging(self) -> str:
         columns = ", ".join(f'"{name}" {kind}' for name, kind in self.columns)
@@ -253,7 +323,7 @@ class Sink:
         names = ", ".join(f'"{name}"' for name, _ in self.columns)
         values = ", ".join(self.casts.get(name, f'"{name}"') for name, _ in self.columns)
         return (f"INSERT INTO {self.table} ({names}) SELECT {values} FROM stage_{self.table} "
-                f"ORDER BY {self.key} ON CONFLICT DO NOTHING")
+                f"ORDER BY {self.key} ON CONFLICT {self.on_conflict}")
 
 
 SINKS = (
@@ -270,6 +340,25 @@ SINKS = (
         ("cluster", "text"), ("cohort", "text"), ("t", "timestamptz"), ("threshold", "float8"),
         ("median", "float8"), ("mad", "float8"), ("active", "int4"), ("quorum_met", "bool"),
         ("panic", "bool"), ("stragglers", "text[]")), check_threshold),
+    Sink("peer_lag", "peer_lag", "cluster, job, comm_hash, rank, seq_first", (
+        ("t", "timestamptz"), ("cluster", "text"), ("job", "text"), ("comm_hash", "text"),
+        ("seq_first", "int8"), ("seq_last", "int8"), ("rank", "int4"), ("node", "text"),
+        ("samples", "int4"), ("lag_median_ns", "int8"), ("lag_p95_ns", "int8"),
+        ("lag_max_ns", "int8")), check_peer_lag),
+    # A verdict is revised while it lasts: the newest revision wins, a replay changes nothing.
+    Sink("verdicts", "straggler_verdicts", "cluster, vid", VERDICT_COLUMNS := (
+        ("vid", "text"), ("revision", "int4"), ("t", "timestamptz"), ("cluster", "text"),
+        ("job", "text"), ("node", "text"), ("rank", "int4"), ("kind", "text"), ("cause", "text"),
+        ("confidence", "text"), ("severity", "text"), ("fix", "text"), ("op", "text"),
+        ("comm_hash", "text"), ("step", "int8"), ("onset", "timestamptz"),
+        ("last_seen", "timestamptz"), ("cleared", "timestamptz"), ("lag_ns", "int8"),
+        ("lag_p99_ns", "int8"), ("last_share", "float8"), ("period", "int4"),
+        ("occurrences", "int4"), ("cost_gpu_seconds", "float8"), ("cost_usd", "float8"),
+        ("evidence", "text")), check_verdict, {"evidence": "evidence::jsonb"},
+        "(cluster, vid) DO UPDATE SET " + ", ".join(
+            f'"{name}" = excluded."{name}"' for name, _ in VERDICT_COLUMNS
+            if name not in ("cluster", "vid", "t"))
+        + " WHERE straggler_verdicts.revision < excluded.revision"),
 )
 SECTIONS = {sink.section: sink for sink in SINKS}
 
@@ -285,6 +374,7 @@ class CheckedBatch:
     rejected: list[tuple[str, int, str]] = field(default_factory=list)
     nodes: dict[tuple[str, str], list] = field(default_factory=dict)
     days: set[date] = field(default_factory=set)
+    superseded: int = 0     # verdict revisions a newer one in the same batch replaces
 
     def accepted(self) -> int:
         return sum(len(rows) for rows in self.rows.values())
@@ -312,7 +402,22 @@ def check_batch(batch: Any, now: float) -> CheckedBatch:
             checked.rejected.append((section, -1, "expected a list of rows"))
         else:
             checked.rows[section] = check_section(checked, SECTIONS[section], rows, now)
+            if section == "verdicts":
+                newest = newest_revisions(checked.rows[section])
+                checked.superseded = len(checked.rows[section]) - len(newest)
+                checked.rows[section] = newest
     return checked
+
+
+def newest_revisions(rows: list[tuple]) -> list[tuple]:
+    """One staged verdict row per (cluster, vid), its newest revision: an upsert may not touch
+    a row twice in one statement, and a batch may carry several revisions of a verdict."""
+    newest: dict[tuple, tuple] = {}
+    for row in rows:
+        key = (row[3], row[0])
+        if key not in newest or row[1] > newest[key][1]:
+            newest[key] = row
+    return list(newest.values())
 
 
 def check_section(checked: CheckedBatch, sink: Sink, rows: list, now: float) -> list[tuple]:
@@ -354,7 +459,8 @@ def write_batch(engine: Engine, batch: dict, now: float | None = None) -> Ingest
         stored = sum(copy_and_move(connection, SECTIONS[section], rows)
                      for section, rows in checked.rows.items() if rows)
         upsert_nodes(connection, checked.nodes)
-    return IngestResult(stored, checked.accepted() - stored, checked.rejected)
+    return IngestResult(stored, checked.accepted() - stored + checked.superseded,
+                        checked.rejected)
 
 
 def copy_and_move(connection: Connection, sink: Sink, rows: list[tuple]) -> int:

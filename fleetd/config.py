@@ -2,7 +2,7 @@
 
 from ingero import wire
 from ingero.settings import (Setting, boolean, integer, listen_address, log_level, node_counts,
-                             number, optional, path, zmq_endpoint)
+                             number, optional, path, text, zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/fleetd.yaml"
 
@@ -60,5 +60,28 @@ SETTINGS = [
             "SECONDS"),
     Setting("forward_max_batches", 10_000, integer(1, 10_000_000),
             "Batches kept for echod; beyond it the oldest is dropped and counted.", "N"),
+    Setting("hang_timeout", 30.0, number(0.5, 3600.0),
+            "Seconds a collective may wait for a rank its peers entered before that rank is "
+            "named hung (or dead, when its process exited).", "SECONDS"),
+    Setting("lag_k", 3.0, number(0.5, 20.0),
+            "Rank lag bar in robust standard deviations: median + k*1.4826*MAD of the ranks' "
+            "median lags.", "K"),
+    Setting("min_lag", 0.002, number(0.0, 60.0),
+            "Seconds of lag below which no rank is named, however far it stands out "
+            "(also at least 5% of a step).", "SECONDS"),
+    Setting("clear_ticks", 3, integer(1, 1000),
+            "Recomputes in a row without the finding before a rank verdict clears.", "N"),
+    Setting("job_ttl", 300.0, number(1.0, 86_400.0),
+            "Seconds without an event of a job before its analysis state is dropped.", "SECONDS"),
+    Setting("gpu_model", None, optional(text),
+            "GPU model of the cluster, to price idle GPU time from the rate table "
+            "(e.g. H100-80GB).", "MODEL"),
+    Setting("gpu_provider", None, optional(text),
+            "Provider whose rate applies (e.g. ec2, gcp, lambda, coreweave).", "PROVIDER"),
+    Setting("usd_per_gpu_hour", None, optional(number(0.0001, 10_000.0)),
+            "Price of one GPU-hour in USD; overrides gpu-model and gpu-provider.", "USD"),
+    Setting("rates_file", None, optional(path),
+            "YAML table GPU model -> provider -> USD per GPU-hour, replacing the shipped one.",
+            "FILE"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
 ]

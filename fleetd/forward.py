@@ -40,10 +40,13 @@ class Gathering:
     events: list[dict] = field(default_factory=list)
     scores: list[dict] = field(default_factory=list)
     thresholds: list[dict] = field(default_factory=list)
+    verdicts: list[dict] = field(default_factory=list)
+    peer_lag: list[dict] = field(default_factory=list)
     since: float | None = None
 
     def rows(self) -> int:
-        return len(self.events) + len(self.scores) + len(self.thresholds)
+        return (len(self.events) + len(self.scores) + len(self.thresholds) + len(self.verdicts)
+                + len(self.peer_lag))
 
 
 class Forwarder:
@@ -67,9 +70,12 @@ class Forwarder:
     # -- gathering -----------------------------------------------------------------------------
 
     def add_push(self, push: wire.Push, recv_at: float) -> None:
-        identity = {"node": push.node, "cluster": push.cluster, "boot_id": push.boot_id,
-                    "job": push.job}
-        self.gathering.events += [{**event, **identity} for event in push.events]
+        identity = {"node": push.node, "cluster": push.cluster, "boot_id": push.boot_id}
+        # A node-wide agent traces several jobs: an event's job is its process's, else the
+        # agent's --job.
+        self.gathering.events += [{**event, **identity,
+                                   "job": event["attrs"].get("job") or push.job}
+                                  for event in push.events]
         self.gathering.scores.append({
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,
             "score": push.score, "state": push.state, "signals": push.signals})
@@ -81,6 +87,13 @@ class Forwarder:
         self.gathering.thresholds.append(row)
         self._started()
 
+    def add_analysis(self, verdicts: list[dict], peer_lag: list[dict]) -> None:
+        """Rank verdicts (each revision) and per-rank lag summaries, from the rank analysis."""
+        if verdicts or peer_lag:
+            self.gathering.verdicts += verdicts
+            self.gathering.peer_lag += peer_lag
+            self._started()
+
     def _started(self) -> None:
         if self.gathering.since is None:
             self.gathering.since = self.clock()
@@ -88,7 +101,8 @@ class Forwarder:
     def seal(self) -> None:
         """Number the gathered rows as one batch and queue it."""
         g = self.gathering
-        message = wire.Forward(self.next_seq, self.source, g.events, g.scores, g.thresholds)
+        message = wire.Forward(self.next_seq, self.source, g.events, g.scores, g.thresholds,
+                               g.verdicts, g.peer_lag)
         self.batches[self.next_seq] = PendingBatch(wire.encode(message), g.rows())
         self.next_seq += 1
         self.gathering = Gathering()

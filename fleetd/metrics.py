@@ -53,6 +53,20 @@ class FleetMetrics:
                                        "echod fell too far behind", registry=r)
         self.forward_rejected = Counter("ingero_fleet_forward_rejected", "Rows echod refused "
                                         "as malformed", registry=r)
+        self.clock_offset = Gauge("ingero_fleet_clock_offset_seconds", "A node's clock minus "
+                                  "fleetd's, as estimated from push/reply times", ["node"],
+                                  registry=r)
+        self.clock_uncertainty = Gauge("ingero_fleet_clock_uncertainty_seconds", "Half the "
+                                       "best round trip behind a node's clock offset", ["node"],
+                                       registry=r)
+        self.rank_verdicts = Gauge("ingero_fleet_rank_verdicts", "Ranks under a live straggler "
+                                   "verdict", registry=r)
+        self.rank_verdicts_raised = Counter("ingero_fleet_rank_verdicts_raised", "Rank straggler "
+                                            "verdicts raised, by kind and cause",
+                                            ["kind", "cause"], registry=r)
+        self.unaligned = Gauge("ingero_fleet_unaligned_collectives", "Collectives on "
+                               "communicators their agent did not see created (kept out of "
+                               "alignment)", registry=r)
         self._cohorts: set[str] = set()
 
     def publish(self, cohorts: dict[str, CohortState], coverage_alert: float) -> None:
@@ -76,3 +90,14 @@ class FleetMetrics:
             self.panic.labels(name).set(c.panic)
             self.stragglers.labels(name).set(len(c.stragglers))
         self._cohorts = set(cohorts)
+
+    def publish_ranks(self, ranks, clocks, changed) -> None:
+        """The rank analysis: live verdicts, those just raised, clock offsets."""
+        self.rank_verdicts.set(len(ranks.active()))
+        self.unaligned.set(ranks.unaligned)
+        for verdict in changed:
+            if verdict.revision == 0:
+                self.rank_verdicts_raised.labels(verdict.kind, verdict.cause).inc()
+        for node, offset in clocks.offsets.items():
+            self.clock_offset.labels(node).set(offset.offset)
+            self.clock_uncertainty.labels(node).set(offset.uncertainty)

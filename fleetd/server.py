@@ -19,9 +19,13 @@ from ingero.router import SecureRouter
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
+from ingero.rates import rate
+
+from .clocks import ClockBook
 from .cohorts import Fleet, ThresholdPolicy
 from .forward import Forwarder
 from .metrics import FleetMetrics
+from .ranks import RankAnalysis
 
 log = logging.getLogger("fleetd")
 
@@ -43,6 +47,8 @@ class FleetServer:
             ThresholdPolicy(cfg.k, cfg.ema_alpha, cfg.mad_floor, cfg.quorum, cfg.ttl_multiplier,
                             cfg.panic_fraction, cfg.coverage_alert),
             cfg.expected_nodes, cfg.max_nodes)
+        self.clocks = ClockBook()
+        self.ranks = RankAnalysis(cfg, clocks=self.clocks)
         self.bad_frames = RateLimitedLog(log, 10.0)
         self.context = zmq.Context()
         self.router = SecureRouter(self.context, cfg, "agent", self._refused, log)
@@ -56,6 +62,8 @@ class FleetServer:
 
     def open(self) -> None:
         """Bind the socket (and the metrics listener); errors here stop the daemon at start."""
+        self.ranks.rate = rate(self.cfg.gpu_model, self.cfg.gpu_provider,
+                               self.cfg.usd_per_gpu_hour, self.cfg.rates_file)
         self.endpoint = self.router.open(self.cfg.bind)
         self.socket = self.router.socket
         self.poller.register(self.socket, zmq.POLLIN)
@@ -168,18 +176,22 @@ class FleetServer:
         if fresh:
             self.metrics.batches.inc()
             self.metrics.events.inc(len(push.events))
+            self.clocks.observe(push.node, push.clock)
+            self.ranks.observe(push, self.clocks.offset(push.node), time.time())
             if self.forwarder is not None:
                 self.forwarder.add_push(push, recv_at)
             log.debug("accepted push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         else:
             self.metrics.resent.inc()
             log.debug("resend push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
+        ranks = self.ranks.straggler_ranks(push.node)
         return wire.Reply(
             ack=push.seq, cohort=cohort.name,
             threshold=cohort.threshold if cohort.computed else None,
             quorum_met=cohort.quorum_met, panic=cohort.panic,
-            straggler=push.node in cohort.stragglers, recv_at=recv_at, sent_at=time.time(),
-            agent_sent_at=push.sent_at, duplicate=not fresh)
+            straggler=push.node in cohort.stragglers or bool(ranks), recv_at=recv_at,
+            sent_at=time.time(), agent_sent_at=push.sent_at, duplicate=not fresh,
+            straggler_ranks=ranks)
 
     def on_query(self, query: wire.Query, recv_at: float) -> wire.Status:
         c = self.fleet.cohorts.get(query.cohort)
@@ -214,6 +226,7 @@ class FleetServer:
             else:
                 log.info("straggler cleared: node %s in %s", edge.node, edge.cohort)
         self.metrics.publish(self.fleet.cohorts, self.cfg.coverage_alert)
+        self.judge_ranks()
         if self.forwarder is not None:
             t = time.time()
             for c in self.fleet.cohorts.values():
@@ -223,6 +236,14 @@ class FleetServer:
                         "median": c.median, "mad": c.mad, "active": c.active,
                         "quorum_met": c.quorum_met, "panic": c.panic,
                         "stragglers": sorted(c.stragglers)})
+
+    def judge_ranks(self) -> None:
+        """The rank analysis's tick: verdicts raised, updated or cleared go to echod."""
+        changed = self.ranks.tick(time.time())
+        self.metrics.publish_ranks(self.ranks, self.clocks, changed)
+        verdicts, peer_lag = self.ranks.take_rows()
+        if self.forwarder is not None:
+            self.forwarder.add_analysis(verdicts, peer_lag)
 
     def _refused(self, why: str) -> None:
         self.metrics.auth_refused.inc()

@@ -22,10 +22,11 @@ from typing import Any, ClassVar
 import msgpack
 
 from .errors import BadSchema, BadVersion, FrameError, FrameTooLarge
+from .vocabulary import SIGNALS
 
 MAGIC = b"INGR"
 MAJOR = 1
-MINOR = 0
+MINOR = 1
 _HEADER = struct.Struct("!4sBBBB")
 HEADER_SIZE = _HEADER.size
 
@@ -35,7 +36,6 @@ MAX_ATTRS = 32
 MAX_TEXT = 256
 MAX_LIST = 64
 STATES = ("calibrating", "active", "idle")
-SIGNALS = ("throughput", "compute", "memory", "cpu")
 
 
 # -- field checks ------------------------------------------------------------------------------
@@ -158,6 +158,19 @@ def _count(name: str, value: Any) -> int:
     return check_int(name, value, 0, 10_000_000)
 
 
+def _clock_sample(name: str, value: Any) -> list[float]:
+    """One exchange's four times: push sent (agent's clock), received and answered (fleetd's),
+    reply received (agent's)."""
+    times = check_list(name, value, _seconds, 4)
+    if len(times) != 4:
+        _fail(name, "expected 4 times")
+    return times
+
+
+def _ranks(name: str, value: Any) -> list[int]:
+    return check_list(name, value, lambda n, v: check_int(n, v, 0, 2**31 - 1), MAX_EVENTS)
+
+
 # -- messages ----------------------------------------------------------------------------------
 
 @dataclass
@@ -216,11 +229,13 @@ class Push(Message):
     job: str | None = None
     job_nodes: int | None = None
     events: list[dict] = field(default_factory=list)
+    clock: list[float] | None = None
     CHECKS: ClassVar[dict[str, Any]] = {
         "seq": lambda n, v: check_int(n, v), "node": check_text, "cluster": check_text,
         "boot_id": check_text, "score": _unit, "signals": check_signals, "state": _state,
         "sent_at": _seconds, "interval": _interval, "job": _optional(check_text),
         "job_nodes": _optional(_count), "events": _event_list,
+        "clock": _optional(_clock_sample),
     }
 
 
@@ -239,11 +254,12 @@ class Reply(Message):
     sent_at: float
     agent_sent_at: float
     duplicate: bool = False
+    straggler_ranks: list[int] = field(default_factory=list)
     CHECKS: ClassVar[dict[str, Any]] = {
         "ack": lambda n, v: check_int(n, v), "cohort": check_text,
         "threshold": _optional(check_float), "quorum_met": check_bool, "panic": check_bool,
         "straggler": check_bool, "recv_at": _seconds, "sent_at": _seconds,
-        "agent_sent_at": _seconds, "duplicate": check_bool,
+        "agent_sent_at": _seconds, "duplicate": check_bool, "straggler_ranks": _ranks,
     }
 
 
@@ -317,9 +333,11 @@ class Forward(Message):
     events: list[dict] = field(default_factory=list)
     scores: list[dict] = field(default_factory=list)
     thresholds: list[dict] = field(default_factory=list)
+    verdicts: list[dict] = field(default_factory=list)
+    peer_lag: list[dict] = field(default_factory=list)
     CHECKS: ClassVar[dict[str, Any]] = {
         "seq": lambda n, v: check_int(n, v), "source": check_text, "events": _rows,
-        "scores": _rows, "thresholds": _rows,
+        "scores": _rows, "thresholds": _rows, "verdicts": _rows, "peer_lag": _rows,
     }
 
 

@@ -51,6 +51,8 @@ class Agent:
         self.pending_events: deque[dict] = deque()
         self.mode = "none"
         self.state = "calibrating"
+        self.exchange: list[float] | None = None   # the last push/reply times, for fleetd
+        self.straggler_ranks: list[int] = []
         self.http = None
 
     def run(self) -> int:
@@ -111,7 +113,8 @@ class Agent:
                  for _ in range(min(len(self.pending_events), wire.MAX_EVENTS))]
         push = wire.Push(self.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
-                         self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch)
+                         self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
+                         self.exchange)
         self.seq += 1
         return push
 
@@ -127,10 +130,27 @@ class Agent:
 
     def on_message(self, message: wire.Message) -> None:
         if isinstance(message, wire.Reply):
+            self.exchange = [message.agent_sent_at, message.recv_at, message.sent_at,
+                             time.time()]
             self.detector.heard(message.threshold, message.quorum_met, message.cohort,
                                 self.clock())
+            self.heard_ranks(message.straggler_ranks)
         elif isinstance(message, wire.Welcome):
             log.info("fleetd %s answered", message.server_version)
+
+    def heard_ranks(self, ranks: list[int]) -> None:
+        """fleetd's rank verdicts for this node: the agent's events and metrics say the same."""
+        if ranks == self.straggler_ranks:
+            return
+        raised = sorted(set(ranks) - set(self.straggler_ranks))
+        cleared = sorted(set(self.straggler_ranks) - set(ranks))
+        self.straggler_ranks = list(ranks)
+        self.metrics.straggler_ranks.set(len(ranks))
+        for kind, which in (("rank_straggler", raised), ("rank_resolved", cleared)):
+            if which:
+                log.warning("fleetd: %s %s", kind.replace("_", " "), which)
+                self.add_events([{"kind": kind, "t": time.time(), "attrs": {
+                    "ranks": ",".join(map(str, which))}}])
 
     def _mode_change(self, mode: str) -> None:
         """Noticed on every pass of the loop, not only at push time."""

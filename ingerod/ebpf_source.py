@@ -30,6 +30,18 @@ def int_of(value) -> int:
     return value if isinstance(value, int) else value.value
 
 
+def thread_group(proc: Path, tid: int) -> int | None:
+    """The process a thread belongs to (None once it is gone): who really took a CPU."""
+    try:
+        with open(proc / str(tid) / "status") as status:
+            for line in status:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def wall_offset_ns() -> int:
     """bpf_ktime_get_ns() counts CLOCK_MONOTONIC; this turns it into wall time."""
     return time.time_ns() - time.monotonic_ns()
@@ -53,6 +65,8 @@ class EbpfSource:
         self.last_sample = now
         self.next_rescan = now
         self.counting_launches = True
+        self.exits: list[dict] = []           # traced processes seen gone since the last sample
+        self.thread_groups: dict[int, int] = {}  # tid → tgid of the tasks that preempted targets
         self.preload()
         self.rescan(now)
 
@@ -81,6 +95,7 @@ class EbpfSource:
         for pid in self.processes.keys() - found.keys():
             if self.wanted(self.processes[pid]):
                 log.info("pid %d is gone", pid)
+                self.exits.append(self._host_event("process_exit", pid, time.time(), {}))
             self.outstanding_bytes.pop(pid, None)
             self.departed[pid] = (self.processes[pid], now)
         for pid, (_p, since) in list(self.departed.items()):
@@ -134,8 +149,6 @@ class EbpfSource:
 
     def _to_wire(self, event: dict, process: TracedProcess, offset: int) -> dict:
         attrs = {k: v for k, v in event.items() if k not in ("kind", "ts_ns")}
-        if "rank" in attrs:
-            attrs["comm_rank"] = attrs.pop("rank")
         attrs.update({k: v for k, v in process.tags().items() if v is not None})
         return {"kind": event["kind"], "t": (event["ts_ns"] + offset) / 1e9, "attrs": attrs}
 
@@ -158,7 +171,8 @@ class EbpfSource:
         offset = wall_offset_ns()
         events = self.take_events(offset)
         self._account(events)
-        events += self.host_evidence(offset)
+        events += self.host_evidence(offset) + self.exits
+        self.exits = []
         signals = self._signals(elapsed)
         busy = any(self.wanted(p) for p in self.processes.values())
         return Sample(signals, busy=busy, events=events)
@@ -176,7 +190,10 @@ class EbpfSource:
                                                   - attrs["bytes"])
 
     def _signals(self, elapsed: float) -> dict[str, float]:
-        launches = sum(v for _k, v in self.tracer.take("launches"))
+        # The kernel counts every caller not yet excluded; a process of another job counts
+        # only until the next rescan excludes it, so filter here too.
+        launches = sum(v for k, v in self.tracer.take("launches")
+                       if self.wanted(self.process(int_of(k))))
         preempted = max((v.preempted_ns for _k, v in self.tracer.take("offcpu")), default=0)
         outstanding = max(self.outstanding_bytes.values(), default=0)
         signals = {
@@ -194,13 +211,27 @@ class EbpfSource:
         t = (time.monotonic_ns() + offset) / 1e9
         events = []
         for key, value in self.tracer.take("preemptors"):
-            attrs = {"preemptor_pid": key.pid, "count": value.count,
-                     "preemptor_comm": value.comm.decode(errors="replace")}
+            tgid = self.thread_group(key.pid)
+            attrs = {"preemptor_pid": key.pid, "preemptor_tgid": tgid, "count": value.count,
+                     "preempted_ns": value.ns,
+                     "preemptor_comm": value.comm.decode(errors="replace"),
+                     "preemptor_own": tgid == key.tgid}
             events.append(self._host_event("preempted", key.tgid, t, attrs))
         for key, value in self.tracer.take("blockio"):
             attrs = {"requests": value.requests, "bytes": value.bytes}
             events.append(self._host_event("blockio", int_of(key), t, attrs))
         return events
+
+    def thread_group(self, tid: int) -> int | None:
+        """The process of a thread that took a target's CPU, remembered: the last counts are
+        read after a job's threads have exited."""
+        tgid = thread_group(self.proc, tid)
+        if tgid is None:
+            return self.thread_groups.get(tid)
+        if len(self.thread_groups) >= MAX_BUFFERED:
+            self.thread_groups.clear()
+        self.thread_groups[tid] = tgid
+        return tgid
 
     def _host_event(self, kind: str, pid: int, t: float, attrs: dict) -> dict:
         tags = self.process(pid).tags()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 
+from ingero.vocabulary import COPY_DIRECTIONS
+
 KINDS = {1: "collective", 2: "comm_init", 3: "comm_destroy", 4: "sync", 5: "alloc", 6: "free",
          7: "memcpy"}
 
@@ -28,8 +30,7 @@ DATATYPES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uin
              6: "float16", 7: "float32", 8: "float64", 9: "bfloat16", 10: "fp8e4m3",
              11: "fp8e5m2"}
 REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
-COPY_KINDS = {0: "host_to_host", 1: "host_to_device", 2: "device_to_host",
-              3: "device_to_device", 4: "default"}
+COPY_KINDS = dict(enumerate(COPY_DIRECTIONS))
 
 IN_GROUP, PEER_WAIT = 1, 2
 
@@ -52,7 +53,7 @@ def decode(raw: RawEvent) -> dict:
     event = {"kind": kind, "op": OPS.get(raw.op, str(raw.op)), "ts_ns": raw.ts,
              "pid": raw.pid, "tid": raw.tid}
     if kind == "collective":
-        event.update(comm_hash=f"{raw.comm_hash:016x}", seq=raw.seq, rank=raw.rank,
+        event.update(comm_hash=f"{raw.comm_hash:016x}", seq=raw.seq, comm_rank=raw.rank,
                      nranks=raw.nranks, count=raw.count, bytes=raw.bytes,
                      datatype=DATATYPES.get(raw.datatype, str(raw.datatype)),
                      stream=f"{raw.stream:#x}", in_group=bool(raw.flags & IN_GROUP))
@@ -61,7 +62,7 @@ def decode(raw: RawEvent) -> dict:
         if raw.peer >= 0:
             event["root" if raw.op in (4, 5, 6) else "peer"] = raw.peer
     elif kind in ("comm_init", "comm_destroy"):
-        event.update(comm_hash=f"{raw.comm_hash:016x}", rank=raw.rank, nranks=raw.nranks,
+        event.update(comm_hash=f"{raw.comm_hash:016x}", comm_rank=raw.rank, nranks=raw.nranks,
                      duration_ns=raw.duration)
         if kind == "comm_destroy":
             event["collectives"] = raw.seq

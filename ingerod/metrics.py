@@ -20,6 +20,8 @@ class AgentMetrics:
                                registry=r)
         self.straggler = Gauge("ingero_agent_straggler", "1 while this node counts itself a "
                                "straggler", registry=r)
+        self.straggler_ranks = Gauge("ingero_agent_straggler_ranks", "Ranks on this node that "
+                                     "fleetd names stragglers", registry=r)
         self.reachable = Gauge("ingero_agent_fleet_reachable", "1 while fleetd answers",
                                registry=r)
         self.queue_depth = Gauge("ingero_agent_queue_depth", "Batches awaiting fleetd's ack",

@@ -3,6 +3,8 @@ memory_hotspots (GPU allocations)."""
 
 from __future__ import annotations
 
+from ingero.vocabulary import COPY_DIRECTIONS
+
 from ..registry import ToolContext, obj, tool
 from .collectives import DEFAULT_CALL_ENTRIES, sample_calls
 from .lag import COVERAGE_OUT
@@ -11,7 +13,6 @@ from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, LIMIT, MAX_EN
                      WINDOW_OUT, array, closed, described)
 from .selection import num, pinned, reading, rows, select, whole
 
-DIRECTIONS = ("host_to_host", "host_to_device", "device_to_host", "device_to_device", "default")
 SMALL_ALLOCATION = 2**20
 
 
@@ -78,7 +79,7 @@ GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
 @tool("memcpy_bandwidth", summary="Per node, rank and direction: copies, bytes and the GB/s "
       "they reached",
       input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG, "node": NODE_ARG,
-                        "direction": {"type": "string", "enum": list(DIRECTIONS),
+                        "direction": {"type": "string", "enum": list(COPY_DIRECTIONS),
                                       "description": "Only copies in this direction."},
                         "since": SINCE_ARG, "until": UNTIL_ARG}),
       output_schema=closed({

@@ -9,11 +9,12 @@ from datetime import timedelta
 
 from sqlalchemy import Connection, text
 
+from ingero.vocabulary import SIGNALS
+
 from .lag import RankLag
 from .schema import INT, NUM_OR_NULL, STR_OR_NULL, closed
 from .selection import Selection, Where, Window, jnum, num, rows, whole
 
-SIGNALS = ("throughput", "compute", "memory", "cpu")
 PREEMPTION_BURST = 5                   # preemptions in one sample that count as a burst
 HEAVY_BLOCKIO_BYTES = 64 * 2**20       # block I/O in one sample that counts as heavy
 HEAVY_BLOCKIO_REQUESTS = 1000

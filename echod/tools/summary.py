@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from ingero.vocabulary import KINDS
+
 from ..registry import ToolContext, obj, tool
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, LIMIT, NAME, NODE_ARG,
                      NUM_OR_NULL, RANK_ARG, SCALAR, SINCE_ARG, STR, STR_OR_NULL, TIME,
@@ -13,8 +15,6 @@ from .selection import Where, iso, num, pinned, reading, rows, scalar, select
 
 REPORTING_S = 300                      # a node that sent nothing for this long is not reporting
 RECENT_S = 3600                        # what cluster_summary calls recent
-KINDS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy",
-         "preempted", "blockio", "straggler", "resolved")
 
 
 # -- cluster_summary ---------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""The same collective across ranks: one communicator's entries, aligned by sequence number.
+
+Ranks call a communicator's collectives in the same order, so (communicator, sequence) names one
+instance on every rank without trusting clocks. Entries arrive in pushes, from several nodes, in
+any order; they are written into a ring of open instances (a row per sequence number, a column
+per communicator rank) with numpy indexing, never a Python loop per event. An instance that all
+ranks entered moves to the history the rules read; one that some ranks never enter stays open,
+and after the hang timeout its missing ranks are named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+OPEN_CAPACITY = 1024     # instances a communicator may have open at once
+HISTORY = 256            # complete instances kept for the rules
+
+
+@dataclass(frozen=True)
+class Entries:
+    """Collective entries of one push on one communicator, as arrays."""
+
+    seq: np.ndarray          # int64
+    column: np.ndarray       # communicator rank
+    t: np.ndarray            # clock-corrected entry time, seconds
+    op: np.ndarray           # op code (see ``OpCodes``)
+
+
+class OpCodes:
+    """Small integers for op names, so a history row carries its op as a number."""
+
+    def __init__(self):
+        self.codes: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def code(self, name: str) -> int:
+        if name not in self.codes:
+            self.codes[name] = len(self.names)
+            self.names.append(name)
+        return self.codes[name]
+
+
+class CommWindow:
+    """Open and recent instances of one communicator."""
+
+    def __init__(self, comm_hash: str, nranks: int, capacity: int = OPEN_CAPACITY,
+                 history: int = HISTORY):
+        self.comm_hash = comm_hash
+        self.nranks = nranks
+        self.open = np.full((capacity, nranks), np.nan)
+        self.open_seq = np.full(capacity, -1, np.int64)
+        self.open_op = np.full(capacity, -1, np.int64)
+        self.history_size = history
+        self.entries = np.empty((0, nranks))
+        self.seq = np.empty(0, np.int64)
+        self.op = np.empty(0, np.int64)
+        self.step = np.empty(0, np.int64)     # the instance's ordinal among its op's
+        self.op_counts: dict[int, int] = {}
+        self.overwritten = 0      # open instances pushed out of the ring unfinished
+
+    def add(self, batch: Entries) -> int:
+        """Write entries into their open instances; returns how many were out of range."""
+        good = (batch.column >= 0) & (batch.column < self.nranks) & (batch.seq >= 0)
+        seq, column = batch.seq[good], batch.column[good]
+        rows = seq % len(self.open_seq)
+        fresh = self.open_seq[rows] != seq
+        if fresh.any():
+            claimed = rows[fresh]
+            self.overwritten += int((self.open_seq[np.unique(claimed)] >= 0).sum())
+            self.open[claimed] = np.nan
+            self.open_seq[claimed] = seq[fresh]
+            self.open_op[claimed] = batch.op[good][fresh]
+        self.open[rows, column] = batch.t[good]
+        return int((~good).sum())
+
+    def settle(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Move the instances every rank entered to the history, in sequence order; returns
+        the newly complete (seq, op, entries)."""
+        done = (self.open_seq >= 0) & np.isfinite(self.open).all(axis=1)
+        rows = np.flatnonzero(done)
+        rows = rows[np.argsort(self.open_seq[rows], kind="stable")]
+        seq, op, entries = self.open_seq[rows].copy(), self.open_op[rows].copy(), \
+            self.open[rows].copy()
+        self.open_seq[rows] = -1
+        step = np.empty(len(op), np.int64)
+        for code in np.unique(op):
+            mine = op == code
+            first = self.op_counts.get(int(code), 0)
+            step[mine] = first + np.arange(mine.sum())
+            self.op_counts[int(code)] = first + int(mine.sum())
+        keep = self.history_size
+        self.entries = np.vstack([self.entries, entries])[-keep:]
+        self.seq = np.concatenate([self.seq, seq])[-keep:]
+        self.op = np.concatenate([self.op, op])[-keep:]
+        self.step = np.concatenate([self.step, step])[-keep:]
+        return seq, op, entries
+
+    def stalled(self, now: float, timeout: float) -> list[tuple[int, int, np.ndarray]]:
+        """Open instances some rank entered more than ``timeout`` seconds ago that others have
+        not: (seq, op, missing columns), oldest first."""
+        used = np.flatnonzero(self.open_seq >= 0)
+        if not len(used):
+            return []
+        first = np.nanmin(self.open[used], axis=1)
+        old = used[first < now - timeout]
+        old = old[np.argsort(self.open_seq[old])]
+        return [(int(self.open_seq[r]), int(self.open_op[r]),
+                 np.flatnonzero(~np.isfinite(self.open[r]))) for r in old]
+
+    def dominant(self) -> tuple[int | None, np.ndarray]:
+        """The op this communicator runs most (the per-step collective) and its history
+        rows' mask."""
+        if not len(self.op):
+            return None, np.zeros(0, bool)
+        ops, counts = np.unique(self.op, return_counts=True)
+        op = int(ops[np.argmax(counts)])
+        return op, self.op == op

@@ -1,0 +1,457 @@
+"""Rank-level verdicts, online: which rank of a job is late, at which collective, and why.
+
+Per job (the Slurm job an event's process belongs to; one node-wide agent may push several),
+the collectives of every rank are aligned per communicator (``alignment``) with each node's
+clock offset removed, and on every tick the rules of ``ingero.analysis`` judge the recent
+instances: a rank late persistently or periodically, a rank whose own kernels are slow, a rank
+missing from a collective its peers entered (hung, or dead when its process exited). The job's
+ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
+rank's host and GPU facts, a severity, a fix and what it cost; verdicts and per-rank lag
+summaries are forwarded to echod. Nothing here touches a socket or reads a clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from ingero.analysis import causes
+from ingero.analysis.lag import peer_lag
+from ingero.analysis.stragglers import LagPolicy, idle_caused, judge, slow_workers
+from ingero.vocabulary import POINT_TO_POINT
+from ingero.wire import Push
+
+from .alignment import CommWindow, Entries, OpCodes
+from .clocks import ClockBook
+
+log = logging.getLogger("fleetd")
+
+UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
+FACTS_KEPT = 64                      # sync and allocation durations kept per rank
+HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
+
+
+@dataclass
+class RankFacts:
+    """What one rank's node said about it lately, besides its collectives."""
+
+    node: str = ""
+    pid: int | None = None
+    self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
+    peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
+    allocation_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
+    # (t, comm, pid, count, the preemptor's process, ns it kept the rank off its CPU)
+    preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))
+    blockio: deque = field(default_factory=lambda: deque(maxlen=4096))      # (t, req, bytes)
+    exited_at: float | None = None
+    idle_caused_s: float = 0.0
+
+    def median(self, values: deque) -> float | None:
+        return float(np.median(values)) / 1e9 if values else None
+
+
+@dataclass
+class Verdict:
+    """One rank named a straggler; updated while it lasts, cleared when it stops."""
+
+    cluster: str
+    job: str | None
+    rank: int
+    node: str
+    kind: str
+    cause: str
+    vid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    confidence: str = "medium"
+    severity: str = "major"
+    fix: str | None = None
+    findings: list[str] = field(default_factory=list)
+    op: str | None = None
+    comm_hash: str | None = None
+    step: int | None = None             # onset, in instances of the communicator's main op
+    onset: float | None = None
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    cleared: float | None = None
+    lag_p50_s: float | None = None
+    lag_p99_s: float | None = None
+    last_share: float | None = None
+    period: int | None = None
+    occurrences: int = 0
+    cost_gpu_s: float = 0.0
+    cost_usd: float | None = None
+    evidence: dict = field(default_factory=dict)
+    revision: int = 0
+    misses: int = 0
+
+    def row(self) -> dict:
+        """The verdict as echod stores it."""
+        return {k: getattr(self, k) for k in (
+            "vid", "revision", "cluster", "job", "rank", "node", "kind", "cause", "confidence",
+            "severity", "fix", "findings", "op", "comm_hash", "step", "onset", "first_seen",
+            "last_seen", "cleared", "lag_p50_s", "lag_p99_s", "last_share", "period",
+            "occurrences", "cost_gpu_s", "cost_usd", "evidence")}
+
+    def describe(self) -> str:
+        what = {"periodic": f"late every {self.period} steps", "hang": "missing",
+                "died": "died", "slow_gpu": "slow kernels"}.get(self.kind, "late")
+        lag = f" by {self.lag_p50_s * 1e3:.1f} ms" if self.lag_p50_s is not None else ""
+        return (f"job {self.job} rank {self.rank} on {self.node}: {what}{lag} at "
+                f"{self.op or 'its collectives'}, cause {self.cause}")
+
+
+@dataclass(eq=False)
+class JobState:
+    cluster: str
+    job: str | None
+    comms: dict[str, CommWindow] = field(default_factory=dict)
+    columns: dict[str, dict[int, int]] = field(default_factory=dict)   # comm → column → rank
+    facts: dict[int, RankFacts] = field(default_factory=lambda: defaultdict(RankFacts))
+    verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
+    started: float = 0.0
+    last_event: float = 0.0
+
+
+def _job_of(event: dict, push: Push) -> str | None:
+    return event["attrs"].get("job") or push.job
+
+
+class RankAnalysis:
+    """Every job's aligned collectives, rank facts and verdicts."""
+
+    def __init__(self, cfg: SimpleNamespace, rate_usd_per_gpu_hour: float | None = None,
+                 clocks: ClockBook | None = None):
+        self.policy = LagPolicy(k=cfg.lag_k, min_lag_s=cfg.min_lag)
+        self.hang_timeout = cfg.hang_timeout
+        self.clear_ticks = cfg.clear_ticks
+        self.job_ttl = cfg.job_ttl
+        self.rate = rate_usd_per_gpu_hour
+        self.clocks = clocks or ClockBook()
+        self.jobs: dict[tuple[str, str | None], JobState] = {}
+        self.ops = OpCodes()
+        self.unaligned = 0            # collectives on communicators never seen created
+        self.pending_rows: list[dict] = []
+        self.pending_lag: list[dict] = []
+
+    # -- intake --------------------------------------------------------------------------------
+
+    def observe(self, push: Push, offset: float, now: float) -> None:
+        """A fresh push's events, its node's clock offset removed."""
+        collectives: dict[tuple, list] = defaultdict(list)
+        for event in push.events:
+            a = event["attrs"]
+            job = self._job(push.cluster, _job_of(event, push), now)
+            kind = event["kind"]
+            if kind == "collective":
+                self._collective(job, push.node, event, a, offset, collectives)
+            elif "rank" in a and a["rank"] is not None:
+                self._fact(job, push.node, kind, a, event["t"] - offset)
+        for (job, comm, nranks), rows in collectives.items():
+            window = job.comms.get(comm)
+            if window is None or window.nranks != nranks:
+                window = job.comms[comm] = CommWindow(comm, nranks)
+            seq, column, t, op = (np.array(x) for x in zip(*rows))
+            window.add(Entries(seq.astype(np.int64), column.astype(np.int64), t.astype(float),
+                               op.astype(np.int64)))
+
+    def _job(self, cluster: str, job: str | None, now: float) -> JobState:
+        state = self.jobs.get((cluster, job))
+        if state is None:
+            state = self.jobs[(cluster, job)] = JobState(cluster, job, started=now)
+        state.last_event = now
+        return state
+
+    def _collective(self, job: JobState, node: str, event: dict, a: dict, offset: float,
+                    into: dict) -> None:
+        comm, nranks, column = a.get("comm_hash"), a.get("nranks"), a.get("comm_rank")
+        if a.get("op") in POINT_TO_POINT:
+            return
+        if not comm or comm == UNKNOWN_COMM or not nranks or nranks < 1 or column is None:
+            self.unaligned += 1
+            return
+        rank = a.get("rank") if a.get("rank") is not None else column
+        job.columns.setdefault(comm, {})[column] = rank
+        facts = job.facts[rank]
+        facts.node, facts.pid = node, a.get("pid")
+        into[(job, comm, nranks)].append((a.get("seq", -1), column, event["t"] - offset,
+                                          self.ops.code(a.get("op", "?"))))
+
+    def _fact(self, job: JobState, node: str, kind: str, a: dict, t: float) -> None:
+        facts = job.facts[a["rank"]]
+        facts.node = node
+        if kind == "sync" and a.get("duration_ns") is not None:
+            (facts.peer_wait_ns if a.get("peer_wait") else facts.self_work_ns).append(
+                a["duration_ns"])
+        elif kind == "alloc" and a.get("duration_ns") is not None:
+            facts.allocation_ns.append(a["duration_ns"])
+        elif kind == "preempted" and not a.get("preemptor_own"):
+            facts.preemptions.append((t, a.get("preemptor_comm", "?"), a.get("preemptor_pid"),
+                                      a.get("count", 1), a.get("preemptor_tgid"),
+                                      a.get("preempted_ns") or 0))
+        elif kind == "blockio":
+            facts.blockio.append((t, a.get("requests", 0), a.get("bytes", 0)))
+        elif kind == "process_exit":
+            facts.exited_at = t
+
+    # -- the tick ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Verdict]:
+        """Settle, judge every job, expire idle ones; returns the verdicts that changed."""
+        changed: list[Verdict] = []
+        for key, job in list(self.jobs.items()):
+            found: dict[tuple[int, str], Verdict] = {}
+            for comm, window in job.comms.items():
+                self._settle(job, comm, window)
+                found.update(self._judge_lag(job, comm, window, now))
+                found.update(self._judge_missing(job, comm, window, now))
+            found.update(self._judge_work(job, now, {rank for rank, _ in found}))
+            changed += self._merge(job, found, now)
+            if now - job.last_event > self.job_ttl:
+                changed += self._close_all(job, now)
+                del self.jobs[key]
+        changed = list({id(v): v for v in changed}.values())   # a verdict once, as it is now
+        self.pending_rows += [v.row() for v in changed]
+        return changed
+
+    def _settle(self, job: JobState, comm: str, window: CommWindow) -> None:
+        seq, _op, entries = window.settle()
+        if not len(seq):
+            return
+        ranks = self._ranks(job, comm, window.nranks)
+        for column, idle in enumerate(idle_caused(entries)):
+            job.facts[ranks[column]].idle_caused_s += idle
+        lag = peer_lag(entries)
+        t = float(np.nanmedian(entries[-1]))
+        for column in range(window.nranks):
+            values = lag[:, column][np.isfinite(lag[:, column])]
+            if values.size:
+                self.pending_lag.append({
+                    "t": t, "cluster": job.cluster, "job": job.job, "comm_hash": comm,
+                    "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
+                    "node": job.facts[ranks[column]].node or None, "samples": int(values.size),
+                    "lag_median_ns": int(np.median(values) * 1e9),
+                    "lag_p95_ns": int(np.quantile(values, 0.95) * 1e9),
+                    "lag_max_ns": int(values.max() * 1e9)})
+
+    def _ranks(self, job: JobState, comm: str, nranks: int) -> list[int]:
+        known = job.columns.get(comm, {})
+        return [known.get(column, column) for column in range(nranks)]
+
+    # -- the rules -----------------------------------------------------------------------------
+
+    def _judge_lag(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
+        op, rows = window.dominant()
+        if op is None:
+            return {}
+        entries, steps = window.entries[rows], window.step[rows]
+        ranks = self._ranks(job, comm, window.nranks)
+        named = frozenset(column for column, rank in enumerate(ranks)
+                          if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None)
+        judgement = judge(entries, self.policy, named)
+        found = {}
+        for f in judgement.findings:
+            rank = ranks[f.column]
+            facts = self._facts_of(job, rank, now)
+            diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
+            verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
+                              diagnosis.cause, confidence=diagnosis.confidence,
+                              severity=causes.severity(f.lag_p50_s, judgement.step_s),
+                              fix=diagnosis.fix, findings=diagnosis.findings,
+                              op=self.ops.names[op], comm_hash=comm,
+                              step=int(steps[f.onset]),
+                              onset=float(np.nanmedian(entries[f.onset])),
+                              lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s,
+                              last_share=f.last_share, period=f.period,
+                              occurrences=f.occurrences,
+                              evidence=self._evidence(facts, judgement.bar_s, judgement.step_s))
+            self._clock_caveat(verdict)
+            found[(rank, "lag")] = verdict
+        return found
+
+    def _clock_caveat(self, verdict: Verdict) -> None:
+        """Say what the node's clock estimate is, and when it is too loose for this lag."""
+        known = self.clocks.offsets.get(verdict.node)
+        if known is None:
+            return
+        verdict.evidence["clock_offset_ms"] = round(known.offset * 1e3, 3)
+        verdict.evidence["clock_uncertainty_ms"] = round(known.uncertainty * 1e3, 3)
+        if verdict.lag_p50_s is not None and known.uncertainty > verdict.lag_p50_s / 2:
+            verdict.findings.append(
+                f"{verdict.node}'s clock is known only to ±{known.uncertainty * 1e3:.1f} ms, "
+                f"a large part of this {verdict.lag_p50_s * 1e3:.1f} ms lag: the lag may be "
+                "the clocks'")
+            verdict.confidence = "low"
+
+    def _judge_work(self, job: JobState, now: float, named: set[int]) -> dict:
+        """A rank whose own kernels are slow though it is not (yet) late at collectives."""
+        ranks = sorted(job.facts)
+        work = np.array([job.facts[r].median(job.facts[r].self_work_ns) or np.nan
+                         for r in ranks])
+        found = {}
+        for rank in np.array(ranks)[slow_workers(work, self.policy)]:
+            rank = int(rank)
+            if rank in named:
+                continue
+            facts = self._facts_of(job, rank, now)
+            diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
+            if diagnosis.cause != "slow_gpu":
+                continue
+            found[(rank, "lag")] = Verdict(
+                job.cluster, job.job, rank, job.facts[rank].node, "slow_gpu", "slow_gpu",
+                confidence=diagnosis.confidence, fix=diagnosis.fix,
+                findings=diagnosis.findings, onset=now,
+                evidence=self._evidence(facts, None, None))
+        return found
+
+    def _judge_missing(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
+        stalled = window.stalled(now, self.hang_timeout)
+        if not stalled:
+            return {}
+        seq, op, columns = stalled[0]
+        ranks = self._ranks(job, comm, window.nranks)
+        found = {}
+        for column in columns:
+            rank = ranks[column]
+            facts = job.facts[rank]
+            kind = "died" if facts.exited_at is not None else "hang"
+            waiting = now - float(np.nanmin(window.open[seq % len(window.open_seq)]))
+            diagnosis = causes.Diagnosis(kind, "high", causes.FIXES[kind].format(
+                node=facts.node or "its node"), [
+                f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its "
+                f"peers have waited {waiting:.1f} s"
+                + (" and its process exited" if kind == "died" else "")])
+            found[(rank, "missing")] = Verdict(
+                job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",
+                severity="critical", fix=diagnosis.fix, findings=diagnosis.findings,
+                op=self.ops.names[op], comm_hash=comm, onset=now - waiting,
+                lag_p50_s=waiting, evidence={"seq": seq, "waited_s": round(waiting, 3)})
+        return found
+
+    def _facts_of(self, job: JobState, rank: int, now: float) -> causes.Facts:
+        mine = job.facts[rank]
+        peers = [f for r, f in job.facts.items() if r != rank]
+        # A preemptor counts against the rank when it keeps the rank off its CPU far longer than
+        # its peers': the node's daemons take everyone's now and then, a hog only the rank's.
+        peer_seen = [self._preemptions(job, p, now) for p in peers]
+        taken = {who: (n, ns) for who, (n, ns) in self._preemptions(job, mine, now).items()
+                 if ns >= 3 * float(np.median([seen.get(who, (0, 0))[1] for seen in peer_seen]
+                                              or [0]))}
+        preemptions = {who: n for who, (n, _ns) in taken.items()}
+        blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
+        peer_work = [p.median(p.self_work_ns) for p in peers if p.self_work_ns]
+        peer_alloc = [p.median(p.allocation_ns) for p in peers if p.allocation_ns]
+        peer_wait = [p.median(p.peer_wait_ns) for p in peers if p.peer_wait_ns]
+        return causes.Facts(
+            self_work_s=mine.median(mine.self_work_ns),
+            peers_self_work_s=float(np.median(peer_work)) if peer_work else None,
+            self_work_samples=len(mine.self_work_ns), preemptions=preemptions,
+            preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
+            window_s=min(HOST_FACTS_S, now - job.started),
+            blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
+            allocation_s=mine.median(mine.allocation_ns),
+            peers_allocation_s=float(np.median(peer_alloc)) if peer_alloc else None,
+            peer_wait_s=mine.median(mine.peer_wait_ns),
+            peers_peer_wait_s=float(np.median(peer_wait)) if peer_wait else None)
+
+    @staticmethod
+    def _preemptions(job: JobState, facts: RankFacts,
+                     now: float) -> dict[tuple[str, int], tuple[int, int]]:
+        """Who else took the rank's CPU lately, how often and for how long (ns): processes
+        other than the job's own ranks (ranks crowding each other are the job's own doing)."""
+        ranks = {f.pid for f in job.facts.values() if f.pid is not None}
+        taken: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+        for t, comm, pid, count, tgid, ns in facts.preemptions:
+            if t >= now - HOST_FACTS_S and (pid if tgid is None else tgid) not in ranks:
+                taken[(comm, pid)][0] += count
+                taken[(comm, pid)][1] += ns
+        return {who: (n, ns) for who, (n, ns) in taken.items()}
+
+    @staticmethod
+    def _evidence(facts: causes.Facts, bar_s: float | None, step_s: float | None) -> dict:
+        ms = (lambda s: None if s is None or not np.isfinite(s) else round(s * 1e3, 3))
+        return {"bar_ms": ms(bar_s), "step_ms": ms(step_s),
+                "self_work_ms": ms(facts.self_work_s),
+                "peers_self_work_ms": ms(facts.peers_self_work_s),
+                "preemptions": [{"comm": c, "pid": p, "count": n}
+                                for (c, p), n in sorted(facts.preemptions.items(),
+                                                        key=lambda kv: -kv[1])[:5]],
+                "blockio": {"requests": facts.blockio_requests, "bytes": facts.blockio_bytes},
+                "allocation_ms": ms(facts.allocation_s),
+                "peers_allocation_ms": ms(facts.peers_allocation_s),
+                "peer_wait_ms": ms(facts.peer_wait_s),
+                "peers_peer_wait_ms": ms(facts.peers_peer_wait_s)}
+
+    # -- verdict lifecycle ---------------------------------------------------------------------
+
+    def _merge(self, job: JobState, found: dict, now: float) -> list[Verdict]:
+        changed = []
+        for key, fresh in found.items():
+            current = job.verdicts.get(key)
+            if current is None or current.cleared is not None:
+                fresh.first_seen = fresh.last_seen = now
+                fresh.cost_gpu_s = job.facts[fresh.rank].idle_caused_s
+                fresh.cost_usd = self._usd(fresh.cost_gpu_s)
+                job.verdicts[key] = fresh
+                changed.append(fresh)
+                log.warning("straggler %s", fresh.describe())
+                continue
+            if self._update(current, fresh, job, now):
+                changed.append(current)
+        for key, current in job.verdicts.items():
+            if key not in found and current.cleared is None:
+                current.misses += 1
+                if current.misses >= self.clear_ticks:
+                    current.cleared = now
+                    current.revision += 1
+                    changed.append(current)
+                    log.info("straggler cleared: %s", current.describe())
+        return changed
+
+    def _update(self, current: Verdict, fresh: Verdict, job: JobState, now: float) -> bool:
+        """Carry the latest numbers; True when something worth storing changed."""
+        material = (fresh.kind, fresh.cause, fresh.period) != (current.kind, current.cause,
+                                                              current.period)
+        for name in ("kind", "cause", "confidence", "severity", "fix", "findings", "op",
+                     "comm_hash", "lag_p50_s", "lag_p99_s", "last_share", "period",
+                     "occurrences", "evidence"):
+            setattr(current, name, getattr(fresh, name))
+        current.misses = 0
+        current.cost_gpu_s = job.facts[current.rank].idle_caused_s
+        current.cost_usd = self._usd(current.cost_gpu_s)
+        if material or now - current.last_seen >= 10.0:
+            current.last_seen = now
+            current.revision += 1
+            return True
+        return False
+
+    def _close_all(self, job: JobState, now: float) -> list[Verdict]:
+        closed = []
+        for verdict in job.verdicts.values():
+            if verdict.cleared is None:
+                verdict.cleared, verdict.revision = now, verdict.revision + 1
+                closed.append(verdict)
+        return closed
+
+    def _usd(self, gpu_s: float) -> float | None:
+        return None if self.rate is None else round(gpu_s / 3600.0 * self.rate, 6)
+
+    # -- answers -------------------------------------------------------------------------------
+
+    def straggler_ranks(self, node: str) -> list[int]:
+        """The ranks on ``node`` under a live verdict, for the push reply."""
+        return sorted({v.rank for job in self.jobs.values() for v in job.verdicts.values()
+                       if v.node == node and v.cleared is None})
+
+    def active(self) -> list[Verdict]:
+        return [v for job in self.jobs.values() for v in job.verdicts.values()
+                if v.cleared is None]
+
+    def take_rows(self) -> tuple[list[dict], list[dict]]:
+        """Verdict rows and peer-lag rows gathered since the last call, for echod."""
+        rows, lag = self.pending_rows, self.pending_lag
+        self.pending_rows, self.pending_lag = [], []
+        return rows, lag

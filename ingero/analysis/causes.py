@@ -1,0 +1,149 @@
+"""Why a rank is late: the cause rules, from facts gathered online (fleetd) or from the store
+(echod). Strongest evidence first; every diagnosis says what it rests on and what to do.
+
+Causes, in the order they are weighed:
+    host_preemption   another process took its CPU far more often than its peers' (sched_switch
+                      names it and its pid)
+    slow_gpu          its syncs on its own kernels (self-work) take longer than its peers'
+    io                heavy block I/O by the rank
+    allocation        its GPU allocations take much longer than its peers'
+    host_work         late entry, and nobody else on its CPU: its own host code (data loading,
+                      Python, garbage collection, a sleep)
+    hang              it never entered a collective its peers entered
+    died              its process is gone while its peers go on (or wait for it)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CAUSES = ("host_preemption", "host_work", "io", "slow_gpu", "allocation", "hang", "died",
+          "memory_pressure", "network_or_peer", "unknown", "none")
+
+SLOW_GPU_RATIO = 1.3             # self-work over the peers' median
+MIN_SELF_WORK_SAMPLES = 3
+PREEMPTION_BURST = 5             # preemptions by other processes in the window
+PREEMPTED_SHARE = 0.02           # of the window, kept off its CPU by them
+HEAVY_BLOCKIO_BYTES = 64 * 2**20
+HEAVY_BLOCKIO_REQUESTS = 1000
+SLOW_ALLOCATION_RATIO = 3.0
+SLOW_ALLOCATION_S = 0.001
+
+FIXES = {
+    "host_preemption": "pin the training processes with taskset (or a cpuset) and keep "
+                       "{preemptor} off their cores",
+    "host_work": "profile the rank's host code between collectives (data loading, Python, "
+                 "garbage collection): more data-loader workers, pinned memory, prefetching",
+    "io": "take blocking I/O off the training path: stage the data on local disk, use more "
+          "data-loader workers, write checkpoints asynchronously",
+    "slow_gpu": "check the GPU on {node} (nvidia-smi -q: clocks, throttling, XID errors; DCGM "
+                "diagnostics) and drain the node if it stays slow",
+    "allocation": "allocate once and reuse (a caching allocator, PYTORCH_CUDA_ALLOC_CONF), "
+                  "avoid cudaMalloc/cudaFree in the step",
+    "hang": "take a stack of the rank (py-spy dump, gdb) on {node}: it stopped before "
+            "the collective its peers wait in",
+    "died": "read the rank's log and the node's kernel log on {node} (OOM killer, XID "
+            "errors); restart the job from its last checkpoint",
+    "memory_pressure": "lower the GPU memory this rank needs (smaller micro-batch, activation "
+                       "checkpointing) and look for leaks",
+    "network_or_peer": "look at what this rank waits for: its other communicators, "
+                       "NCCL_DEBUG=INFO for its links, its node's clock offset",
+}
+
+
+@dataclass
+class Facts:
+    """What the rules weigh for one late rank; None where nothing was measured."""
+
+    self_work_s: float | None = None          # the rank's median self-work sync
+    peers_self_work_s: float | None = None    # the median of its peers' medians
+    self_work_samples: int = 0
+    preemptions: dict[tuple[str, int], int] = field(default_factory=dict)  # (comm, pid) → n
+    preempted_s: float | None = None          # how long they kept it off its CPU
+    window_s: float | None = None             # the span the host facts cover
+    blockio_requests: int = 0
+    blockio_bytes: int = 0
+    allocation_s: float | None = None
+    peers_allocation_s: float | None = None
+    peer_wait_s: float | None = None          # its median sync waiting on a collective
+    peers_peer_wait_s: float | None = None    # its peers': long when they wait for it
+
+    @property
+    def top_preemptor(self) -> tuple[str, int] | None:
+        return max(self.preemptions, key=self.preemptions.get) if self.preemptions else None
+
+    @property
+    def preemption_count(self) -> int:
+        return sum(self.preemptions.values())
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: str
+    confidence: str
+    fix: str | None
+    findings: list[str]
+
+
+def diagnose_late(facts: Facts, node: str | None = None) -> Diagnosis:
+    """The cause of a rank's late entries, from its facts."""
+    cause, confidence, findings = _blame(facts)
+    preemptor = facts.top_preemptor
+    fix = FIXES.get(cause, "")
+    return Diagnosis(cause, confidence, fix.format(
+        preemptor=f"{preemptor[0]} (pid {preemptor[1]})" if preemptor else "other processes",
+        node=node or "its node") or None, findings)
+
+
+def _blame(f: Facts) -> tuple[str, str, list[str]]:
+    # Preemption first: a rank starved of CPU also wakes late from its syncs, so its self-work
+    # looks long too; a slow GPU does not bring another process onto the rank's CPU.
+    if preempted(f):
+        comm, pid = f.top_preemptor
+        held = "" if f.preempted_s is None else f" for {f.preempted_s:.2f} s"
+        return "host_preemption", "high", [
+            f"preempted {f.preemption_count} times{held} by other processes, mostly {comm} "
+            f"(pid {pid}, {f.preemptions[(comm, pid)]} times)"]
+    if slow_gpu(f):
+        return "slow_gpu", "high", [
+            f"its own kernels take {f.self_work_s * 1e3:.2f} ms per sync, its peers' "
+            f"{f.peers_self_work_s * 1e3:.2f} ms ({f.self_work_s / f.peers_self_work_s:.2f}x)"]
+    if f.blockio_bytes >= HEAVY_BLOCKIO_BYTES or f.blockio_requests >= HEAVY_BLOCKIO_REQUESTS:
+        return "io", "medium", [f"block I/O: {f.blockio_requests} requests, "
+                                f"{f.blockio_bytes / 2**20:.1f} MiB"]
+    if slow_allocation(f):
+        return "allocation", "medium", [
+            f"GPU allocations take {f.allocation_s * 1e3:.2f} ms, its peers' "
+            f"{f.peers_allocation_s * 1e3:.2f} ms"]
+    return "host_work", "medium", [
+        "enters collectives late with no other process on its CPU and its own kernels no "
+        "slower than its peers': the time goes to its own host code"]
+
+
+def preempted(f: Facts) -> bool:
+    """Other processes took its CPU often, and (where the time is known) for long enough."""
+    if f.preemption_count < PREEMPTION_BURST:
+        return False
+    return (f.preempted_s is None or not f.window_s
+            or f.preempted_s >= PREEMPTED_SHARE * f.window_s)
+
+
+def slow_gpu(f: Facts) -> bool:
+    return (f.self_work_s is not None and f.peers_self_work_s is not None
+            and f.self_work_samples >= MIN_SELF_WORK_SAMPLES and f.peers_self_work_s > 0
+            and f.self_work_s >= SLOW_GPU_RATIO * f.peers_self_work_s)
+
+
+def slow_allocation(f: Facts) -> bool:
+    return (f.allocation_s is not None and f.peers_allocation_s is not None
+            and f.allocation_s >= SLOW_ALLOCATION_S
+            and f.allocation_s >= SLOW_ALLOCATION_RATIO * max(f.peers_allocation_s, 1e-9))
+
+
+def severity(lag_s: float, step_s: float | None) -> str:
+    """How much of a step the rank costs everyone: critical from half a step, major from a
+    tenth, minor below."""
+    if not step_s:
+        return "major"
+    share = lag_s / step_s
+    return "critical" if share >= 0.5 else "major" if share >= 0.1 else "minor"

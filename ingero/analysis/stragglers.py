@@ -1,0 +1,204 @@
+"""Which ranks are stragglers, and of what kind: rules over an aligned lag matrix.
+
+The input is one communicator's recent collective instances, aligned by sequence number:
+``entries`` is (instances × ranks) of clock-corrected entry times in seconds, oldest first, NaN
+where a rank has not entered. Lag is ``peer_lag``: entry minus the peers' median entry. The job's
+ranks are the cohort: a rank is compared with its peers, never with its own past, so a rank
+slow from the first step stands out as much as one that turns slow later.
+
+Kinds:
+    persistent  late at most recent instances: its median lag over them is over the bar; once
+                named, it stays named while it is late at a quarter of them (hysteresis, so a
+                rank late most of the time does not flap)
+    periodic    late at regularly spaced instances only (a stall every K steps)
+Each comes with an onset (the instance where its late run began), its lag p50 and p99 over the
+instances it was late at, the fraction of instances it entered last, and the GPU time its peers
+spent waiting for it (``idle_caused``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .lag import peer_lag
+from .robust import upper_bar
+
+
+@dataclass(frozen=True)
+class LagPolicy:
+    """How far and how often a rank must be late to be named."""
+
+    k: float = 3.0                    # bar = median + k·1.4826·MAD of the ranks' median lags
+    mad_floor_s: float = 0.001        # so ranks a hair apart flag nothing
+    min_lag_s: float = 0.002          # never name a rank for less than this
+    min_lag_of_step: float = 0.05     # ... nor for less than this part of a step
+    recent: int = 16                  # instances a persistent verdict looks at, at most
+    recent_s: float = 1.5             # ... or those of the last seconds, when steps are slow
+    min_recent: int = 4               # ... but never fewer than this
+    keep_share: float = 0.25          # of them still late, for a rank already named
+    min_instances: int = 8            # before anything is judged
+    min_occurrences: int = 3          # late instances before a period is named
+    regular_share: float = 0.6        # of the gaps that must equal the period
+
+
+@dataclass(frozen=True)
+class RankFinding:
+    """One rank named a straggler by one rule."""
+
+    column: int                       # the rank's column in the matrix (its communicator rank)
+    kind: str                         # persistent or periodic
+    lag_p50_s: float
+    lag_p99_s: float
+    last_share: float                 # of the instances, the share it entered last
+    onset: int                        # instance index (in the matrix) where its late run began
+    period: int | None                # periodic: every this many instances
+    occurrences: int                  # late instances in the matrix
+    idle_caused_s: float              # GPU-seconds its peers waited for it, in the matrix
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the rules saw in one matrix, findings or not."""
+
+    findings: list[RankFinding]
+    bar_s: float
+    step_s: float | None
+    median_lag_s: np.ndarray          # per column, over all instances
+
+
+def step_interval(entries: np.ndarray) -> float | None:
+    """The median time between consecutive instances, over every rank: a step when the
+    communicator runs one collective per step."""
+    if len(entries) < 2:
+        return None
+    gaps = np.diff(entries, axis=0)
+    gaps = gaps[np.isfinite(gaps)]
+    return float(np.median(gaps)) if gaps.size else None
+
+
+def idle_caused(entries: np.ndarray) -> np.ndarray:
+    """Per column: the time its peers waited for it, summed over the instances it entered last
+    (each rank that arrived earlier waits ``t_last − t_rank``, one GPU per rank)."""
+    entries = np.atleast_2d(entries)
+    caused = np.zeros(entries.shape[1])
+    complete = np.isfinite(entries).sum(axis=1) >= 2
+    if not complete.any():
+        return caused
+    rows = entries[complete]
+    last = np.nanmax(rows, axis=1)
+    idle = np.nansum(last[:, None] - rows, axis=1)
+    np.add.at(caused, np.nanargmax(rows, axis=1), idle)
+    return caused
+
+
+def last_share(entries: np.ndarray) -> np.ndarray:
+    """Per column: the share of complete instances it entered last."""
+    rows = entries[np.isfinite(entries).sum(axis=1) >= 2]
+    if not len(rows):
+        return np.zeros(entries.shape[1])
+    return np.bincount(np.nanargmax(rows, axis=1), minlength=entries.shape[1]) / len(rows)
+
+
+def onset(late: np.ndarray) -> int:
+    """Where the late run that lasts to the end began: the index that maximises late minus
+    on-time instances from it to the end (a change point in a yes/no series)."""
+    score = np.cumsum(np.where(late, 1, -1)[::-1])[::-1]
+    return int(np.argmax(score))
+
+
+def period(late: np.ndarray, policy: LagPolicy) -> int | None:
+    """The spacing of the late instances when it is regular: the commonest gap, if at least
+    ``regular_share`` of the gaps equal it and it is at least 2."""
+    where = np.flatnonzero(late)
+    if len(where) < policy.min_occurrences:
+        return None
+    gaps = np.diff(where)
+    values, counts = np.unique(gaps, return_counts=True)
+    best = int(values[np.argmax(counts)])
+    if best >= 2 and counts.max() >= policy.regular_share * len(gaps):
+        return best
+    return None
+
+
+def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
+          named: frozenset[int] = frozenset()) -> Judgement:
+    """Every straggler among the columns of ``entries``, by the rules above; ``named`` are the
+    columns already under a verdict."""
+    entries = np.atleast_2d(np.asarray(entries, float))
+    lag = peer_lag(entries)
+    step = step_interval(entries)
+    columns = entries.shape[1]
+    with np.errstate(all="ignore"):
+        median_lag = np.nanmedian(np.where(np.isfinite(lag), lag, np.nan), axis=0) \
+            if len(lag) else np.full(columns, np.nan)
+    known = np.isfinite(median_lag)
+    if len(entries) < policy.min_instances or known.sum() < 2:
+        return Judgement([], np.inf, step, median_lag)
+    floor = max(policy.min_lag_s, policy.min_lag_of_step * (step or 0.0))
+    # Two ranks are each other's only peer: their lags mirror (+d, −d) and the MAD is the
+    # gap itself, so only the floor can tell the late one.
+    spread = upper_bar(median_lag[known], policy.k, policy.mad_floor_s).bar \
+        if known.sum() > 2 else -np.inf
+    bar = max(spread, floor)
+    late = lag > bar
+    idle, last = idle_caused(entries), last_share(entries)
+    recent = recent_instances(entries, policy)
+    findings = []
+    for column in range(columns):
+        finding = _judge_rank(lag[-recent:, column], late[:, column], policy,
+                              policy.keep_share if column in named else 0.5)
+        if finding is not None:
+            kind, start, every = finding
+            late_lags = lag[late[:, column], column]
+            findings.append(RankFinding(
+                column, kind, float(np.median(late_lags)), float(np.quantile(late_lags, 0.99)),
+                float(last[column]), start, every, int(late[:, column].sum()),
+                float(idle[column])))
+    return Judgement(findings, float(bar), step, median_lag)
+
+
+def recent_instances(entries: np.ndarray, policy: LagPolicy) -> int:
+    """How many of the last instances a persistent verdict weighs: ``recent``, or fewer when
+    steps are slow (those of the last ``recent_s`` seconds), never under ``min_recent``; so a
+    rank 300 ms late every step is named within a second or so, not after 9 of its steps."""
+    with np.errstate(all="ignore"):
+        t = np.nanmedian(entries, axis=1)
+    within = int((t >= t[-1] - policy.recent_s).sum()) if np.isfinite(t[-1]) else policy.recent
+    return min(policy.recent, max(policy.min_recent, within))
+
+
+def _judge_rank(recent_lag: np.ndarray, late: np.ndarray, policy: LagPolicy,
+                share: float) -> tuple[str, int, int | None] | None:
+    """(kind, onset, period) for one rank, or None when it is not a straggler: persistent
+    when more than ``share`` of its recent instances are late."""
+    recent = late[-len(recent_lag):][np.isfinite(recent_lag)]
+    if recent.size and recent.sum() > share * recent.size:
+        return "persistent", onset(late), None
+    every = period(late, policy)
+    if every is not None:
+        return "periodic", int(np.flatnonzero(late)[0]), every
+    return None
+
+
+def missing(entries: np.ndarray) -> np.ndarray:
+    """Per instance, the columns that have not entered while at least one other has."""
+    entered = np.isfinite(entries)
+    return ~entered & entered.any(axis=1, keepdims=True)
+
+
+WORK_MAD_FLOOR = 0.02   # of the median self-work: kernels a hair apart flag nothing
+
+
+def slow_workers(self_work: np.ndarray, policy: LagPolicy = LagPolicy(),
+                 ratio: float = 1.3) -> np.ndarray:
+    """Columns whose median self-work (syncs on their own kernels only) stands out: over the
+    robust bar of their peers' and at least ``ratio`` times the median. NaN where unmeasured."""
+    self_work = np.asarray(self_work, float)
+    known = np.isfinite(self_work)
+    if known.sum() < 2:
+        return np.zeros(len(self_work), bool)
+    median = float(np.median(self_work[known]))
+    bar = upper_bar(self_work[known], policy.k, WORK_MAD_FLOOR * median)
+    return known & (self_work > bar.bar) & (self_work >= ratio * bar.median)

@@ -1,0 +1,31 @@
+"""The event vocabulary, declared once: what ingerod emits, the wire carries, echod stores and
+the tools filter on. A name of the domain is spelled here and imported everywhere else.
+"""
+
+from __future__ import annotations
+
+# What a rank did, traced by the probes (bpf/*.bpf.c).
+TRACED_KINDS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
+# What its host did to it, from tracepoints and /proc.
+HOST_KINDS = ("preempted", "blockio", "process_exit")
+# What the agent concluded: its own score against its bar, and fleetd's word on its ranks.
+AGENT_KINDS = ("straggler", "resolved", "rank_straggler", "rank_resolved")
+KINDS = TRACED_KINDS + HOST_KINDS + AGENT_KINDS
+
+# The health score's signals, each in [0, 1].
+SIGNALS = ("throughput", "compute", "memory", "cpu")
+
+# cudaMemcpyKind, by its value.
+COPY_DIRECTIONS = ("host_to_host", "host_to_device", "device_to_host", "device_to_device",
+                   "default")
+
+# NCCL calls that move data between two ranks only: they have their own order per peer pair
+# and are not aligned with the collectives.
+POINT_TO_POINT = ("ncclSend", "ncclRecv")
+
+# Event attributes the store lifts into columns of their own (name, integer bounds or None for
+# text); the rest stays in ``attrs``.
+INT32 = (-2**31, 2**31 - 1)
+UINT63 = (0, 2**63 - 1)
+LIFTED = (("rank", INT32), ("op", None), ("comm_hash", None), ("seq", UINT63),
+          ("bytes", UINT63), ("duration_ns", UINT63))

@@ -1,0 +1,215 @@
+"""The analysis package on arrays: lag, the rules for every kind of straggler, clocks, causes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ingero.analysis import causes
+from ingero.analysis.clock import best_offset, exchange
+from ingero.analysis.lag import peer_lag
+from ingero.analysis.stragglers import (LagPolicy, idle_caused, judge, last_share, onset, period,
+                                        recent_instances, slow_workers, step_interval)
+
+STEP = 0.05
+
+
+def job(instances: int, ranks: int, seed: int = 0, jitter: float = 0.001) -> np.ndarray:
+    """Entry times of a healthy lockstep job: a step apart, each rank a little jittered."""
+    rng = np.random.default_rng(seed)
+    return (np.arange(instances)[:, None] * STEP
+            + rng.uniform(0, jitter, size=(instances, ranks)))
+
+
+# -- lag -------------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 5), st.integers(0, 2**32 - 1), st.floats(0, 0.5))
+def test_peer_lag_is_entry_minus_the_median_of_the_others(ranks, instances, seed, missing):
+    rng = np.random.default_rng(seed)
+    entries = rng.normal(size=(instances, ranks))
+    entries[rng.random((instances, ranks)) < missing] = np.nan
+    lag = peer_lag(entries)
+    for i in range(instances):
+        for r in range(ranks):
+            others = [entries[i, k] for k in range(ranks) if k != r and np.isfinite(entries[i, k])]
+            if not others or not np.isfinite(entries[i, r]):
+                assert np.isnan(lag[i, r])
+            else:
+                assert lag[i, r] == pytest.approx(entries[i, r] - np.median(others), abs=1e-12)
+
+
+def test_a_late_rank_has_its_delay_as_lag_and_its_peers_none():
+    entries = job(10, 8)
+    entries[:, 5] += 0.29
+    lag = peer_lag(entries)
+    assert np.allclose(lag[:, 5], 0.29, atol=0.002)
+    assert np.abs(np.delete(lag, 5, axis=1)).max() < 0.002
+
+
+def test_in_a_job_of_two_the_late_rank_is_late_by_the_whole_gap():
+    entries = np.array([[0.0, 0.3], [1.0, 1.3]])
+    assert peer_lag(entries).ravel().tolist() == pytest.approx([-0.3, 0.3, -0.3, 0.3])
+    entries = job(20, 2)
+    entries[:, 1] += 0.1
+    assert kinds(judge(entries)) == {1: "persistent"}
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+def kinds(judgement) -> dict[int, str]:
+    return {f.column: f.kind for f in judgement.findings}
+
+
+def test_a_rank_late_from_the_first_step_is_named_with_onset_zero():
+    entries = job(40, 8)
+    entries[:, 3] += 0.02
+    found = judge(entries)
+    assert kinds(found) == {3: "persistent"}
+    assert found.findings[0].onset == 0
+    assert found.findings[0].lag_p50_s == pytest.approx(0.02, abs=0.002)
+
+
+def test_a_rank_that_turns_slow_after_healthy_steps_gets_its_onset():
+    entries = job(60, 8)
+    entries[37:, 2] += 0.03
+    found = judge(entries)
+    assert kinds(found) == {2: "persistent"}
+    assert found.findings[0].onset == 37
+
+
+def test_slow_steps_are_judged_on_the_last_seconds_not_the_last_16_steps():
+    entries = job(40, 8)
+    entries[30:] = entries[30] + np.arange(10)[:, None] * 0.3     # steps of 300 ms from 30 on
+    entries[35:, 5] += 0.29                                       # late from step 35
+    assert recent_instances(entries, LagPolicy()) == 5     # 4.2 s back to 2.7 s, give or take
+    found = judge(entries)
+    assert kinds(found) == {5: "persistent"} and found.findings[0].onset == 35
+    assert judge(entries[:37]).findings == [], "two late steps of five are not yet enough"
+
+
+def test_a_named_rank_stays_named_while_late_at_a_quarter_of_its_instances():
+    entries = job(40, 8)
+    entries[:20, 3] += 0.02
+    entries[20:, 3] += np.where(np.arange(20) % 3 == 0, 0.02, 0.0)   # late a third of the time
+    assert judge(entries).findings == []
+    assert kinds(judge(entries, named=frozenset({3}))) == {3: "persistent"}
+    entries[20:, 3] = job(40, 8)[20:, 3]                             # recovered
+    assert judge(entries, named=frozenset({3})).findings == []
+
+
+def test_a_stall_every_k_steps_is_periodic_with_period_k():
+    entries = job(60, 4)
+    entries[3::7, 1] += 0.08
+    found = judge(entries)
+    assert kinds(found) == {1: "periodic"}
+    assert found.findings[0].period == 7 and found.findings[0].occurrences == len(range(3, 60, 7))
+
+
+def test_irregular_rare_lateness_is_not_named():
+    entries = job(60, 8)
+    entries[[5, 6, 19, 40], 4] += 0.05
+    assert judge(entries).findings == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(5, 32), st.floats(0.0, 0.4), st.integers(0, 2**32 - 1),
+       st.floats(0.005, 2.0))
+def test_the_bar_holds_against_any_minority_of_late_ranks(ranks, share, seed, delay):
+    """Up to 40% of the ranks late, each by its own amount: every one of them is named and no
+    healthy rank is."""
+    rng = np.random.default_rng(seed)
+    late = rng.choice(ranks, size=int(share * ranks), replace=False)
+    entries = job(40, ranks, seed)
+    entries[:, late] += delay * rng.uniform(1.0, 3.0, size=len(late))
+    assert set(kinds(judge(entries))) == set(late.tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 32), st.integers(0, 2**32 - 1), st.floats(0, 0.005))
+def test_a_healthy_job_with_jitter_gets_no_finding(ranks, seed, jitter):
+    assert judge(job(200, ranks, seed, jitter)).findings == []
+
+
+def test_too_few_instances_are_not_judged():
+    entries = job(LagPolicy().min_instances - 1, 4)
+    entries[:, 0] += 1.0
+    assert judge(entries).findings == []
+
+
+def test_onset_and_period_on_yes_no_series():
+    assert onset(np.array([0, 0, 1, 0, 0, 1, 1, 1, 1], bool)) == 5
+    assert onset(np.ones(5, bool)) == 0
+    assert period(np.array([i % 4 == 1 for i in range(30)]), LagPolicy()) == 4
+    assert period(np.array([1, 1, 1, 1, 1, 0, 0], bool), LagPolicy()) is None
+
+
+def test_idle_caused_charges_the_last_rank_for_everyone_s_wait():
+    entries = np.array([[0.0, 1.0, 3.0], [10.0, 12.0, 11.0]])
+    assert idle_caused(entries).tolist() == [0.0, 3.0, 5.0]   # (3-0)+(3-1); (12-10)+(12-11)
+    assert last_share(entries).tolist() == [0.0, 0.5, 0.5]
+    assert step_interval(entries) == pytest.approx(10.0)
+
+
+def test_slow_workers_are_named_by_their_self_work_against_their_peers():
+    work = np.full(8, 0.006) + np.linspace(0, 0.0002, 8)
+    work[6] *= 1.5
+    assert slow_workers(work).tolist() == [i == 6 for i in range(8)]
+    work[6] = 0.0065   # 8% slower: noise, not a slow GPU
+    assert not slow_workers(work).any()
+    assert not slow_workers(np.array([np.nan, 0.004])).any()
+
+
+# -- clocks ----------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-5, 5), st.lists(st.tuples(st.floats(0.0001, 0.01), st.floats(0.0001, 0.01)),
+                                   min_size=8, max_size=64))
+def test_the_offset_is_within_half_the_best_round_trip(skew, legs):
+    """Whatever the legs' asymmetry, the estimate is off by at most its uncertainty."""
+    offsets, trips = [], []
+    for t, (up, down) in enumerate(legs):
+        t0 = 100.0 + t + skew               # the agent's clock runs ``skew`` ahead
+        t1 = 100.0 + t + up                 # fleetd's
+        t2 = t1 + 0.0005
+        t3 = t2 + down + skew
+        offset, trip = exchange(t0, t1, t2, t3)
+        offsets.append(offset)
+        trips.append(trip)
+        assert trip == pytest.approx(up + down, abs=1e-9)
+    estimate = best_offset(np.array(offsets), np.array(trips))
+    assert abs(estimate.offset - skew) <= estimate.uncertainty + 1e-9
+
+
+def test_symmetric_legs_give_the_offset_exactly():
+    offset, trip = exchange(10.25, 10.001, 10.002, 10.253)
+    assert offset == pytest.approx(0.25) and trip == pytest.approx(0.002)
+
+
+# -- causes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("facts, cause", [
+    (causes.Facts(self_work_s=0.009, peers_self_work_s=0.006, self_work_samples=20), "slow_gpu"),
+    (causes.Facts(preemptions={("ingero-hog", 4242): 40}), "host_preemption"),
+    (causes.Facts(blockio_requests=5000, blockio_bytes=2**30), "io"),
+    (causes.Facts(allocation_s=0.02, peers_allocation_s=0.001), "allocation"),
+    (causes.Facts(self_work_s=0.0061, peers_self_work_s=0.006, self_work_samples=20,
+                  preemptions={("python3", 7): 2}), "host_work"),
+])
+def test_each_cause_from_its_facts(facts, cause):
+    diagnosis = causes.diagnose_late(facts, "node3")
+    assert diagnosis.cause == cause and diagnosis.findings and diagnosis.fix
+
+
+def test_host_preemption_names_the_process_and_its_pid():
+    diagnosis = causes.diagnose_late(causes.Facts(preemptions={("ingero-hog", 4242): 40,
+                                                               ("kworker/0:1", 9): 6}))
+    assert "ingero-hog (pid 4242" in diagnosis.findings[0]
+    assert "ingero-hog (pid 4242)" in diagnosis.fix
+
+
+def test_severity_is_the_lag_against_the_step():
+    assert causes.severity(0.29, 0.02) == "critical"
+    assert causes.severity(0.003, 0.02) == "major"
+    assert causes.severity(0.001, 0.02) == "minor"

@@ -1,0 +1,208 @@
+"""fleetd's online rank analysis, driven by pushes built by hand and a clock passed in."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fleetd.alignment import CommWindow, Entries
+from fleetd.clocks import ClockBook
+from fleetd.config import SETTINGS
+from fleetd.ranks import RankAnalysis
+from ingero import wire
+
+T0 = 1_800_000_000.0
+STEP = 0.05
+COMM = "00000000c0ffee00"
+
+
+def analysis(**changes) -> RankAnalysis:
+    cfg = SimpleNamespace(**{s.name: s.default for s in SETTINGS})
+    cfg.hang_timeout = 2.0
+    vars(cfg).update(changes)
+    return RankAnalysis(cfg, rate_usd_per_gpu_hour=2.49)
+
+
+def collective(rank: int, step: int, t: float, job: str = "42", nranks: int = 8,
+               comm: str = COMM, op: str = "ncclAllReduce", seq: int | None = None) -> dict:
+    return {"id": f"n:{rank}:{step}", "t": t, "kind": "collective", "attrs": {
+        "op": op, "comm_hash": comm, "seq": step if seq is None else seq, "comm_rank": rank,
+        "nranks": nranks, "rank": rank, "job": job, "pid": 1000 + rank}}
+
+
+def push(node: str, events: list[dict], job: str | None = None) -> wire.Push:
+    return wire.Push(0, node, "c", "boot", 0.9, {s: 1.0 for s in wire.SIGNALS}, "active",
+                     T0, 1.0, job, None, events)
+
+
+def steps(ranks, first: int, last: int, late=lambda rank, step: 0.0, skew: float = 0.0,
+          **kw) -> list[dict]:
+    return [collective(r, s, T0 + s * STEP + 0.0001 * r + late(r, s) + skew, **kw)
+            for s in range(first, last) for r in ranks]
+
+
+def feed(ra: RankAnalysis, late=lambda rank, step: 0.0, until: int = 60, skew: float = 0.0,
+         offset: float = 0.0, **kw) -> list:
+    """Two nodes of four ranks, ten steps a push, a tick after each."""
+    changed = []
+    for first in range(0, until, 10):
+        now = T0 + (first + 10) * STEP + 0.3
+        ra.observe(push("n0", steps(range(4), first, first + 10, late, **kw)), 0.0, now)
+        ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew, **kw)),
+                   offset, now)
+        changed += ra.tick(now)
+    return changed
+
+
+def distinct(verdicts: list) -> list:
+    return list({v.vid: v for v in verdicts}.values())
+
+
+def test_a_late_rank_is_raised_once_updated_and_cleared_when_it_recovers():
+    ra = analysis(clear_ticks=2)
+    changed = feed(ra, late=lambda r, s: 0.29 if r == 5 and 20 <= s < 50 else 0.0, until=100)
+    assert [(v.rank, v.node, v.kind, v.cause) for v in changed[:1]] == [
+        (5, "n1", "persistent", "host_work")]
+    verdict = changed[0]
+    assert all(v is verdict for v in changed), "one verdict, revised"
+    assert verdict.step == 20 and verdict.lag_p50_s == pytest.approx(0.29, abs=0.002)
+    assert verdict.cleared is not None and verdict.cost_gpu_s > 0
+    assert verdict.cost_usd == pytest.approx(verdict.cost_gpu_s / 3600 * 2.49, abs=1e-6)
+    assert ra.straggler_ranks("n1") == []
+    rows, lag = ra.take_rows()
+    assert {r["vid"] for r in rows} == {verdict.vid}
+    assert [r["revision"] for r in rows] == list(range(len(rows)))
+    assert rows[0]["cleared"] is None and rows[-1]["cleared"] == verdict.cleared
+    assert {r["rank"] for r in lag} == set(range(8))
+
+
+def test_the_reply_names_the_live_straggler_ranks_of_a_node():
+    ra = analysis()
+    feed(ra, late=lambda r, s: 0.05 if r in (2, 6) else 0.0)
+    assert ra.straggler_ranks("n0") == [2] and ra.straggler_ranks("n1") == [6]
+
+
+def test_a_skewed_node_s_clock_is_corrected_before_ranks_are_compared():
+    ra = analysis()
+    late = lambda r, s: 0.29 if r == 1 else 0.0  # noqa: E731
+    (verdict,) = distinct(feed(ra, skew=0.25, offset=0.25, late=late))
+    assert (verdict.rank, verdict.kind) == (1, "persistent")
+    assert verdict.lag_p50_s == pytest.approx(0.29, abs=0.002)
+    uncorrected = analysis()
+    assert [round(v.lag_p50_s, 2) for v in distinct(feed(uncorrected, skew=0.25, late=late))] \
+        != [0.29], "without the offset the skew is taken for lag"
+
+
+def test_a_loose_clock_estimate_lowers_the_confidence_and_says_why():
+    ra = analysis()
+    ra.clocks.observe("n1", [100.0, 100.0, 100.0, 100.05])      # a 50 ms round trip
+    feed(ra, late=lambda r, s: 0.02 if r == 5 else 0.0)
+    (verdict,) = ra.active()
+    assert verdict.confidence == "low" and verdict.evidence["clock_uncertainty_ms"] == 25.0
+    assert "known only to ±25.0 ms" in verdict.findings[-1]
+
+
+def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits():
+    ra = analysis()
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
+    ra.observe(push("n0", events), 0.0, T0)
+    assert ra.tick(T0 + 10 * STEP + 1.0) == []           # inside the timeout
+    hung = ra.tick(T0 + 10 * STEP + 2.5)
+    assert [(v.rank, v.kind, v.op) for v in hung] == [(3, "hang", "ncclAllReduce")]
+    assert "never entered ncclAllReduce #10" in hung[0].findings[0]
+    ra.observe(push("n0", [{"id": "n:x", "t": T0 + 1, "kind": "process_exit",
+                            "attrs": {"rank": 3, "job": "42", "pid": 1003}}]), 0.0, T0 + 3)
+    dead = ra.tick(T0 + 10 * STEP + 3.0)
+    assert [(v.rank, v.kind, v.cause) for v in dead if v.cleared is None] == [(3, "died", "died")]
+
+
+def test_two_jobs_on_one_node_are_analysed_apart():
+    ra = analysis()
+    for first in range(0, 60, 10):
+        now = T0 + (first + 10) * STEP
+        events = (steps(range(4), first, first + 10, nranks=4, comm="a" * 16, job="1",
+                        late=lambda r, s: 0.1 if r == 1 else 0.0)
+                  + steps(range(4), first, first + 10, nranks=4, comm="b" * 16, job="2",
+                          late=lambda r, s: 0.1 if r == 2 else 0.0))
+        ra.observe(push("node", events), 0.0, now)
+        ra.tick(now)
+    assert sorted((v.job, v.rank) for v in ra.active()) == [("1", 1), ("2", 2)]
+
+
+def test_the_agent_s_job_applies_to_events_without_one():
+    ra = analysis()
+    events = steps(range(4), 0, 20, nranks=4, late=lambda r, s: 0.1 if r == 0 else 0.0)
+    for e in events:
+        del e["attrs"]["job"]
+    ra.observe(push("node", events, job="77"), 0.0, T0)
+    ra.tick(T0 + 1)
+    assert [(v.job, v.rank) for v in ra.active()] == [("77", 0)]
+
+
+def test_unknown_communicators_and_point_to_point_are_kept_out_of_alignment():
+    ra = analysis()
+    unknown = steps(range(4), 0, 20, nranks=4, comm="0" * 16)
+    p2p = steps(range(4), 0, 20, nranks=4, op="ncclSend", late=lambda r, s: 1.0)
+    ra.observe(push("node", unknown + p2p), 0.0, T0)
+    ra.tick(T0 + 5)
+    assert ra.unaligned == len(unknown) and ra.active() == []
+    assert all(job.comms == {} for job in ra.jobs.values())
+
+
+def test_a_slow_gpu_is_named_by_its_self_work():
+    ra = analysis()
+    syncs = [{"id": "s", "t": T0, "kind": "sync", "attrs": {
+        "rank": r, "job": "42", "duration_ns": 9_000_000 if r == 6 else 6_000_000,
+        "peer_wait": False}} for r in range(8) for _ in range(10)]
+    ra.observe(push("n1", syncs), 0.0, T0)
+    feed(ra)
+    assert [(v.rank, v.kind, v.cause) for v in ra.active()] == [(6, "slow_gpu", "slow_gpu")]
+
+
+def test_preemption_by_another_process_is_the_cause_and_names_it():
+    ra = analysis()
+    hog = [{"id": "p", "t": T0 + 1, "kind": "preempted", "attrs": {
+        "rank": 2, "job": "42", "preemptor_pid": 4242, "preemptor_comm": "ingero-hog",
+        "count": 30, "preempted_ns": 2_000_000_000, "preemptor_own": False}}]
+    own = [{"id": "q", "t": T0 + 1, "kind": "preempted", "attrs": {
+        "rank": r, "job": "42", "preemptor_pid": 1000 + r, "preemptor_comm": "rank-thread",
+        "count": 50, "preemptor_own": True}} for r in range(8)]
+    ra.observe(push("n0", hog + own), 0.0, T0 + 1)
+    feed(ra, late=lambda r, s: 0.02 if r == 2 else 0.0)
+    (verdict,) = ra.active()
+    assert verdict.cause == "host_preemption" and "ingero-hog (pid 4242" in verdict.findings[0]
+    assert verdict.evidence["preemptions"][0] == {"comm": "ingero-hog", "pid": 4242,
+                                                   "count": 30}
+
+
+def test_ranks_of_the_same_job_crowding_each_other_are_not_another_process():
+    ra = analysis()
+    crowd = [{"id": "p", "t": T0 + 1, "kind": "preempted", "attrs": {
+        "rank": 2, "job": "42", "preemptor_pid": 5000, "preemptor_tgid": 1003,
+        "preemptor_comm": "ingero-sim-rank", "count": 40, "preemptor_own": False}}]
+    ra.observe(push("n0", crowd), 0.0, T0 + 1)
+    feed(ra, late=lambda r, s: 0.02 if r == 2 else 0.0)
+    (verdict,) = ra.active()
+    assert verdict.cause == "host_work" and verdict.evidence["preemptions"] == []
+
+
+def test_comm_window_aligns_out_of_order_entries_and_settles_complete_instances():
+    window = CommWindow(COMM, 3, capacity=8)
+    window.add(Entries(np.array([1, 0, 0, 1, 0]), np.array([0, 2, 0, 1, 1]),
+                       np.array([1.0, 0.2, 0.0, 1.1, 0.1]), np.zeros(5, np.int64)))
+    seq, _op, entries = window.settle()
+    assert seq.tolist() == [0] and entries.tolist() == [[0.0, 0.1, 0.2]]
+    assert [s for s, _o, missing in window.stalled(10.0, 5.0)] == [1]
+    assert window.stalled(10.0, 5.0)[0][2].tolist() == [2]
+    assert window.add(Entries(np.array([2]), np.array([7]), np.array([2.0]),
+                              np.zeros(1, np.int64))) == 1
+
+
+def test_clock_book_keeps_the_best_round_trips():
+    book = ClockBook()
+    book.observe("n", [100.25, 100.0, 100.001, 100.252])        # symmetric: offset 0.25
+    book.observe("n", [101.25, 101.3, 101.301, 101.302])        # a slow, lopsided leg
+    assert book.offset("n") == pytest.approx(0.25, abs=0.03)
+    assert book.offset("unknown") == 0.0

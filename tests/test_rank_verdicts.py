@@ -1,0 +1,261 @@
+"""Rank verdicts end to end: sim ranks traced by node-wide ingerods (real bcc), fleetd's online
+analysis, echod's store, read back over echod's HTTPS API.
+
+One stack serves the module: echod (embedded PostgreSQL, TLS, a token), fleetd forwarding to it,
+and two ingerods as the shipped unit runs them (no --job), one per simulated node
+(``--match-env SLURM_NODEID=n`` stands in for two hosts). node1's ingerod runs under faketime
+250 ms ahead, so every verdict here is also a verdict made through a corrected clock. Each test
+runs its own sim job (its own Slurm job id) and asserts on what the API answers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import sim
+from ingero.launch import Daemon, KeyRing, free_port, stop_all, wait_for
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+from sim.records import read_record
+
+from .support import EchodApi, metric
+
+try:
+    import bcc  # noqa: F401
+    HAVE_BCC = True
+except ImportError:
+    HAVE_BCC = False
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    os.geteuid() != 0 or not HAVE_BCC, reason="eBPF needs root and Debian's bcc (make setup)")]
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SKEW_S = 0.25
+PUSH_S = 1.0
+HANG_TIMEOUT_S = 4.0
+VERDICTS = """
+SELECT rank, node, kind, cause, lag_ns, lag_p99_ns, step, period, severity, fix,
+       evidence, cost_gpu_seconds, extract(epoch FROM t) AS raised, cleared IS NOT NULL,
+       extract(epoch FROM onset) AS onset
+FROM straggler_verdicts WHERE job = '{job}' ORDER BY rank, t
+"""
+COLUMNS = ("rank", "node", "kind", "cause", "lag_ns", "lag_p99_ns", "step", "period",
+           "severity", "fix", "evidence", "cost_gpu_seconds", "raised", "cleared", "onset")
+
+
+class Stack:
+    def __init__(self, root: Path):
+        self.root = root
+        self.keys = KeyRing.create(root / "keys")
+        self.echod = EchodApi(self.keys, "--rate-limit", "500", "--rate-burst", "2000",
+                              tokens={"ops": ("*", "admin")})
+        self.token = self.echod.tokens["ops"]
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.fleet_port = free_port()
+        self.fleetd = Daemon.module("fleetd", "fleetd", [
+            "--bind", self.endpoint, "--metrics-addr", f"127.0.0.1:{self.fleet_port}",
+            "--hang-timeout", str(HANG_TIMEOUT_S), "--recompute-interval", "0.5",
+            "--gpu-model", "H100-80GB", "--gpu-provider", "lambda",
+            *self.keys.fleetd_flags(), *self.keys.forwarding_flags(self.echod.ingest)], root)
+        libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+        skew = {"LD_PRELOAD": str(FAKETIME), "FAKETIME": f"+{SKEW_S}",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        self.agents = [Daemon.module(f"ingerod-node{n}", "ingerod", [
+            "--source", "ebpf", "--libraries", libraries, "--fleet", self.endpoint,
+            "--node", f"node{n}", "--cluster", "sim", "--match-env", f"SLURM_NODEID={n}",
+            "--push-interval", str(PUSH_S), "--rescan-interval", "0.2", "--metrics-addr", "none",
+            *self.keys.ingerod_flags()], root, env=skew if n == 1 else None) for n in (0, 1)]
+        ready = wait_for(lambda: all("pushing to" in a.log() for a in self.agents)
+                         or not all(a.alive() for a in self.agents), 120)
+        assert ready and all(a.alive() for a in self.agents), self.logs()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {d.name}\n{d.log()[-4000:]}" for d in (*self.agents, self.fleetd))
+
+    def run(self, scenario: scenarios.Scenario, settle: float = 3 * PUSH_S + 2):
+        """Run a sim job to its end, then give the verdicts time to reach echod."""
+        with Cluster(scenario, self.root / f"job-{scenario.job.job_id}") as cluster:
+            result = cluster.wait()
+        time.sleep(settle)
+        return result
+
+    def verdicts(self, job: str) -> list[dict]:
+        answer = self.echod.request("POST", "/api/v1/tools/run_analysis", self.token,
+                                    json={"sql": VERDICTS.format(job=job)})
+        assert answer.status_code == 200, answer.text
+        return [dict(zip(COLUMNS, row)) for row in answer.json()["rows"]]
+
+    def stop(self) -> None:
+        statuses = stop_all([*self.agents, self.fleetd], 30)
+        assert self.echod.stop() == 0
+        assert statuses == [0, 0, 0], self.logs()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    sim.build()
+    stack = Stack(tmp_path_factory.mktemp("verdicts"))
+    yield stack
+    stack.stop()
+
+
+def scenario(job_id: str, stragglers=(), **fields) -> scenarios.Scenario:
+    base = {"nodes": 2, "ranks_per_node": 4, "steps": 40, "step_ms": 20,
+            "allreduce_bytes": 1 << 20, "timeout_s": 30, "job_id": job_id}
+    return scenarios.parse({"name": f"job-{job_id}", "job": base | fields,
+                            "stragglers": list(stragglers)})
+
+
+def named(verdicts: list[dict]) -> dict[int, dict]:
+    """The latest verdict of each rank."""
+    return {v["rank"]: v for v in verdicts}
+
+
+def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(stack):
+    late, delay_ms, onset_step = 5, 290, 12
+    result = stack.run(scenario("1001", steps=30, stragglers=[
+        {"rank": late, "kind": "host_delay", "delay_ms": delay_ms, "from_step": onset_step}]))
+    assert result.ok, result.describe()
+    found = named(stack.verdicts("1001"))
+    assert set(found) == {late}, (found, stack.logs())
+    verdict = found[late]
+    assert verdict["node"] == "node1" and verdict["kind"] == "persistent"
+    assert verdict["cause"] == "host_work", verdict
+    assert abs(verdict["lag_ns"] / 1e6 - delay_ms) <= 0.1 * delay_ms, verdict
+    assert abs(verdict["step"] - onset_step) <= 3, verdict
+    assert verdict["severity"] == "critical" and verdict["cost_gpu_seconds"] > 0
+    # Onset to verdict: the first late entry (ground truth, this host's clock) to fleetd's raise.
+    truth = read_record(result.rank(late).record_path).at_step(onset_step)
+    late_at = truth["entry_ns"] / 1e9 - time.monotonic() + time.time()
+    assert verdict["raised"] - late_at <= 3 * PUSH_S, (verdict["raised"], late_at)
+
+
+def test_clock_offset_of_the_skewed_node_is_estimated_within_5_ms(stack):
+    offset = metric(stack.fleet_port, "ingero_fleet_clock_offset_seconds", node="node1")
+    assert abs(offset - SKEW_S) <= 0.005, offset
+    assert abs(metric(stack.fleet_port, "ingero_fleet_clock_offset_seconds", node="node0")) \
+        <= 0.005
+
+
+def test_a_healthy_job_of_2000_collectives_with_jitter_gets_no_verdict(stack):
+    """250 steps of an all-reduce and an all-gather: 500 instances, 4,000 traced calls."""
+    result = stack.run(scenario("1002", steps=250, step_ms=10, jitter_ms=2,
+                                extra_collectives=["allgather"]))
+    assert result.ok, result.describe()
+    assert stack.verdicts("1002") == []
+
+
+def test_a_stall_every_k_steps_is_named_periodic_with_its_period(stack):
+    result = stack.run(scenario("1003", steps=40, stragglers=[
+        {"rank": 1, "kind": "hiccup", "delay_ms": 80, "every": 5}]))
+    assert result.ok, result.describe()
+    found = named(stack.verdicts("1003"))
+    assert set(found) == {1}, found
+    assert found[1]["kind"] == "periodic" and found[1]["period"] == 5, found[1]
+
+
+def test_a_slow_gpu_is_named_with_cause_slow_gpu(stack):
+    result = stack.run(scenario("1004", steps=40, stragglers=[
+        {"rank": 6, "kind": "slow_gpu", "factor": 1.5}]))
+    assert result.ok, result.describe()
+    found = named(stack.verdicts("1004"))
+    assert set(found) == {6}, found
+    assert found[6]["cause"] == "slow_gpu", found[6]
+
+
+def test_a_hung_rank_is_named_missing_within_the_timeout_and_two_pushes(stack):
+    with Cluster(scenario("1005", steps=20, timeout_s=20, stragglers=[
+            {"rank": 3, "kind": "hang", "at_step": 6}]),
+            stack.root / "job-1005") as cluster:
+        started = time.time()
+        named_hang = wait_for(lambda: any(v["kind"] == "hang" for v in stack.verdicts("1005")),
+                              HANG_TIMEOUT_S + 2 * PUSH_S + 20)
+        cluster.stop()
+    assert named_hang, stack.logs()
+    found = named(v for v in stack.verdicts("1005") if v["kind"] == "hang")
+    assert set(found) == {3}, found
+    entered = read_record(cluster.ranks[0].record_path).at_step(6)["entry_ns"] / 1e9 \
+        - time.monotonic() + time.time()
+    assert found[3]["raised"] - entered <= HANG_TIMEOUT_S + 2 * PUSH_S + 1.0, (found, started)
+
+
+def test_a_competing_process_on_a_rank_s_cpu_is_named_as_the_cause(stack):
+    with Cluster(scenario("1006", nodes=1, steps=30, host_work_ms=2, stragglers=[
+            {"rank": 2, "kind": "cpu_contention", "hogs": 3, "nice": -10}]),
+            stack.root / "job-1006") as cluster:
+        result = cluster.wait()
+        hogs = {hog.pid for hog in cluster.hogs}
+    assert result.ok, result.describe()
+    time.sleep(3 * PUSH_S + 2)
+    found = named(stack.verdicts("1006"))
+    assert set(found) == {2}, found
+    assert found[2]["cause"] == "host_preemption", found[2]
+    top = found[2]["evidence"]["preemptions"][0]
+    assert top["comm"] == "ingero-hog" and top["pid"] in hogs, found[2]["evidence"]
+    assert f"ingero-hog (pid {top['pid']})" in found[2]["fix"]
+
+
+def test_three_of_eight_at_once_each_with_its_own_cause(stack):
+    # Two cores: rank 6 and its hogs get one, the seven other ranks (and the daemons) the other.
+    result = stack.run(scenario("1007", steps=40, host_work_ms=1, stragglers=[
+        {"rank": 1, "kind": "host_delay", "delay_ms": 60},
+        {"rank": 4, "kind": "slow_gpu", "factor": 2.0},
+        {"rank": 6, "kind": "cpu_contention", "hogs": 3, "nice": -10}]))
+    assert result.ok, result.describe()
+    found = named(stack.verdicts("1007"))
+    assert {r: v["cause"] for r, v in found.items()} == {
+        1: "host_work", 4: "slow_gpu", 6: "host_preemption"}, found
+    assert found[1]["step"] <= 3, "slow from the first step: its onset is the start"
+
+
+def test_two_of_five_ranks_late_are_both_named(stack):
+    result = stack.run(scenario("1008", nodes=1, ranks_per_node=5, steps=30, stragglers=[
+        {"rank": 0, "kind": "host_delay", "delay_ms": 40},
+        {"rank": 3, "kind": "host_delay", "delay_ms": 80}]))
+    assert result.ok, result.describe()
+    found = named(stack.verdicts("1008"))
+    assert set(found) == {0, 3}, found
+    assert found[3]["lag_ns"] > found[0]["lag_ns"]
+
+
+def test_a_rank_that_dies_is_named_dead(stack):
+    with Cluster(scenario("1009", steps=30, timeout_s=20, stragglers=[
+            {"rank": 2, "kind": "die", "at_step": 8}]), stack.root / "job-1009") as cluster:
+        dead = wait_for(lambda: any(v["kind"] == "died" for v in stack.verdicts("1009")),
+                        HANG_TIMEOUT_S + 2 * PUSH_S + 20)
+        cluster.stop()
+    assert dead, stack.logs()
+    found = named(v for v in stack.verdicts("1009") if v["kind"] == "died")
+    assert set(found) == {2} and found[2]["cause"] == "died", found
+
+
+def test_a_healthy_job_without_jitter_gets_no_verdict(stack):
+    """250 steps of an all-reduce: 2,000 traced calls."""
+    result = stack.run(scenario("1010", steps=250, step_ms=10))
+    assert result.ok, result.describe()
+    assert stack.verdicts("1010") == []
+
+
+def test_two_jobs_on_one_node_wide_agent_are_analysed_and_stored_apart(stack):
+    first = scenario("1011", nodes=1, steps=30, stragglers=[
+        {"rank": 1, "kind": "host_delay", "delay_ms": 40}])
+    second = scenario("1012", nodes=1, steps=30, stragglers=[
+        {"rank": 3, "kind": "host_delay", "delay_ms": 40}])
+    with Cluster(first, stack.root / "job-1011") as a, Cluster(second, stack.root / "job-1012") as b:
+        results = a.wait(), b.wait()
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    time.sleep(3 * PUSH_S + 2)
+    assert set(named(stack.verdicts("1011"))) == {1}
+    assert set(named(stack.verdicts("1012"))) == {3}
+    answer = stack.echod.request("POST", "/api/v1/tools/run_analysis", stack.token, json={
+        "sql": "SELECT job, count(*) FROM events WHERE kind = 'collective' AND job IN "
+               "('1011', '1012') GROUP BY job ORDER BY job"})
+    assert [(job, count > 0) for job, count in answer.json()["rows"]] == [
+        ("1011", True), ("1012", True)]
+
+
+
