@@ -252,3 +252,47 @@ def test_embedded_cluster_failures_say_why(tmp_path):
         assert "pg_ctl start failed" in str(failed.value)
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+# -- rank verdicts and peer lag ----------------------------------------------------------------
+
+def verdict(revision: int, t: float, **changes) -> dict:
+    return {"vid": "v1", "revision": revision, "cluster": CLUSTER, "job": "4242", "rank": 5,
+            "node": "node01", "kind": "persistent", "cause": "host_work", "confidence": "medium",
+            "severity": "critical", "fix": "profile the host code", "findings": ["late"],
+            "op": "ncclAllReduce", "comm_hash": "00000000c0ffee00", "step": 12, "onset": t,
+            "first_seen": t, "last_seen": t + revision, "cleared": None, "lag_p50_s": 0.29,
+            "lag_p99_s": 0.3, "last_share": 1.0, "period": None, "occurrences": 20,
+            "cost_gpu_s": 2.5 * (revision + 1), "cost_usd": None,
+            "evidence": {"bar_ms": 4.2}, **changes}
+
+
+def test_the_newest_revision_of_a_verdict_wins_and_a_replay_changes_nothing(engine):
+    now = time.time()
+    first = write_batch(engine, {"verdicts": [verdict(0, now), verdict(2, now), verdict(1, now)]})
+    assert (first.stored, first.duplicates, first.rejected) == (1, 2, [])
+    assert write_batch(engine, {"verdicts": [verdict(1, now)]}).stored == 0   # older: ignored
+    cleared = write_batch(engine, {"verdicts": [verdict(3, now, cleared=now + 5)]})
+    assert cleared.stored == 1
+    with engine.connect() as connection:
+        row = connection.execute(text(
+            "SELECT revision, lag_ns, cost_gpu_seconds, cleared IS NOT NULL, evidence "
+            "FROM straggler_verdicts")).one()
+    assert row[:4] == (3, 290_000_000, 10.0, True)
+    assert row[4] == {"bar_ms": 4.2, "findings": ["late"]}
+
+
+def test_a_verdict_without_its_raise_time_is_rejected_alone(engine):
+    now = time.time()
+    result = write_batch(engine, {"verdicts": [verdict(0, now, first_seen=None)],
+                                  "events": [event("node01", 1, now)]})
+    assert result.stored == 1 and result.rejected[0][:2] == ("verdicts", 0)
+    assert "first_seen" in result.rejected[0][2]
+
+
+def test_peer_lag_rows_are_stored_once(engine):
+    row = {"t": time.time(), "cluster": CLUSTER, "job": "4242", "comm_hash": "00000000c0ffee00",
+           "seq_first": 0, "seq_last": 9, "rank": 3, "node": "node01", "samples": 10,
+           "lag_median_ns": -87, "lag_p95_ns": 573_183, "lag_max_ns": 681_748}
+    assert write_batch(engine, {"peer_lag": [row]}).stored == 1
+    assert write_batch(engine, {"peer_lag": [row]}).duplicates == 1
