@@ -59,6 +59,8 @@ class CommWindow:
         self.step = np.empty(0, np.int64)     # the instance's ordinal among its op's
         self.op_counts: dict[int, int] = {}
         self.overwritten = 0      # open instances pushed out of the ring unfinished
+        self.latest = np.full(nranks, -1, np.int64)   # the furthest instance each rank entered
+        self.incomplete = 0       # instances dropped because an entry never came (lost)
 
     def add(self, batch: Entries) -> int:
         """Write entries into their open instances; returns how many were out of range."""
@@ -73,6 +75,7 @@ class CommWindow:
             self.open_seq[claimed] = seq[fresh]
             self.open_op[claimed] = batch.op[good][fresh]
         self.open[rows, column] = batch.t[good]
+        np.maximum.at(self.latest, column, seq)
         return int((~good).sum())
 
     def settle(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,15 +102,26 @@ class CommWindow:
 
     def stalled(self, now: float, timeout: float) -> list[tuple[int, int, np.ndarray]]:
         """Open instances some rank entered more than ``timeout`` seconds ago that others have
-        not: (seq, op, missing columns), oldest first."""
+        not: (seq, op, missing columns), oldest first. A rank that has entered a later instance
+        passed this one too (ranks keep the same order): its entry was lost on the way, it is
+        not missing; an instance missing only such entries is dropped and counted."""
         used = np.flatnonzero(self.open_seq >= 0)
         if not len(used):
             return []
         first = np.nanmin(self.open[used], axis=1)
         old = used[first < now - timeout]
         old = old[np.argsort(self.open_seq[old])]
-        return [(int(self.open_seq[r]), int(self.open_op[r]),
-                 np.flatnonzero(~np.isfinite(self.open[r]))) for r in old]
+        stalled = []
+        for row in old:
+            seq = self.open_seq[row]
+            absent = np.flatnonzero(~np.isfinite(self.open[row]))
+            behind = absent[self.latest[absent] < seq]
+            if len(behind):
+                stalled.append((int(seq), int(self.open_op[row]), behind))
+            else:
+                self.open_seq[row] = -1
+                self.incomplete += 1
+        return stalled
 
     def dominant(self) -> tuple[int | None, np.ndarray]:
         """The op this communicator runs most (the per-step collective) and its history

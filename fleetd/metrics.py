@@ -67,6 +67,9 @@ class FleetMetrics:
         self.unaligned = Gauge("ingero_fleet_unaligned_collectives", "Collectives on "
                                "communicators their agent did not see created (kept out of "
                                "alignment)", registry=r)
+        self.incomplete = Gauge("ingero_fleet_incomplete_collectives", "Collective instances "
+                                "dropped because an entry never arrived though its rank went on "
+                                "(an event lost on the way)", registry=r)
         self._cohorts: set[str] = set()
 
     def publish(self, cohorts: dict[str, CohortState], coverage_alert: float) -> None:
@@ -95,6 +98,7 @@ class FleetMetrics:
         """The rank analysis: live verdicts, those just raised, clock offsets."""
         self.rank_verdicts.set(len(ranks.active()))
         self.unaligned.set(ranks.unaligned)
+        self.incomplete.set(ranks.incomplete)
         for verdict in changed:
             if verdict.revision == 0:
                 self.rank_verdicts_raised.labels(verdict.kind, verdict.cause).inc()

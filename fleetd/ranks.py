@@ -134,6 +134,7 @@ class RankAnalysis:
         self.jobs: dict[tuple[str, str | None], JobState] = {}
         self.ops = OpCodes()
         self.unaligned = 0            # collectives on communicators never seen created
+        self.heard: dict[str, tuple[float, float]] = {}   # node → (last push, its interval)
         self.pending_rows: list[dict] = []
         self.pending_lag: list[dict] = []
 
@@ -141,6 +142,7 @@ class RankAnalysis:
 
     def observe(self, push: Push, offset: float, now: float) -> None:
         """A fresh push's events, its node's clock offset removed."""
+        self.heard[push.node] = (now, push.interval)
         collectives: dict[tuple, list] = defaultdict(list)
         for event in push.events:
             a = event["attrs"]
@@ -314,22 +316,32 @@ class RankAnalysis:
         seq, op, columns = stalled[0]
         ranks = self._ranks(job, comm, window.nranks)
         found = {}
+        waiting = now - float(np.nanmin(window.open[seq % len(window.open_seq)]))
         for column in columns:
             rank = ranks[column]
             facts = job.facts[rank]
+            silent = self._silent(facts.node, now - waiting)
+            if silent and waiting < 2 * self.hang_timeout:
+                continue    # its node may only be late to tell: give it the time of two
             kind = "died" if facts.exited_at is not None else "hang"
-            waiting = now - float(np.nanmin(window.open[seq % len(window.open_seq)]))
             diagnosis = causes.Diagnosis(kind, "high", causes.FIXES[kind].format(
                 node=facts.node or "its node"), [
                 f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its "
                 f"peers have waited {waiting:.1f} s"
-                + (" and its process exited" if kind == "died" else "")])
+                + (" and its process exited" if kind == "died" else "")
+                + (f"; {facts.node or 'its node'} has not reported since" if silent else "")])
             found[(rank, "missing")] = Verdict(
                 job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",
                 severity="critical", fix=diagnosis.fix, findings=diagnosis.findings,
                 op=self.ops.names[op], comm_hash=comm, onset=now - waiting,
                 lag_p50_s=waiting, evidence={"seq": seq, "waited_s": round(waiting, 3)})
         return found
+
+    def _silent(self, node: str, since: float) -> bool:
+        """Whether ``node`` has not pushed, one push interval after ``since``, since then: what
+        it knows of a collective entered at ``since`` may still be on its way."""
+        heard = self.heard.get(node)
+        return heard is None or heard[0] < since + heard[1]
 
     def _facts_of(self, job: JobState, rank: int, now: float) -> causes.Facts:
         mine = job.facts[rank]
@@ -440,6 +452,11 @@ class RankAnalysis:
         return None if self.rate is None else round(gpu_s / 3600.0 * self.rate, 6)
 
     # -- answers -------------------------------------------------------------------------------
+
+    @property
+    def incomplete(self) -> int:
+        """Instances dropped for a lost entry, in the jobs still tracked."""
+        return sum(w.incomplete for job in self.jobs.values() for w in job.comms.values())
 
     def straggler_ranks(self, node: str) -> list[int]:
         """The ranks on ``node`` under a live verdict, for the push reply."""

@@ -109,6 +109,8 @@ def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits(
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
     ra.observe(push("n0", events), 0.0, T0)
     assert ra.tick(T0 + 10 * STEP + 1.0) == []           # inside the timeout
+    assert ra.tick(T0 + 10 * STEP + 2.5) == []           # n0 has not reported since
+    ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + 2.0)
     hung = ra.tick(T0 + 10 * STEP + 2.5)
     assert [(v.rank, v.kind, v.op) for v in hung] == [(3, "hang", "ncclAllReduce")]
     assert "never entered ncclAllReduce #10" in hung[0].findings[0]
@@ -116,6 +118,25 @@ def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits(
                             "attrs": {"rank": 3, "job": "42", "pid": 1003}}]), 0.0, T0 + 3)
     dead = ra.tick(T0 + 10 * STEP + 3.0)
     assert [(v.rank, v.kind, v.cause) for v in dead if v.cleared is None] == [(3, "died", "died")]
+
+
+def test_a_silent_node_s_missing_rank_is_named_after_twice_the_timeout():
+    ra = analysis()
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
+    ra.observe(push("n0", events), 0.0, T0)
+    assert ra.tick(T0 + 10 * STEP + 3.0) == []
+    (hung,) = ra.tick(T0 + 10 * STEP + 4.5)
+    assert hung.kind == "hang" and "n0 has not reported since" in hung.findings[0]
+
+
+def test_a_lost_entry_is_not_a_hang_when_the_rank_went_on():
+    ra = analysis()
+    events = [e for e in steps(range(8), 0, 20)
+              if not (e["attrs"]["seq"] == 5 and e["attrs"]["comm_rank"] == 4)]
+    ra.observe(push("n0", events), 0.0, T0)
+    assert ra.tick(T0 + 20 * STEP + 5.0) == []
+    (window,) = ra.jobs[("c", "42")].comms.values()
+    assert window.incomplete == 1 and window.stalled(T0 + 100, 2.0) == []
 
 
 def test_two_jobs_on_one_node_are_analysed_apart():
