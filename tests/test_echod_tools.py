@@ -726,7 +726,10 @@ def late_rank_facts(**changes) -> tools.Facts:
       "health": tools.NodeHealth(signals={"compute": 0.3})}, "slow_gpu", "high"),
     ({"sync": tools.SyncWork(100, 800_000_000, 100, 4_000_000_000)}, "network_or_peer", "low"),
     ({}, "unknown", "low"),
-    ({"verdict_cause": "io"}, "io", "medium"),
+    ({"verdict": {"kind": "persistent", "cause": "host_work", "confidence": "medium",
+                  "fix": "profile its host code", "findings": ["late, nobody else on its CPU"],
+                  "raised": "2026-11-24T10:00:00Z", "cleared": None, "period": None}},
+     "host_work", "medium"),
 ])
 def test_the_strongest_evidence_names_the_cause(changes, cause, confidence):
     diagnosis = tools.diagnose(late_rank_facts(**changes))

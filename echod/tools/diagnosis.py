@@ -11,8 +11,6 @@ from .evidence import PREEMPTION_BURST, HostEvidence, NodeHealth, lowest_signal
 from .lag import RankLag
 from .selection import ms, num
 
-CAUSES = ("host_preemption", "io", "slow_gpu", "memory_pressure", "network_or_peer", "none",
-          "unknown")
 LOW_SIGNAL = {"cpu": 0.75, "compute": 0.6, "memory": 0.5}
 
 FIXES = {
@@ -59,7 +57,7 @@ class Facts:
     sync: SyncWork
     peers_self_ms: float | None
     peers_wait_ms: float | None
-    verdict_cause: str | None = None
+    verdict: dict | None = None         # fleetd's latest verdict on the rank, as stored
 
 
 @dataclass
@@ -71,7 +69,11 @@ class Diagnosis:
 
 
 def diagnose(facts: Facts) -> Diagnosis:
-    """The cause of a rank's lateness, from its evidence; ``none`` when it is not late."""
+    """The cause of a rank's lateness: fleetd's verdict when there is one (it judged with every
+    node's clock corrected, and saw the rank hang or die), else from the stored evidence;
+    ``none`` when it is not late."""
+    if facts.verdict is not None:
+        return from_verdict(facts)
     if facts.lag is None:
         return Diagnosis("unknown", "low", None,
                          ["no collective of this rank could be compared with its peers"])
@@ -80,14 +82,22 @@ def diagnose(facts: Facts) -> Diagnosis:
         sure = facts.lag.samples >= 10
         return Diagnosis("none", "high" if sure else "low", None, findings)
     cause, confidence = blame(facts)
-    if cause == "unknown" and facts.verdict_cause in CAUSES:
-        cause, confidence = facts.verdict_cause, "medium"
-        findings.append(f"fleetd's verdict names {cause}")
     fix = FIXES.get(cause)
     comm = facts.host.top_preemptor or "the competing processes"
     return Diagnosis(cause, confidence,
                      fix.format(comm=comm, node=facts.lag.node or "its node") if fix else None,
                      findings)
+
+
+def from_verdict(facts: Facts) -> Diagnosis:
+    v = facts.verdict
+    what = f"every {v['period']} steps" if v.get("period") else v["kind"]
+    state = f"cleared {v['cleared']}" if v.get("cleared") else "still live"
+    findings = [f"fleetd named it a straggler ({what}, {v['cause']}) at {v['raised']}, "
+                f"{state}", *v.get("findings", [])]
+    if facts.lag is not None:
+        findings += describe_facts(facts)
+    return Diagnosis(v["cause"], v.get("confidence") or "medium", v.get("fix"), findings)
 
 
 def blame(facts: Facts) -> tuple[str, str]:

@@ -9,16 +9,18 @@ import numpy as np
 from sqlalchemy import Connection, text
 
 from ingero.analysis import Bar
+from ingero.analysis.causes import CAUSES
 
 from ..registry import ToolContext, ToolError, obj, tool
-from .diagnosis import CAUSES, Facts, SyncWork, diagnose
+from .diagnosis import Facts, SyncWork, diagnose
 from .evidence import (SIGNAL_NAME, SIGNALS_OUT, Evidence, HostEvidence, NodeHealth,
                        gather_evidence, lowest_signal)
 from .lag import COVERAGE_OUT, RankLag, Survey, survey
 from .schema import (BOOL, CLUSTER_ARG, DEFAULT_MAX_ENTRIES, INT, JOB_ARG, MAX_ENTRIES,
-                     NUM_OR_NULL, RANK, SINCE_ARG, STR, STR_OR_NULL, TIME, UNTIL_ARG,
+                     NUM_OR_NULL, RANK, SINCE_ARG, STR, STR_OR_NULL, UNTIL_ARG,
                      WINDOW_OUT, array, closed, described, nullable)
-from .selection import Selection, Where, iso, job_cluster, ms, num, reading, rows, select, whole
+from .selection import Selection, job_cluster, ms, num, reading, rows, select, whole
+from .verdicts import VERDICT_OUT, read_verdicts
 
 SYNCS = """
 SELECT e.rank, coalesce(e.attrs -> 'peer_wait', 'false'::jsonb) = 'true'::jsonb, count(*),
@@ -29,12 +31,6 @@ GROUP BY 1, 2
 RANK_EXISTS = """
 SELECT EXISTS (SELECT 1 FROM events e
                WHERE e.cluster = :cluster AND e.job = :job AND e.rank = :rank)
-"""
-LATEST_VERDICT = """
-SELECT v.t, v.cause, v.lag_ns, v.op, v.comm_hash, v.cost_gpu_seconds
-FROM straggler_verdicts v
-WHERE v.cluster = :cluster AND v.job = :job AND v.rank = :rank AND {window}
-ORDER BY v.t DESC LIMIT 1
 """
 
 
@@ -58,15 +54,9 @@ def peers_median(values: list[float | None]) -> float | None:
 
 
 def latest_verdict(conn: Connection, sel: Selection, rank: int) -> dict | None:
-    window = Where().within("v.t", sel.window)
-    found = conn.execute(text(LATEST_VERDICT.format(window=window.sql())),
-                         {**window.params, "cluster": sel.cluster, "job": sel.job,
-                          "rank": rank}).first()
-    if found is None:
-        return None
-    t, cause, lag_ns, op, comm, cost = found
-    return {"t": iso(t), "cause": cause, "lag_ms": None if lag_ns is None else num(lag_ns / 1e6, 3),
-            "op": op, "comm_hash": comm, "cost_gpu_seconds": num(cost, 3)}
+    """fleetd's verdict on the rank in the window: a live one, else the latest."""
+    found = read_verdicts(conn, replace(sel, rank=rank), limit=1)
+    return found[0] if found else None
 
 
 LAG_EVIDENCE_OUT = closed({
@@ -90,9 +80,7 @@ EXPLAIN_OUT = closed({
                         "peer_wait_calls": INT, "peer_wait_ms_avg": NUM_OR_NULL,
                         "peers_self_work_ms_median": NUM_OR_NULL,
                         "peers_peer_wait_ms_median": NUM_OR_NULL}),
-        "verdict": nullable(closed({"t": TIME, "cause": STR, "lag_ms": NUM_OR_NULL,
-                                    "op": STR_OR_NULL, "comm_hash": STR_OR_NULL,
-                                    "cost_gpu_seconds": NUM_OR_NULL}))}),
+        "verdict": nullable(VERDICT_OUT)}),
     "coverage": COVERAGE_OUT, "window": WINDOW_OUT})
 
 
@@ -103,7 +91,13 @@ EXPLAIN_OUT = closed({
                        ("job", "rank")),
       output_schema=EXPLAIN_OUT)
 def explain(ctx: ToolContext, args: dict) -> dict:
-    """The cause of one rank's lateness and its evidence. cause is one of host_preemption (its
+    """The cause of one rank's lateness and its evidence. When fleetd named the rank a
+    straggler in the window (its verdicts are judged online with every node's clock corrected:
+    see find_stragglers), its verdict gives the cause, confidence and fix, and its findings
+    come first: then cause may also be host_work (late with nobody else on its CPU: its own
+    host code), allocation (slow GPU allocations), hang (it never entered a collective its
+    peers entered) or died (its process exited while they waited). Otherwise cause is one of
+    host_preemption (its
     process was pushed off its CPU: preemption bursts, or a low cpu signal), io (heavy block I/O
     by it), memory_pressure (low GPU memory headroom), slow_gpu (low compute signal, or its
     syncs on its own kernels take much longer than its peers'), network_or_peer (it waits in
@@ -122,12 +116,13 @@ def explain(ctx: ToolContext, args: dict) -> dict:
         sel = replace(select(ctx, args), cluster=cluster)
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
         lag = found.rank(cluster, sel.job, rank)
-        if lag is None and not rank_exists(conn, found, cluster, sel.job, rank):
+        verdict = latest_verdict(conn, sel, rank)
+        if lag is None and verdict is None and not rank_exists(conn, found, cluster, sel.job,
+                                                               rank):
             raise ToolError(f"no rank {rank} in job {sel.job!r}", "not_found", 404)
-        node = lag.node if lag else None
+        node = lag.node if lag else verdict["node"] if verdict else None
         evidence = gather_evidence(conn, sel, [lag] if lag else [])
         work = sync_work(conn, sel)
-        verdict = latest_verdict(conn, sel, rank)
     facts = explain_facts(found, lag, evidence, work, rank, verdict)
     diagnosis = diagnose(facts)
     return {"cluster": cluster, "job": sel.job, "rank": rank, "node": node,
@@ -158,8 +153,7 @@ def explain_facts(found: Survey, lag: RankLag | None, evidence: Evidence,
                  or HostEvidence(),
                  (evidence.health.get((lag.cluster, lag.node)) if lag else None) or NodeHealth(),
                  work.get(rank, SyncWork()), peers_median([w.self_ms for w in others]),
-                 peers_median([w.wait_ms for w in others]),
-                 verdict["cause"] if verdict else None)
+                 peers_median([w.wait_ms for w in others]), verdict)
 
 
 def explain_evidence(facts: Facts, found: Survey, verdict: dict | None) -> dict:

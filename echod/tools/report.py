@@ -12,6 +12,7 @@ from .schema import (BOOL, CLUSTER_ARG, DEFAULT_MAX_ENTRIES, INT, INT_OR_NULL, J
                      MAX_ENTRIES, NUM_OR_NULL, SINCE_ARG, STR, STR_OR_NULL, TIME_OR_NULL,
                      UNTIL_ARG, WINDOW_OUT, array, closed)
 from .selection import Selection, iso, job_cluster, ms, num, pinned, reading, rows, select
+from .verdicts import VERDICTS_OUT, read_verdicts
 from .stragglers import RANK_OUT, rank_json
 
 
@@ -85,13 +86,15 @@ WHERE s.cluster = :cluster AND s.job = :job GROUP BY 1
           "per_rank": array(closed({"rank": INT, "node": STR_OR_NULL, "collectives": INT,
                                     "lag_median_ms": NUM_OR_NULL, "score_avg": NUM_OR_NULL,
                                     "straggler": BOOL})),
-          "top_stragglers": array(RANK_OUT), "cost": COST_OUT, "coverage": COVERAGE_OUT}))
+          "verdicts": VERDICTS_OUT, "top_stragglers": array(RANK_OUT), "cost": COST_OUT,
+          "coverage": COVERAGE_OUT}))
 def job_report(ctx: ToolContext, args: dict) -> dict:
     """Everything about one job over its whole run: who ran it and on how many GPUs (when the
     jobs table knows), its nodes, ranks, first and last event, duration, collectives and events
     stored (events are counted up to 1,000,000: events_capped says there are more); per rank:
     node, collectives, median entry lag (ms, see find_stragglers), its node's average health
-    score and whether it is a straggler; the stragglers with their evidence; and the cost
+    score and whether it is a straggler; fleetd's verdicts on its ranks (see find_stragglers);
+    the stragglers with their evidence; and the cost
     summary of get_cost (usd only with a rate: usd_per_gpu_hour, or gpu + provider). Collectives
     are those compared across ranks (an instance at least 2 ranks entered): past 'max_entries'
     every k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job
@@ -106,7 +109,8 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
         stragglers = [r for r in ordered(found.ranks) if r.straggler]
         evidence = gather_evidence(conn, sel, stragglers)
         cost = cost_summary(conn, sel, found, rate, source)
-    return job_json(sel, facts, found, stragglers, evidence, cost)
+        verdicts = read_verdicts(conn, sel)
+    return {**job_json(sel, facts, found, stragglers, evidence, cost), "verdicts": verdicts}
 
 
 def job_facts(conn: Connection, sel: Selection) -> dict:

@@ -17,6 +17,7 @@ from .schema import (BOOL, CLUSTER_ARG, DEFAULT_MAX_ENTRIES, INT, JOB_ARG, LIMIT
                      NUM_OR_NULL, SINCE_ARG, STR, STR_OR_NULL, UNTIL_ARG, WINDOW_OUT, array,
                      closed)
 from .selection import ms, num, pinned, reading, rows, select
+from .verdicts import VERDICTS_OUT, read_verdicts
 
 SCORE_K = 2.0
 SCORE_MAD_FLOOR = 0.01                 # fleetd's mad_floor for scores
@@ -56,10 +57,17 @@ def rank_json(r: RankLag, found: Survey, evidence: Evidence) -> dict:
       "bar and the host evidence of each",
       input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG, "since": SINCE_ARG,
                         "until": UNTIL_ARG, "limit": LIMIT, "max_entries": MAX_ENTRIES}),
-      output_schema=closed({"ranks": array(RANK_OUT), "jobs": array(JOB_BAR_OUT),
-                            "coverage": COVERAGE_OUT, "window": WINDOW_OUT}))
+      output_schema=closed({"verdicts": VERDICTS_OUT, "ranks": array(RANK_OUT),
+                            "jobs": array(JOB_BAR_OUT), "coverage": COVERAGE_OUT,
+                            "window": WINDOW_OUT}))
 def find_stragglers(ctx: ToolContext, args: dict) -> dict:
-    """Which ranks hold the others up, most suspect first. For every collective instance (same
+    """Which ranks hold the others up, most suspect first. verdicts are fleetd's: ranks it named
+    online, live in the window (live first, newest first), each with its kind (persistent;
+    periodic, with the period in steps; slow_gpu; hang; died), cause, confidence, severity,
+    the collective (op, comm_hash), onset step and time, lag p50/p99 (ms) with every node's
+    clock corrected, the share of instances it entered last, its cost (GPU-seconds its peers
+    waited, and USD when fleetd has a rate), a fix, findings and evidence. ranks is what this
+    tool computes from the stored events: for every collective instance (same
     communicator, same sequence number, at least 2 ranks) each rank's entry lag is its entry
     time minus the earliest entry of that instance. Per rank: samples, lag median/p95/max (ms),
     last_arrivals (instances it entered last) and idle_caused_gpu_s (GPU-seconds its peers waited
@@ -78,8 +86,10 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
         shown = ordered(found.ranks)[:args.get("limit", 100)]
         evidence = gather_evidence(conn, sel, shown)
-    return {"ranks": [rank_json(r, found, evidence) for r in shown], "jobs": job_bars_json(found),
-            "coverage": found.coverage(), "window": sel.window.to_json()}
+        verdicts = read_verdicts(conn, sel, args.get("limit", 100))
+    return {"verdicts": verdicts, "ranks": [rank_json(r, found, evidence) for r in shown],
+            "jobs": job_bars_json(found), "coverage": found.coverage(),
+            "window": sel.window.to_json()}
 
 
 # -- find_outlier_nodes ------------------------------------------------------------------------
