@@ -24,7 +24,7 @@ struct comm_key {
 
 struct comm_info {
     u64 hash;
-    u64 seq;         /* collectives issued so far on this communicator */
+    u64 seq;         /* collectives issued so far on this communicator (not Send/Recv) */
     s32 rank;
     s32 nranks;
 };
@@ -40,8 +40,19 @@ struct init_args {
     s32 color;
 };
 
+struct p2p_key {
+    u32 tgid;
+    u32 peer_dir;    /* the peer rank << 1, | 1 for a receive */
+    u64 handle;      /* ncclComm_t */
+};
+
 /* (tgid, ncclComm_t) → what the communicator is. */
 BPF_HASH(comms, struct comm_key, struct comm_info, MAX_COMMS);
+/* (tgid, ncclComm_t, peer, direction) → Send or Recv calls so far with that peer. Send/Recv
+ * match per peer pair, in order, and pipeline stages make different numbers of them, so they
+ * keep their own sequence and never shift the collectives'. LRU: a destroyed communicator's
+ * counters are not deleted one by one (BPF cannot list them), they age out. */
+BPF_TABLE("lru_hash", struct p2p_key, u64, p2p_seqs, MAX_COMMS);
 /* pid_tgid → arguments of an init call, between entry and return. */
 BPF_HASH(inits, u64, struct init_args, MAX_INFLIGHT);
 /* pid_tgid → ncclGroupStart nesting depth. */
@@ -235,6 +246,15 @@ static __always_inline u32 datatype_size(u32 datatype)
     }
 }
 
+/* The next sequence number of Send/Recv calls between this rank and ``peer``. */
+static __always_inline u64 p2p_next(u32 tgid, u64 handle, s32 peer, u32 op)
+{
+    struct p2p_key key = {.tgid = tgid, .handle = handle,
+                          .peer_dir = ((u32)peer << 1) | (op == OP_RECV)};
+    u64 zero = 0, *n = p2p_seqs.lookup_or_try_init(&key, &zero);
+    return n ? __sync_fetch_and_add(n, 1) : 0;
+}
+
 /* The common part of every collective's entry. */
 static __always_inline int collective(struct pt_regs *ctx, u32 op, u64 count, u32 datatype,
                                       u32 redop, s32 peer, u64 handle, u64 stream)
@@ -261,7 +281,8 @@ static __always_inline int collective(struct pt_regs *ctx, u32 op, u64 count, u3
     info = comms.lookup(&key);
     if (info) {
         ev.comm_hash = info->hash;
-        ev.seq = info->seq++;
+        ev.seq = (op == OP_SEND || op == OP_RECV) ? p2p_next(key.tgid, handle, peer, op)
+                                                   : info->seq++;
         ev.rank = info->rank;
         ev.nranks = info->nranks;
     }

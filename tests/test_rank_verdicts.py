@@ -114,7 +114,8 @@ def named(verdicts: list[dict]) -> dict[int, dict]:
 
 def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(stack):
     late, delay_ms, onset_step = 5, 290, 12
-    result = stack.run(scenario("1001", steps=30, stragglers=[
+    # With a ring of Send/Recv every step: their own sequence never shifts the collectives'.
+    result = stack.run(scenario("1001", steps=30, extra_collectives=["sendrecv"], stragglers=[
         {"rank": late, "kind": "host_delay", "delay_ms": delay_ms, "from_step": onset_step}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1001"))

@@ -75,7 +75,7 @@ def run_job(tmp_path: Path, scenario: scenarios.Scenario, timeout: float = 120):
 def collectives_of(events: list[dict], pid: int) -> list[dict]:
     return sorted((e["attrs"] for e in events
                    if e["kind"] == "collective" and e["attrs"]["pid"] == pid),
-                  key=lambda a: a["seq"])
+                  key=lambda a: (a["seq"], a["op"]))   # Send/Recv have a sequence of their own
 
 
 def job(name: str, stragglers=(), **fields) -> scenarios.Scenario:
@@ -99,7 +99,7 @@ def test_two_nodes_every_collective_exactly_once(tmp_path):
             truth = read_record(rank.record_path).collectives
             traced = collectives_of(events, rank.pid)
             assert len(traced) == len(truth), f"rank {rank.rank}"
-            for want, got in zip(sorted(truth, key=lambda c: c["seq"]), traced):
+            for want, got in zip(sorted(truth, key=lambda c: (c["seq"], c["op"])), traced):
                 assert got["op"] == want["op"] and got["seq"] == want["seq"]
                 assert got["bytes"] == want["bytes"] and got["count"] == want["count"]
                 assert (got["comm_rank"], got["nranks"]) == (want["rank"], want["nranks"])

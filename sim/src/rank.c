@@ -27,7 +27,8 @@ struct training {
     cudaStream_t stream;
     ncclComm_t comm;
     uint64_t comm_hash;
-    uint64_t seq;               /* NCCL calls made on the communicator so far */
+    uint64_t seq;               /* collectives made on the communicator so far */
+    uint64_t sent, received;    /* Send/Recv calls so far with the one peer of each (a ring) */
     size_t elements;            /* gradient elements all-reduced per step */
     void *grads, *reduced, *gathered, *p2p_out, *p2p_in, *loss_device;
     float *loss_host;
@@ -178,12 +179,14 @@ static int join_communicator(struct training *t)
                        ncclCommInitRank(&t->comm, t->cfg->world_size, id, t->cfg->rank));
 }
 
+/* A call about to be made; ``counter`` numbers it: the communicator's collectives, or the
+ * Send/Recv calls with one peer (they match per peer pair, and keep their own order). */
 static struct collective_call call_begin(struct training *t, const char *op, size_t count,
-                                         int root, int peer, int step)
+                                         int root, int peer, int step, uint64_t *counter)
 {
     return (struct collective_call){
         .op = op, .count = count, .datatype = t->cfg->datatype, .root = root, .peer = peer,
-        .seq = t->seq++, .step = step, .entry_ns = now_ns(),
+        .seq = (*counter)++, .step = step, .entry_ns = now_ns(),
     };
 }
 
@@ -196,7 +199,7 @@ static int call_end(struct training *t, struct collective_call *call)
 
 static int all_reduce(struct training *t, int step)
 {
-    struct collective_call c = call_begin(t, "ncclAllReduce", t->elements, -1, -1, step);
+    struct collective_call c = call_begin(t, "ncclAllReduce", t->elements, -1, -1, step, &t->seq);
     c.result = ncclAllReduce(t->grads, t->reduced, t->elements, t->cfg->datatype, ncclSum, t->comm,
                              t->stream);
     return call_end(t, &c);
@@ -211,7 +214,7 @@ static size_t per_rank_elements(const struct training *t)
 static int all_gather(struct training *t, int step)
 {
     size_t count = per_rank_elements(t);
-    struct collective_call c = call_begin(t, "ncclAllGather", count, -1, -1, step);
+    struct collective_call c = call_begin(t, "ncclAllGather", count, -1, -1, step, &t->seq);
     c.result = ncclAllGather(t->grads, t->gathered, count, t->cfg->datatype, t->comm, t->stream);
     return call_end(t, &c);
 }
@@ -219,7 +222,7 @@ static int all_gather(struct training *t, int step)
 static int reduce_scatter(struct training *t, int step)
 {
     size_t count = per_rank_elements(t);
-    struct collective_call c = call_begin(t, "ncclReduceScatter", count, -1, -1, step);
+    struct collective_call c = call_begin(t, "ncclReduceScatter", count, -1, -1, step, &t->seq);
     c.result = ncclReduceScatter(t->grads, t->reduced, count, t->cfg->datatype, ncclSum, t->comm,
                                  t->stream);
     return call_end(t, &c);
@@ -228,7 +231,8 @@ static int reduce_scatter(struct training *t, int step)
 static int broadcast(struct training *t, int step)
 {
     int root = step % t->cfg->world_size;
-    struct collective_call c = call_begin(t, "ncclBroadcast", t->elements, root, -1, step);
+    struct collective_call c = call_begin(t, "ncclBroadcast", t->elements, root, -1, step,
+                                          &t->seq);
     c.result = ncclBroadcast(t->grads, t->reduced, t->elements, t->cfg->datatype, root, t->comm,
                              t->stream);
     return call_end(t, &c);
@@ -237,7 +241,8 @@ static int broadcast(struct training *t, int step)
 static int reduce(struct training *t, int step)
 {
     int root = step % t->cfg->world_size;
-    struct collective_call c = call_begin(t, "ncclReduce", t->elements, root, -1, step);
+    struct collective_call c = call_begin(t, "ncclReduce", t->elements, root, -1, step,
+                                          &t->seq);
     c.result = ncclReduce(t->grads, t->reduced, t->elements, t->cfg->datatype, ncclSum, root,
                           t->comm, t->stream);
     return call_end(t, &c);
@@ -251,10 +256,12 @@ static int send_recv(struct training *t, int step)
     size_t count = per_rank_elements(t);
     if (nccl_failed(t, "ncclGroupStart", ncclGroupStart()))
         return 1;
-    struct collective_call send = call_begin(t, "ncclSend", count, -1, (me + 1) % n, step);
+    struct collective_call send = call_begin(t, "ncclSend", count, -1, (me + 1) % n, step,
+                                             &t->sent);
     send.result = ncclSend(t->p2p_out, count, t->cfg->datatype, send.peer, t->comm, t->stream);
     int failed = call_end(t, &send);
-    struct collective_call recv = call_begin(t, "ncclRecv", count, -1, (me + n - 1) % n, step);
+    struct collective_call recv = call_begin(t, "ncclRecv", count, -1, (me + n - 1) % n, step,
+                                             &t->received);
     recv.result = ncclRecv(t->p2p_in, count, t->cfg->datatype, recv.peer, t->comm, t->stream);
     failed |= call_end(t, &recv);
     return nccl_failed(t, "ncclGroupEnd", ncclGroupEnd()) || failed;
