@@ -74,6 +74,8 @@ class HealthScore(Base):
     compute: Mapped[float | None] = mapped_column(Float)
     memory: Mapped[float | None] = mapped_column(Float)
     cpu: Mapped[float | None] = mapped_column(Float)
+    clock_offset: Mapped[float | None] = mapped_column(Float)       # s, node − fleetd
+    clock_uncertainty: Mapped[float | None] = mapped_column(Float)
 
 
 class Threshold(Base):

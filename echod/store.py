@@ -198,7 +198,8 @@ def lift_columns(attrs: dict) -> list:
 
 
 def check_score(row: dict, now: float) -> tuple:
-    """(cluster, node, t, job, score, state, throughput, compute, memory, cpu)"""
+    """(cluster, node, t, job, score, state, throughput, compute, memory, cpu, clock offset,
+    clock uncertainty)"""
     signals = row.get("signals") or {}
     if type(signals) is not dict:
         _fail("signals", f"expected a map, got {type(signals).__name__}")
@@ -207,7 +208,9 @@ def check_score(row: dict, now: float) -> tuple:
     return (check_text(row, "cluster"), check_text(row, "node"), check_time(row, now),
             check_text(row, "job", optional=True), check_number("score", row.get("score")),
             check_text(row, "state"),
-            *(check_number(f"signals.{s}", signals.get(s), optional=True) for s in SIGNALS))
+            *(check_number(f"signals.{s}", signals.get(s), optional=True) for s in SIGNALS),
+            *(check_number(k, row.get(k), optional=True)
+              for k in ("clock_offset", "clock_uncertainty")))
 
 
 def check_threshold(row: dict, now: float) -> tuple:
@@ -335,7 +338,8 @@ SINKS = (
     Sink("scores", "health_scores", "cluster, node, t", (
         ("cluster", "text"), ("node", "text"), ("t", "timestamptz"), ("job", "text"),
         ("score", "float8"), ("state", "text"), ("throughput", "float8"), ("compute", "float8"),
-        ("memory", "float8"), ("cpu", "float8")), check_score),
+        ("memory", "float8"), ("cpu", "float8"), ("clock_offset", "float8"),
+        ("clock_uncertainty", "float8")), check_score),
     Sink("thresholds", "thresholds", "cluster, cohort, t", (
         ("cluster", "text"), ("cohort", "text"), ("t", "timestamptz"), ("threshold", "float8"),
         ("median", "float8"), ("mad", "float8"), ("active", "int4"), ("quorum_met", "bool"),

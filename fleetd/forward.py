@@ -69,7 +69,9 @@ class Forwarder:
 
     # -- gathering -----------------------------------------------------------------------------
 
-    def add_push(self, push: wire.Push, recv_at: float) -> None:
+    def add_push(self, push: wire.Push, recv_at: float, clock=None) -> None:
+        """A fresh push's events and score; ``clock`` is its node's offset estimate (an
+        ``ingero.analysis.clock.Offset``), so that echod can correct the node's times too."""
         identity = {"node": push.node, "cluster": push.cluster, "boot_id": push.boot_id}
         # A node-wide agent traces several jobs: an event's job is its process's, else the
         # agent's --job.
@@ -78,7 +80,9 @@ class Forwarder:
                                   for event in push.events]
         self.gathering.scores.append({
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,
-            "score": push.score, "state": push.state, "signals": push.signals})
+            "score": push.score, "state": push.state, "signals": push.signals,
+            "clock_offset": clock.offset if clock else None,
+            "clock_uncertainty": clock.uncertainty if clock else None})
         self._started()
         if self.gathering.rows() >= self.cfg.forward_batch_rows:
             self.seal()  # many pushes can arrive between two ticks: keep batches bounded

@@ -179,7 +179,7 @@ class FleetServer:
             self.clocks.observe(push.node, push.clock)
             self.ranks.observe(push, self.clocks.offset(push.node), time.time())
             if self.forwarder is not None:
-                self.forwarder.add_push(push, recv_at)
+                self.forwarder.add_push(push, recv_at, self.clocks.offsets.get(push.node))
             log.debug("accepted push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         else:
             self.metrics.resent.inc()

@@ -289,8 +289,9 @@ def test_find_stragglers_ranks_the_late_rank_first_with_its_host_evidence(world)
     assert [r["rank"] for r in ranks if r["straggler"]] == [LATE_RANK]
     late = ranks[0]
     assert late["node"] == "a-node2" and late["samples"] == STEPS
-    assert late["lag_median_ms"] == pytest.approx(20.0, abs=0.002)
-    assert late["lag_max_ms"] == pytest.approx(20.0, abs=0.002)
+    # 20 ms after the step starts; its peers' median entry is rank 3's, 0.3 ms in
+    assert late["lag_median_ms"] == pytest.approx(19.7, abs=0.002)
+    assert late["lag_max_ms"] == pytest.approx(19.7, abs=0.002)
     assert late["last_arrivals"] == STEPS and late["last_share"] == 1.0
     evidence = late["evidence"]
     assert evidence["preemptions"] == 20 * 12
@@ -299,16 +300,19 @@ def test_find_stragglers_ranks_the_late_rank_first_with_its_host_evidence(world)
     assert evidence["score_min"] == 0.62 and evidence["threshold_listings"] >= 10
     others = {r["rank"]: r for r in ranks[1:]}
     assert sorted(others) == [0, 1, 2, 3, 4, 6, 7]
+    # each against the median of the seven others (the late rank among them)
+    healthy = {0: -0.4, 1: -0.3, 2: -0.2, 3: -0.1, 4: 0.1, 6: 0.3, 7: 0.4}
     for rank, r in others.items():
-        assert r["lag_median_ms"] == pytest.approx(0.1 * rank, abs=0.002)
+        assert r["lag_median_ms"] == pytest.approx(healthy[rank], abs=0.002)
         assert r["last_arrivals"] == 0 and r["idle_caused_gpu_s"] == 0
     assert others[0]["evidence"]["blockio_requests"] == 15
     assert others[4]["evidence"]["top_preemptor"] == "kworker/2:1"
-    # median of the per-rank medians 0.35 ms, MAD 0.25 ms floored at 0.5 ms
+    # median of the per-rank medians 0 ms, MAD 0.3 ms floored at 0.5 ms
     [job] = answer["jobs"]
-    assert job == {"cluster": "alpha", "job": JOB, "ranks": RANKS, "lag_median_ms": 0.35,
-                   "lag_mad_ms": 0.25, "bar_ms": pytest.approx(0.35 + 2 * 1.4826 * 0.5, abs=1e-3),
-                   "stragglers": 1}
+    assert job == {"cluster": "alpha", "job": JOB, "ranks": RANKS,
+                   "lag_median_ms": pytest.approx(0.0, abs=1e-3),
+                   "lag_mad_ms": pytest.approx(0.3, abs=1e-3),
+                   "bar_ms": pytest.approx(2 * 1.4826 * 0.5, abs=1e-3), "stragglers": 1}
     assert answer["coverage"] == {"communicators": 1, "instances_total": STEPS,
                                   "instances_examined": STEPS, "stride": 1,
                                   "entries_examined": STEPS * RANKS}
@@ -341,8 +345,9 @@ def test_explain_names_host_preemption_by_the_hog_and_acquits_a_punctual_rank(wo
     evidence = late["evidence"]
     assert evidence["preemptions"] == {"total": 240,
                                        "by": [{"comm": "ingero-hog", "count": 240}]}
-    assert evidence["lag"]["straggler"] and evidence["lag"]["lag_median_ms"] == pytest.approx(20)
-    assert evidence["lag"]["peers_lag_median_ms"] == pytest.approx(0.3, abs=0.002)
+    assert evidence["lag"]["straggler"]
+    assert evidence["lag"]["lag_median_ms"] == pytest.approx(19.7, abs=0.002)
+    assert evidence["lag"]["peers_lag_median_ms"] == pytest.approx(-0.1, abs=0.002)
     assert evidence["health"]["lowest_signal"] == "cpu"
     sync = evidence["sync"]
     assert sync["self_work_ms_avg"] == 8.0 and sync["peer_wait_ms_avg"] == 0.5
@@ -662,7 +667,7 @@ def test_any_schema_valid_arguments_get_an_answer_or_a_tool_error(world, name):
 
 def test_entry_lags_from_arrays():
     # two instances of communicator 0 and one of communicator 1 (one rank only: dropped);
-    # rank 2 is last at both, by 3 and 5 µs over the earliest
+    # rank 2 is last at both; each lag is against the median of the other two ranks
     comm = np.array([0, 0, 0, 0, 0, 0, 1])
     seq = np.array([7, 7, 7, 8, 8, 8, 7])
     rank = np.array([0, 1, 2, 0, 1, 2, 0])
@@ -670,7 +675,9 @@ def test_entry_lags_from_arrays():
     stats = analysis.entry_lags(comm, seq, rank, t)
     assert stats.instances == 2
     assert stats.rank.tolist() == [0, 1, 2] and stats.samples.tolist() == [2, 2, 2]
-    assert stats.lag_p50.tolist() == [0, 2.5, 4] and stats.lag_max.tolist() == [0, 4, 5]
+    # seq 7: 100 - 102, 101 - 101.5, 103 - 100.5; seq 8: 200 - 204.5, 204 - 202.5, 205 - 202
+    assert stats.lag_p50.tolist() == [-3.25, 0.5, 2.75]
+    assert stats.lag_max.tolist() == [-2, 1.5, 3]
     assert stats.last_arrivals.tolist() == [0, 0, 2]
     assert stats.idle_caused.tolist() == [0, 0, (3 + 2) + (5 + 1)]
     assert stats.waited.tolist() == [3 + 5, 2 + 1, 0]

@@ -128,6 +128,10 @@ def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(s
     assert verdict["severity"] == "critical" and verdict["cost_gpu_seconds"] > 0
     assert verdict["cost_usd"] == pytest.approx(verdict["cost_gpu_seconds"] / 3600 * 2.49,
                                                 abs=1e-3)
+    # echod's own reading of the stored events agrees, node1's clock corrected there too
+    computed = stack.tool("find_stragglers", job="1001")["ranks"]
+    assert [r["rank"] for r in computed if r["straggler"]] == [late], computed
+    assert abs(computed[0]["lag_median_ms"] - delay_ms) <= 0.1 * delay_ms, computed[0]
     explained = stack.tool("explain", job="1001", rank=late)
     assert explained["cause"] == "host_work" and explained["node"] == "node1"
     assert explained["findings"][0].startswith("fleetd named it a straggler (persistent")

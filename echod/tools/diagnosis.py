@@ -132,7 +132,7 @@ def ratio_above(mine: float | None, peers: float | None, factor: float) -> bool:
 
 def describe_facts(facts: Facts) -> list[str]:
     lag, host, health = facts.lag, facts.host, facts.health
-    lines = [f"enters collectives {ms(lag.lag_median)} ms after the earliest rank (median of "
+    lines = [f"enters collectives {ms(lag.lag_median)} ms after its peers' median (median of "
              f"{lag.samples}; peers' median {ms(facts.bar.median) if facts.bar else None} ms, "
              f"bar {ms(facts.bar.bar) if facts.bar else None} ms); last to arrive "
              f"{lag.last_arrivals} times"]

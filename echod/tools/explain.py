@@ -109,7 +109,7 @@ def explain(ctx: ToolContext, args: dict) -> dict:
     against peer-wait, and fleetd's verdict when there is one. 404 when the job is not in the
     clusters you may see or has no such rank (a rank that took part in none of its compared
     collectives); 400 when the job ran in several of them and no 'cluster' says which. The
-    window defaults to the whole job. Clock offsets between hosts are not corrected yet."""
+    window defaults to the whole job. Each node's times are put on fleetd's clock first."""
     rank = args["rank"]
     with reading(ctx) as conn:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))

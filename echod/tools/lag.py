@@ -2,12 +2,13 @@
 
 Entry lag. Ranks call a communicator's collectives in the same order, so (communicator,
 sequence number) names one collective instance across ranks without trusting clocks. A rank's
-entry lag at an instance is its entry time minus the instance's earliest entry. The earliest
-needs one min per instance, a late rank cannot move it, and a reference that is off (an early
-rank, a skewed clock) shifts every rank alike, which the robust bar across ranks ignores. The
-same per-instance aggregates give the idle time the cost tools report: every rank that arrived
-before the last one waits t_last − t_rank. Hosts' clocks are not corrected yet (fleetd will
-estimate offsets), so a lag includes the clock offset between the nodes involved.
+entry lag at an instance is its entry time minus the median entry of its peers there, the one
+definition fleetd uses too (``ingero.analysis.lag``): a late rank does not move the reference
+its peers are measured against, and one early rank does not make everyone late. The same
+per-instance aggregates give the idle time the cost tools report: every rank that arrived
+before the last one waits t_last − t_rank. The stored times are each node's own clock: they
+are put on fleetd's clock first, less the median offset fleetd estimated for the node in the
+window (it comes with the node's health scores; 0 where fleetd reported none).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ingero.analysis import Bar, LagStats, entry_lags, upper_bar
 
 from .collectives import Communicator, communicators, rank_nodes, read_entries
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
-from .selection import Selection
+from .selection import Selection, Where, rows
 
 LAG_K = 2.0                            # bar = median + k·1.4826·max(MAD, floor)
 LAG_MAD_FLOOR_S = 0.0005               # so ranks a hair apart flag nothing
@@ -91,8 +92,13 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     stride = max(1, math.ceil(entries / max_entries))
     jobs = {key: i for i, key in enumerate(dict.fromkeys((c.cluster, c.job) for c in comms))}
     job_of = np.array([jobs[(c.cluster, c.job)] for c in comms], np.int64)
-    stats = entry_lags(*read_entries(conn, sel, comms, stride), job_of) if comms else None
-    ranks = rank_lag_rows(stats, comms, rank_nodes(conn, comms)) if stats else []
+    nodes = rank_nodes(conn, comms) if comms else {}
+    stats = None
+    if comms:
+        comm, seq, rank, t = read_entries(conn, sel, comms, stride)
+        t = t - clock_offsets_us(conn, sel, comms, nodes, comm, rank)
+        stats = entry_lags(comm, seq, rank, t, job_of)
+    ranks = rank_lag_rows(stats, comms, nodes) if stats else []
     bars = job_bars(ranks)
     for r in ranks:
         bar = bars[(r.cluster, r.job)]
@@ -100,6 +106,33 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     return Survey(ranks, bars, len(comms), sum(c.instances for c in comms),
                   stats.instances if stats else 0, stride,
                   int(stats.samples.sum()) if stats else 0)
+
+
+NODE_OFFSETS = """
+SELECT s.cluster, s.node, percentile_cont(0.5) WITHIN GROUP (ORDER BY s.clock_offset)
+FROM health_scores s
+WHERE s.clock_offset IS NOT NULL AND s.cluster = ANY (CAST(:clusters AS text[]))
+  AND s.node = ANY (CAST(:nodes AS text[])) AND {window}
+GROUP BY 1, 2
+"""
+
+
+def clock_offsets_us(conn: Connection, sel: Selection, comms: list[Communicator],
+                     nodes: dict[tuple, str], comm: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per entry, its node's clock offset from fleetd's (µs; the median fleetd reported in the
+    window, 0 where it reported none), to subtract so that every node's times compare."""
+    window = Where().within("s.t", sel.window)
+    named = sorted({(cluster, node) for (cluster, _job, _rank), node in nodes.items()})
+    offsets = {(cluster, node): offset for cluster, node, offset in rows(
+        conn, NODE_OFFSETS.format(window=window.sql()),
+        {**window.params, "clusters": sorted({c for c, _ in named}),
+         "nodes": sorted({n for _, n in named})})}
+    if not offsets or not len(comm):
+        return np.zeros(len(comm), np.int64)
+    pairs, where = np.unique(np.stack([comm, rank]), axis=1, return_inverse=True)
+    by_pair = np.array([round(offsets.get((comms[c].cluster, nodes.get(
+        (comms[c].cluster, comms[c].job, int(r)))), 0.0) * 1e6) for c, r in pairs.T], np.int64)
+    return by_pair[where.ravel()]
 
 
 def rank_lag_rows(stats: LagStats, comms: list[Communicator],

@@ -19,8 +19,7 @@ from .stragglers import RANK_OUT, rank_json
 # -- get_cost ----------------------------------------------------------------------------------
 
 COST_NOTE = ("idle = for every collective instance, the time each earlier rank waited for the "
-             "last one (t_last − t_rank), one GPU per rank; clock offsets between hosts are not "
-             "corrected yet")
+             "last one (t_last − t_rank), one GPU per rank; each node's times on fleetd's clock")
 
 
 @tool("get_cost", summary="GPU time idle at collectives because of late ranks, who caused it, "
@@ -40,8 +39,8 @@ def get_cost(ctx: ToolContext, args: dict) -> dict:
     list prices, not your bill), else null (GPU-seconds only). verdicts_gpu_seconds is what
     fleetd's straggler verdicts in the window put on it, when there are any. estimated is true
     when only every k-th collective was read (coverage.stride = k; the totals are scaled by k).
-    The window defaults to the whole job when 'job' is given, else the last hour. Clock offsets
-    between hosts are not corrected yet."""
+    The window defaults to the whole job when 'job' is given, else the last hour. Each node's
+    times are put on fleetd's clock first."""
     sel = select(ctx, args)
     rate, source = gpu_rate(args)
     with reading(ctx) as conn:
@@ -99,7 +98,7 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
     are those compared across ranks (an instance at least 2 ranks entered): past 'max_entries'
     every k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job
     is not in the clusters you may see; 400 when it ran in several of them and no 'cluster'
-    says which. Clock offsets between hosts are not corrected yet."""
+    says which. Each node's times are put on fleetd's clock first."""
     rate, source = gpu_rate(args)
     with reading(ctx) as conn:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))

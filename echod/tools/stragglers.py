@@ -69,7 +69,7 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     waited, and USD when fleetd has a rate), a fix, findings and evidence. ranks is what this
     tool computes from the stored events: for every collective instance (same
     communicator, same sequence number, at least 2 ranks) each rank's entry lag is its entry
-    time minus the earliest entry of that instance. Per rank: samples, lag median/p95/max (ms),
+    time minus the median entry of its peers there. Per rank: samples, lag median/p95/max (ms),
     last_arrivals (instances it entered last) and idle_caused_gpu_s (GPU-seconds its peers waited
     for it there). Per job, the bar is median + 2·1.4826·MAD of the ranks' median lags (MAD
     floored at 0.5 ms, so identical ranks flag nothing); straggler = median lag above the bar
@@ -77,8 +77,9 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     average, lowest signal: low cpu = host contention, low compute = slow GPU or launch rate,
     low memory = GPU memory pressure), how often fleetd listed its node under the bar, its
     preemptions (and the top preemptor's command) and block I/O. The window defaults to the
-    whole job when 'job' is given, else the last hour. Clock offsets between hosts are not
-    corrected yet: a lag includes its node's clock offset. Past 'max_entries' (instance, rank)
+    whole job when 'job' is given, else the last hour. Each node's times are put on fleetd's
+    clock first (the median offset fleetd reported with its scores in the window). Past
+    'max_entries' (instance, rank)
     entries only every k-th collective is read: coverage.stride is k (1 = all)."""
     sel = select(ctx, args)
     with reading(ctx) as conn:

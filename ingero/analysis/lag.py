@@ -34,15 +34,16 @@ class LagStats:
 def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarray,
                job_of: np.ndarray | None = None) -> LagStats | None:
     """Entry lags from entries (communicator index, seq, rank, entry time in µs): an instance
-    is one (communicator, seq) with at least 2 entries; a rank's lag there is its time minus the
-    instance's earliest; ranks are grouped by ``job_of[comm]`` (default: by communicator)."""
+    is one (communicator, seq) with at least 2 entries; a rank's lag there is its time minus
+    the median entry of its peers at that instance (see ``peer_lag``); ranks are grouped by
+    ``job_of[comm]`` (default: by communicator)."""
     order = np.lexsort((t, seq, comm))
     comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
     starts, counts = segments(comm, seq)
     row_instance = np.repeat(np.arange(len(starts)), counts)
-    lag = t - t[starts][row_instance]
+    lag = t - median_of_others(t, starts, counts)
     last = t[starts + counts - 1][row_instance]
-    idle = counts * (t[starts + counts - 1] - t[starts]) - np.add.reduceat(lag, starts) \
+    idle = counts * t[starts + counts - 1] - np.add.reduceat(t, starts) \
         if len(starts) else np.zeros(0, np.int64)
     keep = (counts >= 2)[row_instance]
     if not keep.any():
@@ -60,6 +61,25 @@ def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarra
                     np.add.reduceat(is_last[by_rank].astype(np.int64), firsts),
                     np.add.reduceat(caused[by_rank], firsts),
                     np.add.reduceat(waited[by_rank], firsts), int((counts >= 2).sum()))
+
+
+def median_of_others(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """For each value, the median of the other values of its segment (values sorted within
+    each segment); NaN where it is alone. One rank's peers' median, for every rank at once."""
+    segment = np.repeat(np.arange(len(starts)), sizes)
+    first, size = starts[segment], sizes[segment]
+    position = np.arange(len(values)) - first
+    others = size - 1
+    half = others // 2
+
+    def other(j: np.ndarray) -> np.ndarray:
+        """The j-th smallest of the others: skip the value's own place."""
+        return values[np.minimum(first + np.where(j < position, j, j + 1), first + size - 1)]
+
+    upper = other(half)
+    lower = other(np.maximum(half - 1, 0))
+    median = np.where(others % 2 == 1, upper, (lower + upper) / 2)
+    return np.where(others >= 1, median, np.nan)
 
 
 def step_intervals(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,
@@ -91,19 +111,11 @@ def peer_lag(entries: np.ndarray) -> np.ndarray:
     entries = np.atleast_2d(np.asarray(entries, dtype=float))
     order = np.argsort(entries, axis=1, kind="stable")          # NaNs sort last
     ordered = np.take_along_axis(entries, order, axis=1)
-    valid = np.isfinite(entries).sum(axis=1, keepdims=True)
-    position = np.empty_like(order)
-    np.put_along_axis(position, order, np.arange(entries.shape[1])[None, :], axis=1)
-    others = valid - 1
-    half = others // 2
-
-    def other(j: np.ndarray) -> np.ndarray:
-        """The j-th smallest of the others: skip the rank's own place in the sorted row."""
-        index = np.where(j < position, j, j + 1).clip(0, entries.shape[1] - 1)
-        return np.take_along_axis(ordered, index, axis=1)
-
-    upper = other(np.broadcast_to(half, entries.shape))
-    lower = other(np.broadcast_to(np.maximum(half - 1, 0), entries.shape))
-    median = np.where(others % 2 == 1, upper, (lower + upper) / 2)
-    lag = entries - median
-    return np.where((others >= 1) & np.isfinite(entries), lag, np.nan)
+    valid = np.isfinite(ordered)
+    sizes = valid.sum(axis=1)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    lag = np.full(entries.shape, np.nan)
+    rows, places = np.nonzero(valid)
+    others = median_of_others(ordered[valid], starts, sizes)
+    lag[rows, order[rows, places]] = ordered[valid] - others
+    return lag
