@@ -126,6 +126,9 @@ def host_and_memory_rows(b: Batch, t0: float) -> None:
                 preemptor_pid=31337, preemptor_comm="ingero-hog", count=12)
     b.event("a-node2", t0 + 7.0, "preempted", JOB, 4, preemptor_pid=77,
             preemptor_comm="kworker/2:1", count=2)
+    # its own threads taking turns on its CPU: not preemption, in no tool's count
+    b.event("a-node2", t0 + 8.0, "preempted", JOB, LATE_RANK, preemptor_pid=31338,
+            preemptor_comm="pt_autograd_0", count=500, preemptor_own=True)
     for sample in range(5):
         b.event("a-node0", t0 + 10 * sample, "blockio", JOB, 0, requests=3, bytes=12_288)
     b.event("a-node3", t0 + 60, "blockio", JOB, 6, requests=1500, bytes=200 * MIB)
@@ -390,8 +393,9 @@ def test_job_report_agrees_with_find_stragglers_and_get_cost(world):
         "alpha", RANKS, RANKS * STEPS)
     assert report["nodes"] == ["a-node0", "a-node1", "a-node2", "a-node3"]
     assert report["first_event"] == iso(world["t0"])
-    # collectives, two syncs each, preemptions, block I/O, copies, allocations, one edge
-    assert (report["events"], report["events_capped"]) == (1600 + 3200 + 21 + 6 + 120 + 31 + 1,
+    # collectives, two syncs each, preemptions (one by its own threads), block I/O, copies,
+    # allocations, one edge
+    assert (report["events"], report["events_capped"]) == (1600 + 3200 + 22 + 6 + 120 + 31 + 1,
                                                            False)
     by_rank = {r["rank"]: r for r in stragglers["ranks"]}
     for line in report["per_rank"]:
@@ -732,7 +736,7 @@ def late_rank_facts(**changes) -> tools.Facts:
     ({"sync": tools.SyncWork(100, 2_000_000_000, 100, 50_000_000),
       "health": tools.NodeHealth(signals={"compute": 0.3})}, "slow_gpu", "high"),
     ({"sync": tools.SyncWork(100, 800_000_000, 100, 4_000_000_000)}, "network_or_peer", "low"),
-    ({}, "unknown", "low"),
+    ({}, "host_work", "medium"),     # late, nothing else on its CPU, kernels no slower
     ({"verdict": {"kind": "persistent", "cause": "host_work", "confidence": "medium",
                   "fix": "profile its host code", "findings": ["late, nobody else on its CPU"],
                   "raised": "2026-11-24T10:00:00Z", "cleared": None, "period": None}},

@@ -6,9 +6,11 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
+from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTION_BURST
+
 from ..registry import ToolContext, obj, tool
 from .collectives import sample_calls
-from .evidence import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTION_BURST
+from .evidence import BY_ANOTHER_PROCESS
 from .schema import (BOOL, CLUSTER_ARG, INT_OR_NULL, JOB_ARG, LIMIT, NODE_ARG, SCALAR,
                      SINCE_ARG, STR, STR_OR_NULL, TIME, UNTIL_ARG, WINDOW_OUT, array, closed)
 from .selection import (Selection, Where, iso, jnum, num, pinned, reading, rows, scalar,
@@ -42,6 +44,7 @@ PREEMPTION_BURSTS = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, {jnum('count')} AS preemptions,
        e.attrs ->> 'preemptor_comm', {jnum('preemptor_pid')}
 FROM events e WHERE e.kind = 'preempted' AND {{where}} AND {jnum('count')} >= :burst
+  AND {BY_ANOTHER_PROCESS}
 ORDER BY e.t DESC LIMIT :limit
 """
 HEAVY_BLOCKIO = f"""

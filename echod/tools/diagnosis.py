@@ -5,27 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analysis import Bar
+from ingero.analysis import Bar, causes
 
-from .evidence import PREEMPTION_BURST, HostEvidence, NodeHealth, lowest_signal
+from .evidence import HostEvidence, NodeHealth, lowest_signal
 from .lag import RankLag
 from .selection import ms, num
-
-LOW_SIGNAL = {"cpu": 0.75, "compute": 0.6, "memory": 0.5}
-
-FIXES = {
-    "host_preemption": "pin the training processes with taskset (or a cpuset) or keep {comm} "
-                       "off their cores",
-    "io": "take blocking I/O off the training path: stage the data on local disk, use more "
-          "data-loader workers, write checkpoints asynchronously",
-    "slow_gpu": "check the GPU on {node} (nvidia-smi -q: clocks, throttling, XID errors; DCGM "
-                "diagnostics) and drain the node if it stays slow",
-    "memory_pressure": "lower the GPU memory this rank needs (smaller micro-batch, activation "
-                       "checkpointing) and look for leaks with memory_hotspots",
-    "network_or_peer": "look at what this rank waits for: collective_stats of its other "
-                       "communicators, NCCL_DEBUG=INFO for its links, its node's clock offset",
-    "unknown": "look at event_history of this rank around its late collectives",
-}
 
 
 @dataclass
@@ -81,12 +65,8 @@ def diagnose(facts: Facts) -> Diagnosis:
     if not facts.lag.straggler:
         sure = facts.lag.samples >= 10
         return Diagnosis("none", "high" if sure else "low", None, findings)
-    cause, confidence = blame(facts)
-    fix = FIXES.get(cause)
-    comm = facts.host.top_preemptor or "the competing processes"
-    return Diagnosis(cause, confidence,
-                     fix.format(comm=comm, node=facts.lag.node or "its node") if fix else None,
-                     findings)
+    found = causes.diagnose_late(stored_facts(facts), facts.lag.node)
+    return Diagnosis(found.cause, found.confidence, found.fix, findings + found.findings)
 
 
 def from_verdict(facts: Facts) -> Diagnosis:
@@ -100,34 +80,19 @@ def from_verdict(facts: Facts) -> Diagnosis:
     return Diagnosis(v["cause"], v.get("confidence") or "medium", v.get("fix"), findings)
 
 
-def blame(facts: Facts) -> tuple[str, str]:
-    """(cause, confidence) for a rank known to be late, strongest evidence first."""
-    signals, host = facts.health.signals, facts.host
-    cpu_low = below(signals.get("cpu"), LOW_SIGNAL["cpu"])
-    mostly_last = facts.lag.last_arrivals >= 0.5 * facts.lag.samples
-    if host.preemptions >= PREEMPTION_BURST:
-        return "host_preemption", "high" if cpu_low or mostly_last else "medium"
-    if host.heavy_blockio:
-        return "io", "medium"
-    if cpu_low:
-        return "host_preemption", "medium"
-    if below(signals.get("memory"), LOW_SIGNAL["memory"]):
-        return "memory_pressure", "medium"
-    slow_kernels = ratio_above(facts.sync.self_ms, facts.peers_self_ms, 1.5)
-    if below(signals.get("compute"), LOW_SIGNAL["compute"]) or slow_kernels:
-        both = slow_kernels and below(signals.get("compute"), LOW_SIGNAL["compute"])
-        return "slow_gpu", "high" if both else "medium"
-    if ratio_above(facts.sync.wait_ms, facts.peers_wait_ms, 1.5):
-        return "network_or_peer", "low"
-    return "unknown", "low"
-
-
-def below(value: float | None, bar: float) -> bool:
-    return value is not None and value < bar
-
-
-def ratio_above(mine: float | None, peers: float | None, factor: float) -> bool:
-    return mine is not None and peers is not None and peers > 0 and mine >= factor * peers
+def stored_facts(facts: Facts) -> causes.Facts:
+    """The rule's facts from the stored evidence: preemptions by command (the store keeps no
+    pid per preemptor here), block I/O, sync self-work and peer-wait against the peers', and
+    its node's health signals."""
+    host, sync = facts.host, facts.sync
+    ms_to_s = (lambda value: None if value is None else value / 1e3)
+    return causes.Facts(
+        self_work_s=ms_to_s(sync.self_ms), peers_self_work_s=ms_to_s(facts.peers_self_ms),
+        self_work_samples=sync.self_calls,
+        preemptions={(comm, None): count for comm, count in host.preemptors.items()},
+        blockio_requests=host.blockio_requests, blockio_bytes=host.blockio_bytes,
+        peer_wait_s=ms_to_s(sync.wait_ms), peers_peer_wait_s=ms_to_s(facts.peers_wait_ms),
+        signals=dict(facts.health.signals))
 
 
 def describe_facts(facts: Facts) -> list[str]:

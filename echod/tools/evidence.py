@@ -1,5 +1,6 @@
 """The evidence of a rank's host: its node's health score and signals, how often fleetd listed it
-under the bar, its process's preemptions and its block I/O."""
+under the bar, its process's preemptions (by other processes: its own threads taking turns
+are not preemption) and its block I/O."""
 
 from __future__ import annotations
 
@@ -9,16 +10,12 @@ from datetime import timedelta
 
 from sqlalchemy import Connection, text
 
+from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS
 from ingero.vocabulary import SIGNALS
 
 from .lag import RankLag
 from .schema import INT, NUM_OR_NULL, STR_OR_NULL, closed
 from .selection import Selection, Where, Window, jnum, num, rows, whole
-
-PREEMPTION_BURST = 5                   # preemptions in one sample that count as a burst
-HEAVY_BLOCKIO_BYTES = 64 * 2**20       # block I/O in one sample that counts as heavy
-HEAVY_BLOCKIO_REQUESTS = 1000
-
 
 # -- health signals ----------------------------------------------------------------------------
 
@@ -37,6 +34,8 @@ SIGNAL_NAME = {"type": ["string", "null"], "enum": [*SIGNALS, None]}
 
 # -- host and health evidence ------------------------------------------------------------------
 
+# A preempted event caused by another process, not the rank's own threads taking turns.
+BY_ANOTHER_PROCESS = "coalesce(e.attrs ->> 'preemptor_own', 'false') <> 'true'"
 HOST_EVIDENCE = f"""
 SELECT e.cluster, e.node, e.rank, e.kind, e.attrs ->> 'preemptor_comm' AS comm,
        sum({jnum('count')}) AS preemptions, sum({jnum('requests')}) AS requests,
@@ -46,6 +45,7 @@ FROM events e
 JOIN unnest(CAST(:ev_clusters AS text[]), CAST(:ev_nodes AS text[])) AS n(cluster, node)
   ON e.cluster = n.cluster AND e.node = n.node
 WHERE e.kind IN ('preempted', 'blockio') AND {{where}}
+  AND {BY_ANOTHER_PROCESS}
 GROUP BY 1, 2, 3, 4, 5
 """
 SCORE_EVIDENCE = """

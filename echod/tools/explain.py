@@ -94,19 +94,20 @@ def explain(ctx: ToolContext, args: dict) -> dict:
     """The cause of one rank's lateness and its evidence. When fleetd named the rank a
     straggler in the window (its verdicts are judged online with every node's clock corrected:
     see find_stragglers), its verdict gives the cause, confidence and fix, and its findings
-    come first: then cause may also be host_work (late with nobody else on its CPU: its own
-    host code), allocation (slow GPU allocations), hang (it never entered a collective its
-    peers entered) or died (its process exited while they waited). Otherwise cause is one of
-    host_preemption (its
-    process was pushed off its CPU: preemption bursts, or a low cpu signal), io (heavy block I/O
-    by it), memory_pressure (low GPU memory headroom), slow_gpu (low compute signal, or its
-    syncs on its own kernels take much longer than its peers'), network_or_peer (it waits in
-    collectives much longer than its peers: the delay comes from elsewhere), none (it is not
-    late: its median entry lag is under the job's bar; see find_stragglers) or unknown (late
-    with no evidence here). confidence is high, medium or low; fix is one line to try. Evidence:
-    its lag against its peers (the bar is median + 2·1.4826·MAD of the ranks' median lags),
-    preemptions by command, block I/O, its node's health score and signals, sync self-work
-    against peer-wait, and fleetd's verdict when there is one. 404 when the job is not in the
+    come first; its causes add allocation (slow GPU allocations), hang (it never entered a
+    collective its peers entered) and died (its process exited while they waited). Otherwise
+    the same cause rules run on the stored evidence, strongest first: host_preemption (other
+    processes preempted it often: not its own threads; or, weaker, a low cpu signal), slow_gpu
+    (its syncs on its own kernels take 1.3 times its peers' or more; or, weaker, a low compute
+    signal), io (heavy block I/O by it), memory_pressure (low GPU memory headroom),
+    network_or_peer (it waits in collectives much longer than its peers: the delay comes from
+    elsewhere), host_work (late with none of these: its own host code, such as data loading,
+    Python or garbage collection); none when it is not late (its median entry lag is under the
+    job's bar; see find_stragglers), unknown when none of its collectives could be compared.
+    confidence is high, medium or low; fix is one line to try. Evidence: its lag against its
+    peers (the bar is median + 2·1.4826·MAD of the ranks' median lags), preemptions by
+    command, block I/O, its node's health score and signals, sync self-work against
+    peer-wait, and fleetd's verdict when there is one. 404 when the job is not in the
     clusters you may see or has no such rank (a rank that took part in none of its compared
     collectives); 400 when the job ran in several of them and no 'cluster' says which. The
     window defaults to the whole job. Each node's times are put on fleetd's clock first."""

@@ -7,6 +7,10 @@ Causes, in the order they are weighed:
     slow_gpu          its syncs on its own kernels (self-work) take longer than its peers'
     io                heavy block I/O by the rank
     allocation        its GPU allocations take much longer than its peers'
+    host_preemption   (weaker) its node's cpu health signal is low, no process named
+    memory_pressure   its node's GPU memory headroom is low
+    slow_gpu          (weaker) its node's compute signal is low
+    network_or_peer   it waits in collectives much longer than its peers: the delay is elsewhere
     host_work         late entry, and nobody else on its CPU: its own host code (data loading,
                       Python, garbage collection, a sleep)
     hang              it never entered a collective its peers entered
@@ -28,6 +32,8 @@ HEAVY_BLOCKIO_BYTES = 64 * 2**20
 HEAVY_BLOCKIO_REQUESTS = 1000
 SLOW_ALLOCATION_RATIO = 3.0
 SLOW_ALLOCATION_S = 0.001
+LOW_SIGNAL = {"cpu": 0.75, "compute": 0.6, "memory": 0.5}    # a node's health signals
+LONG_WAIT_RATIO = 1.5            # peer-wait over the peers' median
 
 FIXES = {
     "host_preemption": "pin the training processes with taskset (or a cpuset) and keep "
@@ -48,6 +54,7 @@ FIXES = {
                        "checkpointing) and look for leaks",
     "network_or_peer": "look at what this rank waits for: its other communicators, "
                        "NCCL_DEBUG=INFO for its links, its node's clock offset",
+    "unknown": "look at the rank's events around its late collectives",
 }
 
 
@@ -67,9 +74,10 @@ class Facts:
     peers_allocation_s: float | None = None
     peer_wait_s: float | None = None          # its median sync waiting on a collective
     peers_peer_wait_s: float | None = None    # its peers': long when they wait for it
+    signals: dict[str, float | None] = field(default_factory=dict)   # its node's health
 
     @property
-    def top_preemptor(self) -> tuple[str, int] | None:
+    def top_preemptor(self) -> tuple[str, int | None] | None:
         return max(self.preemptions, key=self.preemptions.get) if self.preemptions else None
 
     @property
@@ -88,22 +96,26 @@ class Diagnosis:
 def diagnose_late(facts: Facts, node: str | None = None) -> Diagnosis:
     """The cause of a rank's late entries, from its facts."""
     cause, confidence, findings = _blame(facts)
-    preemptor = facts.top_preemptor
     fix = FIXES.get(cause, "")
     return Diagnosis(cause, confidence, fix.format(
-        preemptor=f"{preemptor[0]} (pid {preemptor[1]})" if preemptor else "other processes",
+        preemptor=named(facts.top_preemptor) if facts.top_preemptor else "other processes",
         node=node or "its node") or None, findings)
+
+
+def named(preemptor: tuple[str, int | None]) -> str:
+    """A process by command and pid (the pid where it is known)."""
+    comm, pid = preemptor
+    return comm if pid is None else f"{comm} (pid {pid})"
 
 
 def _blame(f: Facts) -> tuple[str, str, list[str]]:
     # Preemption first: a rank starved of CPU also wakes late from its syncs, so its self-work
     # looks long too; a slow GPU does not bring another process onto the rank's CPU.
     if preempted(f):
-        comm, pid = f.top_preemptor
         held = "" if f.preempted_s is None else f" for {f.preempted_s:.2f} s"
         return "host_preemption", "high", [
-            f"preempted {f.preemption_count} times{held} by other processes, mostly {comm} "
-            f"(pid {pid}, {f.preemptions[(comm, pid)]} times)"]
+            f"preempted {f.preemption_count} times{held} by other processes, mostly "
+            f"{named(f.top_preemptor)} ({f.preemptions[f.top_preemptor]} times)"]
     if slow_gpu(f):
         return "slow_gpu", "high", [
             f"its own kernels take {f.self_work_s * 1e3:.2f} ms per sync, its peers' "
@@ -115,9 +127,28 @@ def _blame(f: Facts) -> tuple[str, str, list[str]]:
         return "allocation", "medium", [
             f"GPU allocations take {f.allocation_s * 1e3:.2f} ms, its peers' "
             f"{f.peers_allocation_s * 1e3:.2f} ms"]
+    weak = _blame_signals(f)
+    if weak is not None:
+        return weak
     return "host_work", "medium", [
         "enters collectives late with no other process on its CPU and its own kernels no "
         "slower than its peers': the time goes to its own host code"]
+
+
+def _blame_signals(f: Facts) -> tuple[str, str, list[str]] | None:
+    """Weaker evidence, where nothing above was measured: its node's health signals, and how
+    long it waits in collectives against its peers."""
+    for signal, cause in (("cpu", "host_preemption"), ("memory", "memory_pressure"),
+                          ("compute", "slow_gpu")):
+        value = f.signals.get(signal)
+        if value is not None and value < LOW_SIGNAL[signal]:
+            return cause, "medium", [f"its node's {signal} signal is low: {value:.2f}"]
+    if (f.peer_wait_s is not None and f.peers_peer_wait_s
+            and f.peer_wait_s >= LONG_WAIT_RATIO * f.peers_peer_wait_s):
+        return "network_or_peer", "low", [
+            f"it waits {f.peer_wait_s * 1e3:.2f} ms in collectives, its peers "
+            f"{f.peers_peer_wait_s * 1e3:.2f} ms: what delays it is elsewhere"]
+    return None
 
 
 def preempted(f: Facts) -> bool:
