@@ -13,6 +13,7 @@ summaries are forwarded to echod. Nothing here touches a socket or reads a clock
 from __future__ import annotations
 
 import logging
+import statistics
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -51,8 +52,10 @@ class RankFacts:
     exited_at: float | None = None
     idle_caused_s: float = 0.0
 
-    def median(self, values: deque) -> float | None:
-        return float(np.median(values)) / 1e9 if values else None
+    @staticmethod
+    def median(values: deque) -> float | None:
+        """Seconds, from durations in ns (a few dozen: Python's median beats numpy's here)."""
+        return statistics.median(values) / 1e9 if values else None
 
 
 @dataclass
@@ -104,6 +107,27 @@ class Verdict:
                 f"{self.op or 'its collectives'}, cause {self.cause}")
 
 
+@dataclass
+class PeerFacts:
+    """Per rank of a job (in ``ranks`` order): median self-work, allocation and peer-wait
+    (seconds, NaN where unmeasured) and who else took its CPU."""
+
+    ranks: list[int]
+    work: np.ndarray
+    alloc: np.ndarray
+    wait: np.ndarray
+    preemptions: list[dict]
+
+    @staticmethod
+    def own_and_others(values: np.ndarray, at: int) -> tuple[float | None, float | None]:
+        """The rank's value and the median of its peers' (None where unmeasured)."""
+        others = np.delete(values, at)
+        others = others[np.isfinite(others)]
+        own = values[at]
+        return (float(own) if np.isfinite(own) else None,
+                float(np.median(others)) if others.size else None)
+
+
 @dataclass(eq=False)
 class JobState:
     cluster: str
@@ -112,6 +136,7 @@ class JobState:
     columns: dict[str, dict[int, int]] = field(default_factory=dict)   # comm → column → rank
     facts: dict[int, RankFacts] = field(default_factory=lambda: defaultdict(RankFacts))
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
+    peers: PeerFacts | None = None      # this tick's, built when first needed
     started: float = 0.0
     last_event: float = 0.0
 
@@ -205,6 +230,7 @@ class RankAnalysis:
         """Settle, judge every job, expire idle ones; returns the verdicts that changed."""
         changed: list[Verdict] = []
         for key, job in list(self.jobs.items()):
+            job.peers = None
             found: dict[tuple[int, str], Verdict] = {}
             for comm, window in job.comms.items():
                 self._settle(job, comm, window)
@@ -226,18 +252,17 @@ class RankAnalysis:
         ranks = self._ranks(job, comm, window.nranks)
         for column, idle in enumerate(idle_caused(entries)):
             job.facts[ranks[column]].idle_caused_s += idle
-        lag = peer_lag(entries)
-        t = float(np.nanmedian(entries[-1]))
+        lag = peer_lag(entries)      # settled instances are complete: no rank is missing
+        t = float(np.median(entries[-1]))
+        summary = (np.quantile(lag, [0.5, 0.95, 1.0], axis=0) * 1e9).round().astype(np.int64)
         for column in range(window.nranks):
-            values = lag[:, column][np.isfinite(lag[:, column])]
-            if values.size:
-                self.pending_lag.append({
-                    "t": t, "cluster": job.cluster, "job": job.job, "comm_hash": comm,
-                    "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
-                    "node": job.facts[ranks[column]].node or None, "samples": int(values.size),
-                    "lag_median_ns": int(np.median(values) * 1e9),
-                    "lag_p95_ns": int(np.quantile(values, 0.95) * 1e9),
-                    "lag_max_ns": int(values.max() * 1e9)})
+            median, p95, largest = summary[:, column].tolist()
+            self.pending_lag.append({
+                "t": t, "cluster": job.cluster, "job": job.job, "comm_hash": comm,
+                "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
+                "node": job.facts[ranks[column]].node or None,
+                "samples": len(seq), "lag_median_ns": median, "lag_p95_ns": p95,
+                "lag_max_ns": largest})
 
     def _ranks(self, job: JobState, comm: str, nranks: int) -> list[int]:
         known = job.columns.get(comm, {})
@@ -290,11 +315,9 @@ class RankAnalysis:
 
     def _judge_work(self, job: JobState, now: float, named: set[int]) -> dict:
         """A rank whose own kernels are slow though it is not (yet) late at collectives."""
-        ranks = sorted(job.facts)
-        work = np.array([job.facts[r].median(job.facts[r].self_work_ns) or np.nan
-                         for r in ranks])
+        peers = self._peers(job, now)
         found = {}
-        for rank in np.array(ranks)[slow_workers(work, self.policy)]:
+        for rank in np.array(peers.ranks)[slow_workers(peers.work, self.policy)]:
             rank = int(rank)
             if rank in named:
                 continue
@@ -344,30 +367,36 @@ class RankAnalysis:
         return heard is None or heard[0] < since + heard[1]
 
     def _facts_of(self, job: JobState, rank: int, now: float) -> causes.Facts:
-        mine = job.facts[rank]
-        peers = [f for r, f in job.facts.items() if r != rank]
+        mine, peers = job.facts[rank], self._peers(job, now)
+        at = peers.ranks.index(rank)
         # A preemptor counts against the rank when it keeps the rank off its CPU far longer than
         # its peers': the node's daemons take everyone's now and then, a hog only the rank's.
-        peer_seen = [self._preemptions(job, p, now) for p in peers]
-        taken = {who: (n, ns) for who, (n, ns) in self._preemptions(job, mine, now).items()
-                 if ns >= 3 * float(np.median([seen.get(who, (0, 0))[1] for seen in peer_seen]
+        others = peers.preemptions[:at] + peers.preemptions[at + 1:]
+        taken = {who: (n, ns) for who, (n, ns) in peers.preemptions[at].items()
+                 if ns >= 3 * float(np.median([seen.get(who, (0, 0))[1] for seen in others]
                                               or [0]))}
-        preemptions = {who: n for who, (n, _ns) in taken.items()}
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
-        peer_work = [p.median(p.self_work_ns) for p in peers if p.self_work_ns]
-        peer_alloc = [p.median(p.allocation_ns) for p in peers if p.allocation_ns]
-        peer_wait = [p.median(p.peer_wait_ns) for p in peers if p.peer_wait_ns]
+        work, alloc, wait = (peers.own_and_others(values, at)
+                             for values in (peers.work, peers.alloc, peers.wait))
         return causes.Facts(
-            self_work_s=mine.median(mine.self_work_ns),
-            peers_self_work_s=float(np.median(peer_work)) if peer_work else None,
-            self_work_samples=len(mine.self_work_ns), preemptions=preemptions,
+            self_work_s=work[0], peers_self_work_s=work[1],
+            self_work_samples=len(mine.self_work_ns),
+            preemptions={who: n for who, (n, _ns) in taken.items()},
             preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
             window_s=min(HOST_FACTS_S, now - job.started),
             blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
-            allocation_s=mine.median(mine.allocation_ns),
-            peers_allocation_s=float(np.median(peer_alloc)) if peer_alloc else None,
-            peer_wait_s=mine.median(mine.peer_wait_ns),
-            peers_peer_wait_s=float(np.median(peer_wait)) if peer_wait else None)
+            allocation_s=alloc[0], peers_allocation_s=alloc[1],
+            peer_wait_s=wait[0], peers_peer_wait_s=wait[1])
+
+    def _peers(self, job: JobState, now: float) -> "PeerFacts":
+        """Every rank's medians and preemptors, once per tick: a rank is weighed against all."""
+        if job.peers is None:
+            ranks = sorted(job.facts)
+            medians = [[job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
+                       for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
+            job.peers = PeerFacts(ranks, *(np.array(m, float) for m in medians),
+                                  [self._preemptions(job, job.facts[r], now) for r in ranks])
+        return job.peers
 
     @staticmethod
     def _preemptions(job: JobState, facts: RankFacts,

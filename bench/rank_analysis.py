@@ -1,0 +1,99 @@
+"""What fleetd's online rank analysis costs next to what fleetd already pays for a push.
+
+For jobs of 8, 64 and 512 ranks (8 ranks a node), every node's push carries a second's worth of
+its ranks' collectives and syncs (50 steps a second). Measured in one run, on the same pushes:
+checking a push off the wire (``wire.decode``: what fleetd pays for every push anyway), the
+analysis taking its events in (``RankAnalysis.observe``), and the analysis's tick over the job
+(settle, judge, verdicts: once per recompute, not per push). Reported as ratios, since these
+machines are shared and noisy: observe per event over decode per event, and a tick over the
+pushes of one second. One rank is late, so the rules do their whole work.
+Run: ``.venv/bin/python bench/rank_analysis.py [--json bench/results/rank-analysis.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.report import run_and_report  # noqa: E402
+from fleetd.config import SETTINGS  # noqa: E402
+from fleetd.ranks import RankAnalysis  # noqa: E402
+from ingero import wire  # noqa: E402
+
+STEPS_PER_S = 50
+RANKS_PER_NODE = 8
+
+
+def pushes_of_one_second(ranks: int, second: int) -> list[wire.Push]:
+    """Each node's push: per rank and step, an all-reduce entry and the sync after it."""
+    pushes = []
+    for node in range(ranks // RANKS_PER_NODE):
+        events = []
+        for step in range(second * STEPS_PER_S, (second + 1) * STEPS_PER_S):
+            for local in range(RANKS_PER_NODE):
+                rank = node * RANKS_PER_NODE + local
+                t = 1.8e9 + step / STEPS_PER_S + 1e-5 * local + (0.005 if rank == 3 else 0)
+                tags = {"rank": rank, "job": "77", "pid": 1000 + rank}
+                events.append({"id": f"n{node}:b:{len(events)}", "t": t, "kind": "collective",
+                               "attrs": {"op": "ncclAllReduce", "comm_hash": "c0ffee00c0ffee00",
+                                         "seq": step, "comm_rank": rank, "nranks": ranks,
+                                         "bytes": 1 << 26, **tags}})
+                events.append({"id": f"n{node}:b:{len(events)}", "t": t + 0.01, "kind": "sync",
+                               "attrs": {"duration_ns": 6_000_000, "peer_wait": False, **tags}})
+        pushes.append(wire.Push(second, f"node{node}", "bench", "b", 0.9,
+                                dict.fromkeys(wire.SIGNALS, 1.0), "active", 1.8e9 + second,
+                                1.0, None, None, events))
+    return pushes
+
+
+def measure(ranks: int, seconds: int) -> dict:
+    cfg = SimpleNamespace(**{s.name: s.default for s in SETTINGS})
+    analysis = RankAnalysis(cfg)
+    decode_s = observe_s = 0.0
+    ticks, events = [], 0
+    for second in range(seconds):
+        frames = [wire.encode(p) for p in pushes_of_one_second(ranks, second)]
+        began = time.perf_counter()
+        pushes = [wire.decode(f) for f in frames]
+        decode_s += time.perf_counter() - began
+        began = time.perf_counter()
+        for push in pushes:
+            analysis.observe(push, 0.0, 1.8e9 + second + 1)
+        observe_s += time.perf_counter() - began
+        events += sum(len(p.events) for p in pushes)
+        began = time.perf_counter()
+        analysis.tick(1.8e9 + second + 1)
+        ticks.append(time.perf_counter() - began)
+    named = sorted(v.rank for v in analysis.active())
+    return {"ranks": ranks, "events": events, "named": named,
+            "decode_us_per_event": round(decode_s / events * 1e6, 3),
+            "observe_us_per_event": round(observe_s / events * 1e6, 3),
+            "observe_over_decode": round(observe_s / decode_s, 2),
+            "tick_ms_median": round(statistics.median(ticks) * 1e3, 2),
+            "tick_over_one_second_of_decode": round(
+                statistics.median(ticks) / (decode_s / seconds), 3)}
+
+
+def run(args) -> dict:
+    return {"steps_per_s": STEPS_PER_S, "seconds": args.seconds,
+            "jobs": [measure(ranks, args.seconds) for ranks in args.ranks]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--seconds", type=int, default=6)
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    run_and_report(__file__, "it shares bench/'s entry point, which runs as root",
+                   run, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
