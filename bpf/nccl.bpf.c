@@ -186,8 +186,9 @@ int nccl_comm_init_return(struct pt_regs *ctx)
     return 0;
 }
 
-/* ncclCommDestroy(ncclComm_t comm) */
-int nccl_comm_destroy(struct pt_regs *ctx)
+/* ncclCommDestroy(ncclComm_t comm), and ncclCommAbort(ncclComm_t comm): what a rank calls
+ * when NCCL failed (an error, a timeout); rare, so probing it costs nothing in the step. */
+static __always_inline int comm_gone(struct pt_regs *ctx, u32 op)
 {
     struct comm_key key = {.tgid = current_tgid(), .handle = PT_REGS_PARM1(ctx)};
     struct comm_info *info = comms.lookup(&key);
@@ -197,7 +198,7 @@ int nccl_comm_destroy(struct pt_regs *ctx)
     fill_ids(&ev);
     ev.ts = bpf_ktime_get_ns();
     ev.kind = EV_COMM_DESTROY;
-    ev.op = OP_COMM_DESTROY;
+    ev.op = op;
     ev.comm_hash = info->hash;
     ev.seq = info->seq;
     ev.addr = key.handle;
@@ -206,6 +207,16 @@ int nccl_comm_destroy(struct pt_regs *ctx)
     submit(&ev);
     comms.delete(&key);
     return 0;
+}
+
+int nccl_comm_destroy(struct pt_regs *ctx)
+{
+    return comm_gone(ctx, OP_COMM_DESTROY);
+}
+
+int nccl_comm_abort(struct pt_regs *ctx)
+{
+    return comm_gone(ctx, OP_COMM_ABORT);
 }
 
 int nccl_group_start(struct pt_regs *ctx)

@@ -50,6 +50,7 @@ class RankFacts:
     preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))
     blockio: deque = field(default_factory=lambda: deque(maxlen=4096))      # (t, req, bytes)
     exited_at: float | None = None
+    aborted_at: float | None = None     # it aborted its communicator: NCCL failed in it
     idle_caused_s: float = 0.0
 
     @staticmethod
@@ -223,6 +224,8 @@ class RankAnalysis:
             facts.blockio.append((t, a.get("requests", 0), a.get("bytes", 0)))
         elif kind == "process_exit":
             facts.exited_at = t
+        elif kind == "comm_destroy" and a.get("op") == "ncclCommAbort":
+            facts.aborted_at = t
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -346,12 +349,15 @@ class RankAnalysis:
             silent = self._silent(facts.node, now - waiting)
             if silent and waiting < 2 * self.hang_timeout:
                 continue    # its node may only be late to tell: give it the time of two
-            kind = "died" if facts.exited_at is not None else "hang"
+            gone = facts.exited_at is not None or facts.aborted_at is not None
+            kind = "died" if gone else "hang"
             diagnosis = causes.Diagnosis(kind, "high", causes.FIXES[kind].format(
                 node=facts.node or "its node"), [
                 f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its "
                 f"peers have waited {waiting:.1f} s"
-                + (" and its process exited" if kind == "died" else "")
+                + (" and its process exited" if facts.exited_at is not None else "")
+                + (" after it aborted its NCCL communicator (an NCCL error or timeout)"
+                   if facts.aborted_at is not None else "")
                 + (f"; {facts.node or 'its node'} has not reported since" if silent else "")])
             found[(rank, "missing")] = Verdict(
                 job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",

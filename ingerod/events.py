@@ -17,7 +17,7 @@ OPS = {
     1: "ncclAllReduce", 2: "ncclAllGather", 3: "ncclReduceScatter", 4: "ncclReduce",
     5: "ncclBroadcast", 6: "ncclBcast", 7: "ncclSend", 8: "ncclRecv",
     20: "ncclCommInitRank", 21: "ncclCommInitRankConfig", 22: "ncclCommInitAll",
-    23: "ncclCommSplit", 24: "ncclCommDestroy",
+    23: "ncclCommSplit", 24: "ncclCommDestroy", 25: "ncclCommAbort",
     40: "cudaStreamSynchronize", 41: "cudaEventSynchronize", 42: "cudaDeviceSynchronize",
     43: "cuCtxSynchronize",
     60: "cudaMalloc", 61: "cudaMallocManaged", 62: "cuMemAlloc_v2", 63: "cudaFree",

@@ -40,6 +40,7 @@ NCCL = [
     Probe("nccl", "ncclCommInitAll", "nccl_comm_init_all", "nccl_comm_init_return"),
     Probe("nccl", "ncclCommSplit", "nccl_comm_split", "nccl_comm_init_return"),
     Probe("nccl", "ncclCommDestroy", "nccl_comm_destroy"),
+    Probe("nccl", "ncclCommAbort", "nccl_comm_abort"),
     Probe("nccl", "ncclAllReduce", "nccl_all_reduce"),
     Probe("nccl", "ncclAllGather", "nccl_all_gather"),
     Probe("nccl", "ncclReduceScatter", "nccl_reduce_scatter"),

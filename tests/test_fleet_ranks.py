@@ -120,6 +120,18 @@ def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits(
     assert [(v.rank, v.kind, v.cause) for v in dead if v.cleared is None] == [(3, "died", "died")]
 
 
+def test_a_missing_rank_that_aborted_its_communicator_is_named_dead():
+    ra = analysis()
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 6], 10, 11)
+    events.append({"id": "n:a", "t": T0 + 0.52, "kind": "comm_destroy", "attrs": {
+        "op": "ncclCommAbort", "comm_hash": COMM, "comm_rank": 6, "rank": 6, "job": "42"}})
+    ra.observe(push("n0", events), 0.0, T0)
+    ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + 2.0)
+    (dead,) = ra.tick(T0 + 10 * STEP + 2.5)
+    assert (dead.rank, dead.kind) == (6, "died")
+    assert "aborted its NCCL communicator" in dead.findings[0]
+
+
 def test_a_silent_node_s_missing_rank_is_named_after_twice_the_timeout():
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
