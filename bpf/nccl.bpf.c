@@ -27,6 +27,8 @@ struct comm_info {
     u64 seq;         /* collectives issued so far on this communicator (not Send/Recv) */
     s32 rank;
     s32 nranks;
+    u32 splits;      /* ncclCommSplit calls made on it so far */
+    u32 pad;
 };
 
 struct init_args {
@@ -128,13 +130,22 @@ int nccl_comm_init_all(struct pt_regs *ctx)
 }
 
 /* ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)
- * Ranks that pass the same color share the new communicator: hash parent and color. */
+ * Ranks that pass the same color share the new communicator: hash the parent, the color and
+ * how many splits the parent has made (every rank splits it in the same order), so that each
+ * split, and each color of it, is a communicator of its own. */
 int nccl_comm_split(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct comm_key parent = {.tgid = id >> 32, .handle = PT_REGS_PARM1(ctx)};
     struct comm_info *info = comms.lookup(&parent);
-    u64 hash = splitmix64((info ? info->hash : parent.handle) ^ (u64)(s64)(s32)PT_REGS_PARM2(ctx));
+    u64 color = (u64)(s64)(s32)PT_REGS_PARM2(ctx);
+    u64 hash;
+    if (info) {
+        hash = splitmix64(info->hash ^ color ^ ((u64)info->splits << 32));
+        info->splits++;
+    } else {
+        hash = splitmix64(parent.handle ^ color);
+    }
     return remember_init(OP_COMM_SPLIT, PT_REGS_PARM4(ctx), hash, -1, -1);
 }
 

@@ -259,13 +259,15 @@ nccl.ncclCommSplit.argtypes = [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p),
 uid = UniqueId()
 assert nccl.ncclGetUniqueId(byref(uid)) == 0
 def rank(r):
-    comm, child, buf, stream = c_void_p(), c_void_p(), c_void_p(), c_void_p()
+    comm, child, again, buf, stream = c_void_p(), c_void_p(), c_void_p(), c_void_p(), c_void_p()
     assert nccl.ncclCommInitRank(byref(comm), 2, uid, r) == 0
     cudart.cudaMalloc(byref(buf), 4096)
     cudart.cudaStreamCreate(byref(stream))
     assert nccl.ncclAllReduce(buf, buf, 1024, 7, 0, comm, stream) == 0
     assert cudart.cudaStreamSynchronize(stream) == 0
     assert nccl.ncclCommSplit(comm, 3, r, byref(child), None) == 0
+    assert nccl.ncclCommSplit(comm, 3, r, byref(again), None) == 0  # same color, a new split
+    nccl.ncclCommDestroy(again)
     nccl.ncclCommDestroy(child)
     nccl.ncclCommDestroy(comm)
 threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
@@ -292,10 +294,10 @@ def test_nccl_inside_libtorch_cuda_and_split_communicators(tmp_path):
     inits = [e for e in mine if e["kind"] == "comm_init"]
     world = {e["comm_hash"] for e in inits if e["op"] == "ncclCommInitRank"}
     split = {e["comm_hash"] for e in inits if e["op"] == "ncclCommSplit"}
-    assert len(world) == 1 and len(split) == 1 and world != split, inits
+    assert len(world) == 1 and len(split) == 2 and not world & split, inits
     assert sorted(e["comm_rank"] for e in inits if e["op"] == "ncclCommInitRank") == [0, 1]
     reduces = [e for e in mine if e["op"] == "ncclAllReduce"]
     assert len(reduces) == 2 and {e["comm_hash"] for e in reduces} == world
     assert {e["seq"] for e in reduces} == {0} and {e["bytes"] for e in reduces} == {4096}
-    assert len([e for e in mine if e["kind"] == "comm_destroy"]) == 4
+    assert len([e for e in mine if e["kind"] == "comm_destroy"]) == 6
     assert lost == 0
