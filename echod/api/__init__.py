@@ -33,6 +33,10 @@ from .settings import ApiSettings
 log = logging.getLogger("echod.api")
 
 MAX_BODY_BYTES = 1024 * 1024
+# An oversized body up to this size is read and dropped before the 413 goes out, so that a
+# client still sending it reads the answer instead of a reset connection; past it, the
+# connection is closed on the sender.
+DRAIN_LIMIT_BYTES = 16 * MAX_BODY_BYTES
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 DB_RETRY_AFTER_S = 5
 
@@ -143,6 +147,8 @@ def create_app(settings: ApiSettings | None = None, workers: int | None = None) 
     @app.errorhandler(Exception)
     def error(exc: Exception):
         status, code, message, headers = _describe(exc)
+        if status == 413:
+            _drain_oversized_body()
         g.code = code
         response = jsonify(error=message, code=code)
         response.status_code = status
@@ -150,6 +156,19 @@ def create_app(settings: ApiSettings | None = None, workers: int | None = None) 
         return response
 
     return app
+
+
+def _drain_oversized_body() -> None:
+    """Read and drop a body refused for its size, when it is not too large to bother."""
+    left = request.content_length or 0
+    if left > DRAIN_LIMIT_BYTES:
+        return
+    stream = request.environ.get("wsgi.input")
+    while stream is not None and left > 0:
+        chunk = stream.read(min(64 * 1024, left))
+        if not chunk:
+            return
+        left -= len(chunk)
 
 
 def _request_id() -> str:
