@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ingero.analysis.stragglers import missing_ranks
+
 OPEN_CAPACITY = 1024     # instances a communicator may have open at once
 HISTORY = 256            # complete instances kept for the rules
 
@@ -114,8 +116,7 @@ class CommWindow:
         stalled = []
         for row in old:
             seq = self.open_seq[row]
-            absent = np.flatnonzero(~np.isfinite(self.open[row]))
-            behind = absent[self.latest[absent] < seq]
+            behind = missing_ranks(self.open[row], self.latest, seq)
             if len(behind):
                 stalled.append((int(seq), int(self.open_op[row]), behind))
             else:

@@ -73,10 +73,7 @@ class Forwarder:
         """A fresh push's events and score; ``clock`` is its node's offset estimate (an
         ``ingero.analysis.clock.Offset``), so that echod can correct the node's times too."""
         identity = {"node": push.node, "cluster": push.cluster, "boot_id": push.boot_id}
-        # A node-wide agent traces several jobs: an event's job is its process's, else the
-        # agent's --job.
-        self.gathering.events += [{**event, **identity,
-                                   "job": event["attrs"].get("job") or push.job}
+        self.gathering.events += [{**event, **identity, "job": push.job_of(event)}
                                   for event in push.events]
         self.gathering.scores.append({
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,

@@ -142,10 +142,6 @@ class JobState:
     last_event: float = 0.0
 
 
-def _job_of(event: dict, push: Push) -> str | None:
-    return event["attrs"].get("job") or push.job
-
-
 class RankAnalysis:
     """Every job's aligned collectives, rank facts and verdicts."""
 
@@ -172,7 +168,7 @@ class RankAnalysis:
         collectives: dict[tuple, list] = defaultdict(list)
         for event in push.events:
             a = event["attrs"]
-            job = self._job(push.cluster, _job_of(event, push), now)
+            job = self._job(push.cluster, push.job_of(event), now)
             kind = event["kind"]
             if kind == "collective":
                 self._collective(job, push.node, event, a, offset, collectives)

@@ -230,6 +230,11 @@ class Push(Message):
     job_nodes: int | None = None
     events: list[dict] = field(default_factory=list)
     clock: list[float] | None = None
+    def job_of(self, event: dict) -> str | None:
+        """An event's Slurm job: its process's (a node-wide agent traces several jobs), else
+        the agent's own --job."""
+        return event["attrs"].get("job") or self.job
+
     CHECKS: ClassVar[dict[str, Any]] = {
         "seq": lambda n, v: check_int(n, v), "node": check_text, "cluster": check_text,
         "boot_id": check_text, "score": _unit, "signals": check_signals, "state": _state,

@@ -9,8 +9,9 @@ from hypothesis import given, settings, strategies as st
 from ingero.analysis import causes
 from ingero.analysis.clock import best_offset, exchange
 from ingero.analysis.lag import peer_lag
-from ingero.analysis.stragglers import (LagPolicy, idle_caused, judge, last_share, onset, period,
-                                        recent_instances, slow_workers, step_interval)
+from ingero.analysis.stragglers import (LagPolicy, idle_caused, judge, last_share,
+                                        missing_ranks, onset, period, recent_instances,
+                                        slow_workers, step_interval)
 
 STEP = 0.05
 
@@ -143,6 +144,13 @@ def test_onset_and_period_on_yes_no_series():
     assert onset(np.ones(5, bool)) == 0
     assert period(np.array([i % 4 == 1 for i in range(30)]), LagPolicy()) == 4
     assert period(np.array([1, 1, 1, 1, 1, 0, 0], bool), LagPolicy()) is None
+
+
+def test_missing_ranks_are_those_that_went_no_further():
+    entered = np.array([1.0, np.nan, 1.1, np.nan])
+    furthest = np.array([9, 6, 9, 8])      # rank 3 entered instance 8: its entry at 7 was lost
+    assert missing_ranks(entered, furthest, 7).tolist() == [1]
+    assert missing_ranks(np.array([1.0, 2.0]), np.array([7, 7]), 7).tolist() == []
 
 
 def test_idle_caused_charges_the_last_rank_for_everyone_s_wait():

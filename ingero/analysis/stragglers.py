@@ -182,10 +182,13 @@ def _judge_rank(recent_lag: np.ndarray, late: np.ndarray, policy: LagPolicy,
     return None
 
 
-def missing(entries: np.ndarray) -> np.ndarray:
-    """Per instance, the columns that have not entered while at least one other has."""
-    entered = np.isfinite(entries)
-    return ~entered & entered.any(axis=1, keepdims=True)
+def missing_ranks(entered: np.ndarray, furthest: np.ndarray, seq: int) -> np.ndarray:
+    """The columns that never entered instance ``seq`` (``entered``: its entry times, NaN where
+    none) and have entered nothing later (``furthest``: each column's latest instance): hung,
+    or dead, there. A column that went on to a later instance passed this one too, ranks
+    keeping the same order: its entry was lost on the way, it is not missing."""
+    absent = np.flatnonzero(~np.isfinite(entered))
+    return absent[furthest[absent] < seq]
 
 
 WORK_MAD_FLOOR = 0.02   # of the median self-work: kernels a hair apart flag nothing
