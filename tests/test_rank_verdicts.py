@@ -151,12 +151,16 @@ def test_clock_offset_of_the_skewed_node_is_estimated_within_5_ms(stack):
         <= 0.005
 
 
+FIVE_A_STEP = ["allgather", "reducescatter", "broadcast", "reduce"]   # and the all-reduce
+
+
 def test_a_healthy_job_of_2000_collectives_with_jitter_gets_no_verdict(stack):
-    """250 steps of an all-reduce and an all-gather: 500 instances, 4,000 traced calls."""
-    result = stack.run(scenario("1002", steps=250, step_ms=10, jitter_ms=2,
-                                extra_collectives=["allgather"]))
+    """400 steps of five collectives: 2,000 collective instances, 16,000 traced calls."""
+    result = stack.run(scenario("1002", steps=400, step_ms=10, jitter_ms=2,
+                                extra_collectives=FIVE_A_STEP))
     assert result.ok, result.describe()
     assert stack.verdicts("1002") == []
+    assert stack.tool("job_report", job="1002")["collectives"] == 2000 * 8
 
 
 def test_a_stall_every_k_steps_is_named_periodic_with_its_period(stack):
@@ -244,9 +248,9 @@ def test_a_rank_that_dies_is_named_dead(stack):
     assert set(found) == {2} and found[2]["cause"] == "died", found
 
 
-def test_a_healthy_job_without_jitter_gets_no_verdict(stack):
-    """250 steps of an all-reduce: 2,000 traced calls."""
-    result = stack.run(scenario("1010", steps=250, step_ms=10))
+def test_a_healthy_job_of_2000_collectives_without_jitter_gets_no_verdict(stack):
+    """400 steps of five collectives: 2,000 collective instances, 16,000 traced calls."""
+    result = stack.run(scenario("1010", steps=400, step_ms=10, extra_collectives=FIVE_A_STEP))
     assert result.ok, result.describe()
     assert stack.verdicts("1010") == [], stack.verdicts("1010")
 
