@@ -13,10 +13,7 @@ summaries are forwarded to echod. Nothing here touches a socket or reads a clock
 from __future__ import annotations
 
 import logging
-import statistics
-import uuid
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from collections import defaultdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,117 +26,12 @@ from ingero.wire import Push
 
 from .alignment import CommWindow, Entries, OpCodes
 from .clocks import ClockBook
+from .rankstate import JobState, PeerFacts, RankFacts, Verdict
 
 log = logging.getLogger("fleetd")
 
 UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
-FACTS_KEPT = 64                      # sync and allocation durations kept per rank
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
-
-
-@dataclass
-class RankFacts:
-    """What one rank's node said about it lately, besides its collectives."""
-
-    node: str = ""
-    pid: int | None = None
-    self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
-    peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
-    allocation_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
-    # (t, comm, pid, count, the preemptor's process, ns it kept the rank off its CPU)
-    preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))
-    blockio: deque = field(default_factory=lambda: deque(maxlen=4096))      # (t, req, bytes)
-    exited_at: float | None = None
-    aborted_at: float | None = None     # it aborted its communicator: NCCL failed in it
-    idle_caused_s: float = 0.0
-
-    @staticmethod
-    def median(values: deque) -> float | None:
-        """Seconds, from durations in ns (a few dozen: Python's median beats numpy's here)."""
-        return statistics.median(values) / 1e9 if values else None
-
-
-@dataclass
-class Verdict:
-    """One rank named a straggler; updated while it lasts, cleared when it stops."""
-
-    cluster: str
-    job: str | None
-    rank: int
-    node: str
-    kind: str
-    cause: str
-    vid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    confidence: str = "medium"
-    severity: str = "major"
-    fix: str | None = None
-    findings: list[str] = field(default_factory=list)
-    op: str | None = None
-    comm_hash: str | None = None
-    step: int | None = None             # onset, in instances of the communicator's main op
-    onset: float | None = None
-    first_seen: float = 0.0
-    last_seen: float = 0.0
-    cleared: float | None = None
-    lag_p50_s: float | None = None
-    lag_p99_s: float | None = None
-    last_share: float | None = None
-    period: int | None = None
-    occurrences: int = 0
-    cost_gpu_s: float = 0.0
-    cost_usd: float | None = None
-    evidence: dict = field(default_factory=dict)
-    revision: int = 0
-    misses: int = 0
-
-    def row(self) -> dict:
-        """The verdict as echod stores it."""
-        return {k: getattr(self, k) for k in (
-            "vid", "revision", "cluster", "job", "rank", "node", "kind", "cause", "confidence",
-            "severity", "fix", "findings", "op", "comm_hash", "step", "onset", "first_seen",
-            "last_seen", "cleared", "lag_p50_s", "lag_p99_s", "last_share", "period",
-            "occurrences", "cost_gpu_s", "cost_usd", "evidence")}
-
-    def describe(self) -> str:
-        what = {"periodic": f"late every {self.period} steps", "hang": "missing",
-                "died": "died", "slow_gpu": "slow kernels"}.get(self.kind, "late")
-        lag = f" by {self.lag_p50_s * 1e3:.1f} ms" if self.lag_p50_s is not None else ""
-        return (f"job {self.job} rank {self.rank} on {self.node}: {what}{lag} at "
-                f"{self.op or 'its collectives'}, cause {self.cause}")
-
-
-@dataclass
-class PeerFacts:
-    """Per rank of a job (in ``ranks`` order): median self-work, allocation and peer-wait
-    (seconds, NaN where unmeasured) and who else took its CPU."""
-
-    ranks: list[int]
-    work: np.ndarray
-    alloc: np.ndarray
-    wait: np.ndarray
-    preemptions: list[dict]
-
-    @staticmethod
-    def own_and_others(values: np.ndarray, at: int) -> tuple[float | None, float | None]:
-        """The rank's value and the median of its peers' (None where unmeasured)."""
-        others = np.delete(values, at)
-        others = others[np.isfinite(others)]
-        own = values[at]
-        return (float(own) if np.isfinite(own) else None,
-                float(np.median(others)) if others.size else None)
-
-
-@dataclass(eq=False)
-class JobState:
-    cluster: str
-    job: str | None
-    comms: dict[str, CommWindow] = field(default_factory=dict)
-    columns: dict[str, dict[int, int]] = field(default_factory=dict)   # comm → column → rank
-    facts: dict[int, RankFacts] = field(default_factory=lambda: defaultdict(RankFacts))
-    verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
-    peers: PeerFacts | None = None      # this tick's, built when first needed
-    started: float = 0.0
-    last_event: float = 0.0
 
 
 class RankAnalysis:
@@ -390,7 +282,7 @@ class RankAnalysis:
             allocation_s=alloc[0], peers_allocation_s=alloc[1],
             peer_wait_s=wait[0], peers_peer_wait_s=wait[1])
 
-    def _peers(self, job: JobState, now: float) -> "PeerFacts":
+    def _peers(self, job: JobState, now: float) -> PeerFacts:
         """Every rank's medians and preemptors, once per tick: a rank is weighed against all."""
         if job.peers is None:
             ranks = sorted(job.facts)

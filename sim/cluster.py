@@ -226,7 +226,8 @@ class Cluster:
                 "--kernels", str(job.kernels), "--bytes", str(job.allreduce_bytes),
                 "--dtype", job.dtype, "--host-work-ms", f"{job.host_work_ms:g}",
                 "--memcpy-every", str(job.memcpy_every),
-                "--loss-every", str(job.loss_every), "--jitter-ms", f"{job.jitter_ms:g}", "--record", str(record_path),
+                "--loss-every", str(job.loss_every), "--jitter-ms", f"{job.jitter_ms:g}",
+                "--record", str(record_path),
                 "--unique-id-file", str(self.unique_id_path)]
         if job.extra_collectives:
             argv += ["--extra", ",".join(job.extra_collectives)]

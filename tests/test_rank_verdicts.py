@@ -260,7 +260,8 @@ def test_two_jobs_on_one_node_wide_agent_are_analysed_and_stored_apart(stack):
         {"rank": 1, "kind": "host_delay", "delay_ms": 40}])
     second = scenario("1012", nodes=1, steps=30, stragglers=[
         {"rank": 3, "kind": "host_delay", "delay_ms": 40}])
-    with Cluster(first, stack.root / "job-1011") as a, Cluster(second, stack.root / "job-1012") as b:
+    with Cluster(first, stack.root / "job-1011") as a, \
+            Cluster(second, stack.root / "job-1012") as b:
         results = a.wait(), b.wait()
     assert all(r.ok for r in results), [r.describe() for r in results]
     time.sleep(3 * PUSH_S + 2)

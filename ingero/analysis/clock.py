@@ -6,9 +6,9 @@
     t3  the agent receives the reply    (agent's clock)
 
 The round trip net of fleetd's own time is ``(t3 − t0) − (t2 − t1)``; the agent's clock minus
-fleetd's is ``((t0 − t1) + (t3 − t2)) / 2``, exact when the two legs take equally long and off by
-at most half the round trip when they do not. So the samples with the smallest round trips are
-kept, and half the best round trip is the estimate's uncertainty.
+fleetd's is ``((t0 − t1) + (t3 − t2)) / 2``, exact when the two legs take equally long and off
+by at most half the round trip when they do not. So the samples with the smallest round trips
+are kept, and half the longest of those kept is the estimate's uncertainty.
 """
 
 from __future__ import annotations

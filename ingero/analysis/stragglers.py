@@ -41,6 +41,7 @@ class LagPolicy:
     min_instances: int = 8            # before anything is judged
     min_occurrences: int = 3          # late instances before a period is named
     regular_share: float = 0.6        # of the gaps that must equal the period
+    stall_over_bar: float = 2.0       # a periodic stall stands well clear of the bar
 
 
 @dataclass(frozen=True)
@@ -109,17 +110,20 @@ def onset(late: np.ndarray) -> int:
 
 
 def period(late: np.ndarray, policy: LagPolicy) -> int | None:
-    """The spacing of the late instances when it is regular: the commonest gap, if at least
-    ``regular_share`` of the gaps equal it and it is at least 2."""
+    """The spacing of the late instances when it is regular: the commonest gap K ≥ 2, if at
+    least ``regular_share`` of the gaps equal it and the rank is late at that share of every
+    K-th instance from its first late one on (a stall that recurs, not a few that happen to
+    line up)."""
     where = np.flatnonzero(late)
     if len(where) < policy.min_occurrences:
         return None
     gaps = np.diff(where)
     values, counts = np.unique(gaps, return_counts=True)
     best = int(values[np.argmax(counts)])
-    if best >= 2 and counts.max() >= policy.regular_share * len(gaps):
-        return best
-    return None
+    if best < 2 or counts.max() < policy.regular_share * len(gaps):
+        return None
+    due = late[where[0]::best]
+    return best if due.mean() >= policy.regular_share else None
 
 
 def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
@@ -147,8 +151,8 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     recent = recent_instances(entries, policy)
     findings = []
     for column in range(columns):
-        finding = _judge_rank(lag[-recent:, column], late[:, column], policy,
-                              policy.keep_share if column in named else 0.5)
+        finding = _judge_rank(lag[-recent:, column], lag[:, column], late[:, column], bar,
+                              policy, policy.keep_share if column in named else 0.5)
         if finding is not None:
             kind, start, every = finding
             late_lags = lag[late[:, column], column]
@@ -169,15 +173,15 @@ def recent_instances(entries: np.ndarray, policy: LagPolicy) -> int:
     return min(policy.recent, max(policy.min_recent, within))
 
 
-def _judge_rank(recent_lag: np.ndarray, late: np.ndarray, policy: LagPolicy,
-                share: float) -> tuple[str, int, int | None] | None:
+def _judge_rank(recent_lag: np.ndarray, lag: np.ndarray, late: np.ndarray, bar: float,
+                policy: LagPolicy, share: float) -> tuple[str, int, int | None] | None:
     """(kind, onset, period) for one rank, or None when it is not a straggler: persistent
     when more than ``share`` of its recent instances are late."""
     recent = late[-len(recent_lag):][np.isfinite(recent_lag)]
     if recent.size and recent.sum() > share * recent.size:
         return "persistent", onset(late), None
     every = period(late, policy)
-    if every is not None:
+    if every is not None and np.median(lag[late]) >= policy.stall_over_bar * bar:
         return "periodic", int(np.flatnonzero(late)[0]), every
     return None
 
