@@ -102,6 +102,12 @@ def path_list(value: Any) -> list[str]:
     return [str(path(item)) for item in items if str(item).strip()]
 
 
+def pid_list(value: Any) -> list[int]:
+    """Process ids: ``PID[,PID...]`` on the command line, a list in YAML."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    return [integer(1, 2**22)(item) for item in items if str(item).strip()]
+
+
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
 

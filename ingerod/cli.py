@@ -50,6 +50,8 @@ main.add_command(keygen_command("/etc/ingero/keys", "ingerod", "this agent"))
 @click.option("--job", default=None, metavar="JOBID",
               help="Only the processes of this Slurm job [default: every process that maps "
                    "CUDA or NCCL]")
+@click.option("-p", "--pid", "pids", default="", metavar="PID[,PID...]",
+              help="Only these processes [default: every process that maps CUDA or NCCL]")
 @click.option("--libraries", default="", metavar="PATHS",
               help="Library files to attach at start, comma-separated")
 @click.option("--match-env", default="", metavar="KEY=VALUE",
@@ -58,10 +60,10 @@ main.add_command(keygen_command("/etc/ingero/keys", "ingerod", "this agent"))
               help="Stop after this long [default: until interrupted]")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event")
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit")
-def trace_command(job, libraries, match_env, duration, as_json, ebpf) -> None:
+def trace_command(job, pids, libraries, match_env, duration, as_json, ebpf) -> None:
     """Print the NCCL, CUDA and host events of the traced processes as they happen.
 
-    Example: ingerod trace --job 4242
+    Example: ingerod trace -p 31337,31338
     """
     from .probes import program_text
     from .trace import run_trace
@@ -70,7 +72,7 @@ def trace_command(job, libraries, match_env, duration, as_json, ebpf) -> None:
         click.echo(program_text())
         return
     cfg = load_settings(SETTINGS, "INGEROD", None, DEFAULT_CONFIG,
-                        {"job": job, "libraries": libraries or None,
+                        {"job": job, "pids": pids or None, "libraries": libraries or None,
                          "match_env": match_env or None})
     setup_logging(cfg.log_level, "ingerod")
     try:

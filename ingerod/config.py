@@ -3,7 +3,8 @@
 import socket
 
 from ingero.settings import (Setting, boolean, choice, env_matches, integer, listen_address,
-                             log_level, number, optional, optional_text, path, path_list, text,
+                             log_level, number, optional, optional_text, path, path_list, pid_list,
+                             text,
                              zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/ingerod.yaml"
@@ -33,6 +34,9 @@ SETTINGS = [
     Setting("match_env", {}, env_matches,
             "ebpf: trace only processes whose environment has all of KEY=VALUE[,...] "
             "(a job step, one simulated node).", "KEY=VALUE"),
+    Setting("pids", [], pid_list,
+            "ebpf: trace only these processes, PID[,PID...] (with --job and --match-env, "
+            "those too must match) [default: every process that maps CUDA or NCCL].", "PIDS"),
     Setting("libraries", [], path_list,
             "ebpf: CUDA/NCCL library files to attach at start, comma-separated, so processes "
             "that map them are traced from their first call (others attach when found).",

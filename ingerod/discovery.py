@@ -54,9 +54,12 @@ class TracedProcess:
     libraries: set[LibraryFile] = field(default_factory=set)
     environ: dict[str, str] = field(default_factory=dict, repr=False)
 
-    def matches(self, job: str | None, match_env: dict[str, str]) -> bool:
+    def matches(self, job: str | None, match_env: dict[str, str],
+                pids: list[int] | None = None) -> bool:
         """Whether this process is one ingerod was asked to trace."""
         if job is not None and self.job != job:
+            return False
+        if pids and self.pid not in pids:
             return False
         return all(self.environ.get(k) == v for k, v in match_env.items())
 

@@ -83,7 +83,7 @@ class EbpfSource:
                 self.tracer.attach(library)
 
     def wanted(self, process: TracedProcess) -> bool:
-        return process.matches(self.cfg.job, self.cfg.match_env)
+        return process.matches(self.cfg.job, self.cfg.match_env, self.cfg.pids)
 
     def rescan(self, now: float) -> None:
         """Follow processes that come and go, and attach libraries loaded late."""

@@ -59,10 +59,13 @@ def subsections(text: str) -> dict[str, str]:
 
 
 def tagged(text: str, head: str) -> str:
-    """The .TP paragraph whose tag line matches the regex ``head``; '' if none does."""
+    """The .TP paragraph one of whose tag lines (the first, and any after .TQ) matches the
+    regex ``head``; '' if none does."""
     for block in text.split("\n.TP\n")[1:]:
-        if re.match(head, block.split("\n", 1)[0]):
-            return block.split("\n.TP\n")[0].split("\n.SS ")[0]
+        lines = block.split("\n")
+        tags = [lines[0]] + [after for before, after in zip(lines, lines[1:]) if before == ".TQ"]
+        if any(re.match(head, tag) for tag in tags):
+            return block.split("\n.SS ")[0]
     return ""
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -301,3 +302,17 @@ def test_nccl_inside_libtorch_cuda_and_split_communicators(tmp_path):
     assert {e["seq"] for e in reduces} == {0} and {e["bytes"] for e in reduces} == {4096}
     assert len([e for e in mine if e["kind"] == "comm_destroy"]) == 6
     assert lost == 0
+
+
+def test_trace_with_pids_follows_those_processes_only(tmp_path):
+    with Cluster(job("pids", steps=100_000, step_ms=10), tmp_path / "job-pids") as cluster:
+        assert wait_for(lambda: len(cluster.ranks) == 4, 30)
+        chosen = sorted(rank.pid for rank in cluster.ranks)[1:3]
+        trace = Trace(tmp_path, "trace", "-p", ",".join(map(str, chosen)),
+                      "--libraries", sim_libraries())
+        time.sleep(2)
+        events, lost = trace.stop()
+        cluster.stop()
+    assert lost == 0
+    assert {e["attrs"]["pid"] for e in events if "pid" in e["attrs"]} == set(chosen), events[:5]
+    assert all(collectives_of(events, pid) for pid in chosen)
