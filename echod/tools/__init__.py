@@ -8,7 +8,7 @@ out as ISO 8601 UTC strings, floats as finite numbers or null.
 Importing this package declares the tools, which fills ``echod.registry.REGISTRY``. The tool
 modules are imported in the order the tools are listed (the OpenAPI document and the tool
 listing follow it): ``summary``, ``stragglers``, ``anomalies``, ``calls``, ``explain``,
-``report``, ``sql``. What they share: ``schema`` (argument and output schemas), ``selection``
+``report``, ``jobs``, ``sql``. What they share: ``schema`` (argument and output schemas), ``selection``
 (arguments, SQL conditions, JSON values), ``collectives`` (where the collectives are and how they
 are read), ``lag`` (entry lag per rank), ``evidence`` (the host's), ``cost`` and ``diagnosis``.
 """
@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from ingero.analysis import lower_bar
 
 # Importing a tool module declares its tools: in this order, the order they are listed in.
-from . import summary, stragglers, anomalies, calls, explain, report, sql  # isort: skip
+from . import summary, stragglers, anomalies, calls, explain, report, jobs, sql  # isort: skip
 from .collectives import ENTRIES, EVERY_STRIDE, comm_arrays, communicators
 from .diagnosis import Facts, SyncWork, diagnose
 from .evidence import HostEvidence, NodeHealth
@@ -26,7 +26,7 @@ from .lag import RankLag
 from .schema import DEFAULT_MAX_ENTRIES
 from .selection import EARLIEST, LATEST, Where, iso, parse_time, reading, select
 
-TOOL_MODULES = (summary, stragglers, anomalies, calls, explain, report, sql)
+TOOL_MODULES = (summary, stragglers, anomalies, calls, explain, report, jobs, sql)
 
 # What the tests and benchmarks reach as tools.X (datetime, UTC and lower_bar as well: the module
 # they replaced had them).

@@ -47,6 +47,7 @@ class RankLag:
     idle_caused: float          # GPU-seconds its peers waited at instances it entered last
     waited: float               # GPU-seconds it waited itself
     straggler: bool = False
+    lag_p99: float | None = None
 
 
 @dataclass
@@ -117,16 +118,23 @@ GROUP BY 1, 2
 """
 
 
+def node_offsets(conn: Connection, sel: Selection,
+                 named: set[tuple[str, str | None]]) -> dict[tuple[str, str], float]:
+    """(cluster, node) → its clock's offset from fleetd's, seconds: the median fleetd reported
+    with the node's scores in the selection's window (absent where it reported none)."""
+    window = Where().within("s.t", sel.window)
+    return {(cluster, node): offset for cluster, node, offset in rows(
+        conn, NODE_OFFSETS.format(window=window.sql()),
+        {**window.params, "clusters": sorted({c for c, _ in named}),
+         "nodes": sorted({n for _, n in named if n is not None})})}
+
+
 def clock_offsets_us(conn: Connection, sel: Selection, comms: list[Communicator],
                      nodes: dict[tuple, str], comm: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Per entry, its node's clock offset from fleetd's (µs; the median fleetd reported in the
     window, 0 where it reported none), to subtract so that every node's times compare."""
-    window = Where().within("s.t", sel.window)
-    named = sorted({(cluster, node) for (cluster, _job, _rank), node in nodes.items()})
-    offsets = {(cluster, node): offset for cluster, node, offset in rows(
-        conn, NODE_OFFSETS.format(window=window.sql()),
-        {**window.params, "clusters": sorted({c for c, _ in named}),
-         "nodes": sorted({n for _, n in named})})}
+    offsets = node_offsets(conn, sel, {(cluster, node)
+                                       for (cluster, _job, _rank), node in nodes.items()})
     if not offsets or not len(comm):
         return np.zeros(len(comm), np.int64)
     pairs, where = np.unique(np.stack([comm, rank]), axis=1, return_inverse=True)
@@ -144,7 +152,8 @@ def rank_lag_rows(stats: LagStats, comms: list[Communicator],
                              int(stats.samples[i]), float(stats.lag_p50[i]) / 1e6,
                              float(stats.lag_p95[i]) / 1e6, float(stats.lag_max[i]) / 1e6,
                              int(stats.last_arrivals[i]), float(stats.idle_caused[i]) / 1e6,
-                             float(stats.waited[i]) / 1e6))
+                             float(stats.waited[i]) / 1e6,
+                             lag_p99=float(stats.lag_p99[i]) / 1e6))
     return found
 
 

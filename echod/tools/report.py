@@ -5,13 +5,15 @@ from __future__ import annotations
 from sqlalchemy import Connection, text
 
 from ..registry import ToolContext, obj, tool
-from .cost import COST_OUT, RATE_ARGS, cost_summary, gpu_rate
+from .cost import COST_OUT, RATE_ARGS, cost_summary, gpu_rate, usd
 from .evidence import Evidence, gather_evidence
 from .lag import COVERAGE_OUT, RankLag, Survey, ordered, survey
 from .schema import (BOOL, CLUSTER_ARG, DEFAULT_MAX_ENTRIES, INT, INT_OR_NULL, JOB_ARG,
                      MAX_ENTRIES, NUM_OR_NULL, SINCE_ARG, STR, STR_OR_NULL, TIME_OR_NULL,
                      UNTIL_ARG, WINDOW_OUT, array, closed)
-from .selection import Selection, iso, job_cluster, ms, num, pinned, reading, rows, select
+from .explain import peers_median, sync_work
+from .selection import (Selection, Where, iso, job_cluster, ms, num, pinned, reading, rows,
+                        select, window_of)
 from .verdicts import VERDICTS_OUT, read_verdicts
 from .stragglers import RANK_OUT, rank_json
 
@@ -73,75 +75,124 @@ WHERE s.cluster = :cluster AND s.job = :job GROUP BY 1
 """
 
 
+JOB_STEPS = """
+SELECT r.rank, (SELECT e.attrs ->> 'step' FROM events e
+                WHERE e.cluster = :cluster AND e.job = :job AND e.rank = r.rank
+                  AND e.kind = 'collective' AND {window} LIMIT 1)
+FROM unnest(CAST(:ranks AS integer[])) AS r(rank)
+"""
+
+PER_RANK_OUT = closed({
+    "rank": INT, "node": STR_OR_NULL, "step": STR_OR_NULL, "collectives": INT,
+    "lag_median_ms": NUM_OR_NULL, "lag_p99_ms": NUM_OR_NULL, "last_share": NUM_OR_NULL,
+    "self_work_ms": NUM_OR_NULL, "peers_self_work_ms": NUM_OR_NULL,
+    "score_avg": NUM_OR_NULL, "straggler": BOOL, "verdict": STR_OR_NULL,
+    "cause": STR_OR_NULL, "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL})
+
+
 @tool("job_report", summary="A sacct-style report of one job: where and how long it ran, each "
       "rank's lag and health, the stragglers and their cost",
-      input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG, **RATE_ARGS,
-                        "max_entries": MAX_ENTRIES}, ("job",)),
+      input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG, "since": SINCE_ARG,
+                        "until": UNTIL_ARG, **RATE_ARGS, "max_entries": MAX_ENTRIES}, ("job",)),
       output_schema=closed({
           "cluster": STR, "job": STR, "user": STR_OR_NULL, "gpus": INT_OR_NULL,
-          "nodes": array(STR), "ranks": INT, "first_event": TIME_OR_NULL,
-          "last_event": TIME_OR_NULL, "duration_s": NUM_OR_NULL, "collectives": INT,
-          "events": INT, "events_capped": BOOL,
-          "per_rank": array(closed({"rank": INT, "node": STR_OR_NULL, "collectives": INT,
-                                    "lag_median_ms": NUM_OR_NULL, "score_avg": NUM_OR_NULL,
-                                    "straggler": BOOL})),
-          "verdicts": VERDICTS_OUT, "top_stragglers": array(RANK_OUT), "cost": COST_OUT,
-          "coverage": COVERAGE_OUT}))
+          "nodes": array(STR), "ranks": INT, "start": TIME_OR_NULL, "end": TIME_OR_NULL,
+          "first_event": TIME_OR_NULL, "last_event": TIME_OR_NULL,
+          "duration_s": NUM_OR_NULL, "collectives": INT, "events": INT, "events_capped": BOOL,
+          "per_rank": array(PER_RANK_OUT), "verdicts": VERDICTS_OUT,
+          "top_stragglers": array(RANK_OUT), "cost": COST_OUT, "coverage": COVERAGE_OUT,
+          "window": WINDOW_OUT}))
 def job_report(ctx: ToolContext, args: dict) -> dict:
-    """Everything about one job over its whole run: who ran it and on how many GPUs (when the
-    jobs table knows), its nodes, ranks, first and last event, duration, collectives and events
-    stored (events are counted up to 1,000,000: events_capped says there are more); per rank:
-    node, collectives, median entry lag (ms, see find_stragglers), its node's average health
-    score and whether it is a straggler; fleetd's verdicts on its ranks (see find_stragglers);
-    the stragglers with their evidence; and the cost
-    summary of get_cost (usd only with a rate: usd_per_gpu_hour, or gpu + provider). Collectives
-    are those compared across ranks (an instance at least 2 ranks entered): past 'max_entries'
-    every k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job
-    is not in the clusters you may see; 400 when it ran in several of them and no 'cluster'
-    says which. Each node's times are put on fleetd's clock first."""
+    """Everything about one job, over its whole run or over since/until: who ran it and on
+    how many GPUs, its start and end (when the jobs table knows), its nodes, ranks, first and
+    last event, duration, collectives and events stored (events are counted up to 1,000,000:
+    events_capped says there are more); per rank: its Slurm step, node, collectives, median
+    and 99th-percentile entry lag (ms, see find_stragglers), last_share (the share of its
+    collectives it entered last), self_work_ms (its average sync on its own kernels) against
+    peers_self_work_ms (the median of the other ranks' averages), its node's average health
+    score, whether it is a straggler by the stored events, fleetd's verdict on it (its kind)
+    and cause, and cost_gpu_seconds, the time its peers waited for it where it came last
+    (cost_usd with the rate: usd_per_gpu_hour, or gpu + provider, else the rate fleetd priced
+    its verdicts on the job with); fleetd's verdicts on its ranks (see find_stragglers); the
+    stragglers with their evidence; and the cost summary of get_cost. Collectives are those
+    compared across ranks (an instance at least 2 ranks entered): past 'max_entries' every
+    k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job is
+    not in the clusters you may see; 400 when it ran in several of them and no 'cluster' says
+    which. Each node's times are put on fleetd's clock first."""
     rate, source = gpu_rate(args)
     with reading(ctx) as conn:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
-        sel = Selection(cluster, args["job"])
+        sel = Selection(cluster, args["job"], window=window_of(ctx, args, whole_job=True))
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
-        facts = job_facts(conn, sel)
+        facts = job_facts(conn, sel, found)
         stragglers = [r for r in ordered(found.ranks) if r.straggler]
         evidence = gather_evidence(conn, sel, stragglers)
-        cost = cost_summary(conn, sel, found, rate, source)
         verdicts = read_verdicts(conn, sel)
-    return {**job_json(sel, facts, found, stragglers, evidence, cost), "verdicts": verdicts}
+        if rate is None and (rate := verdict_rate(verdicts)) is not None:
+            source = "fleetd's verdicts"
+        cost = cost_summary(conn, sel, found, rate, source)
+    return {**job_json(sel, facts, found, stragglers, evidence, cost, verdicts),
+            "verdicts": verdicts, "window": sel.window.to_json()}
 
 
-def job_facts(conn: Connection, sel: Selection) -> dict:
+def verdict_rate(verdicts: list[dict]) -> float | None:
+    """The USD per GPU-hour fleetd priced its verdicts with, when it had a rate."""
+    for v in verdicts:
+        if v["cost_usd"] is not None and v["cost_gpu_seconds"]:
+            return round(v["cost_usd"] / v["cost_gpu_seconds"] * 3600.0, 4)
+    return None
+
+
+def job_facts(conn: Connection, sel: Selection, found: Survey) -> dict:
     params = {"cluster": sel.cluster, "job": sel.job}
+    window = Where().within("e.t", sel.window)
+    ranks = sorted({r.rank for r in found.ranks})
     return {"job": conn.execute(text(JOB_ROW), params).first(),
             "events": conn.execute(text(JOB_EVENTS), {**params, "cap": EVENT_COUNT_CAP}).one(),
             "nodes": [n for (n,) in rows(conn, JOB_NODES, params)],
-            "scores": dict(rows(conn, RANK_SCORES, params))}
+            "scores": dict(rows(conn, RANK_SCORES, params)),
+            "steps": dict(rows(conn, JOB_STEPS.format(window=window.sql()),
+                               {**params, **window.params, "ranks": ranks})),
+            "work": sync_work(conn, sel)}
 
 
 def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLag],
-             evidence: Evidence, cost: dict) -> dict:
-    user, gpus, job_nodes, _start, _end = facts["job"] or (None, None, [], None, None)
+             evidence: Evidence, cost: dict, verdicts: list[dict]) -> dict:
+    user, gpus, job_nodes, start, end = facts["job"] or (None, None, [], None, None)
     count, first, last = facts["events"]
     lags = {r.rank: r for r in found.ranks}
-    ranks = sorted(lags)
     nodes = sorted(set(job_nodes or []) | set(facts["nodes"])
                    | {r.node for r in found.ranks if r.node})
-    per_rank = []
-    for rank in ranks:
-        lag = lags[rank]
-        node = lag.node
-        per_rank.append({"rank": rank, "node": node,
-                         "collectives": lag.samples * found.stride,
-                         "lag_median_ms": ms(lag.lag_median),
-                         "score_avg": num(facts["scores"].get(node)) if node else None,
-                         "straggler": lag.straggler})
+    named = {}
+    for v in reversed(verdicts):                  # the newest (live first) wins
+        named[v["rank"]] = v
+    per_rank = [rank_row(lags[rank], found, facts, named.get(rank), cost["usd_per_gpu_hour"])
+                for rank in sorted(lags)]
     return {"cluster": sel.cluster, "job": sel.job, "user": user, "gpus": gpus, "nodes": nodes,
-            "ranks": len(ranks), "first_event": iso(first), "last_event": iso(last),
+            "ranks": len(lags), "start": iso(start), "end": iso(end),
+            "first_event": iso(first), "last_event": iso(last),
             "duration_s": num((last - first).total_seconds(), 3) if first and last else None,
             "collectives": sum(r.samples for r in found.ranks) * found.stride,
             "events": count, "events_capped": count >= EVENT_COUNT_CAP,
             "per_rank": per_rank,
             "top_stragglers": [rank_json(r, found, evidence) for r in stragglers[:10]],
             "cost": cost, "coverage": found.coverage()}
+
+
+def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None,
+             rate: float | None) -> dict:
+    work = facts["work"]
+    own = work.get(lag.rank)
+    caused = lag.idle_caused * found.scale
+    return {"rank": lag.rank, "node": lag.node, "step": facts["steps"].get(lag.rank),
+            "collectives": lag.samples * found.stride, "lag_median_ms": ms(lag.lag_median),
+            "lag_p99_ms": ms(lag.lag_p99),
+            "last_share": num(lag.last_arrivals / lag.samples, 4) if lag.samples else None,
+            "self_work_ms": num(own.self_ms, 3) if own else None,
+            "peers_self_work_ms": num(peers_median(
+                [w.self_ms for r, w in work.items() if r != lag.rank]), 3),
+            "score_avg": num(facts["scores"].get(lag.node)) if lag.node else None,
+            "straggler": lag.straggler,
+            "verdict": verdict["kind"] if verdict else None,
+            "cause": verdict["cause"] if verdict else None,
+            "cost_gpu_seconds": num(caused, 3), "cost_usd": usd(caused, rate)}

@@ -25,6 +25,7 @@ class LagStats:
     lag_p50: np.ndarray
     lag_p95: np.ndarray
     lag_max: np.ndarray
+    lag_p99: np.ndarray
     last_arrivals: np.ndarray
     idle_caused: np.ndarray      # µs its peers waited at the instances it entered last
     waited: np.ndarray           # µs it waited for the last rank itself
@@ -58,6 +59,7 @@ def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarra
     return LagStats(comm[keep][by_rank][firsts], rank[firsts], sizes,
                     segment_quantile(lag, firsts, sizes, 0.5),
                     segment_quantile(lag, firsts, sizes, 0.95), lag[firsts + sizes - 1],
+                    segment_quantile(lag, firsts, sizes, 0.99),
                     np.add.reduceat(is_last[by_rank].astype(np.int64), firsts),
                     np.add.reduceat(caused[by_rank], firsts),
                     np.add.reduceat(waited[by_rank], firsts), int((counts >= 2).sum()))

@@ -1,0 +1,175 @@
+"""The tools the CLI lists and draws jobs with: list_jobs (the jobs seen in a window, as
+``ingero jobs`` and ``ingero report`` print them) and job_timeline (one job's collectives,
+waits and verdicts, clocks corrected, as ``ingero export`` turns them into a trace)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+
+from ..registry import ToolContext, obj, tool
+from .lag import node_offsets
+from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, NAME, NUM, NUM_OR_NULL,
+                     SINCE_ARG, STR, STR_OR_NULL, TIME_OR_NULL, UNTIL_ARG, WINDOW_OUT, array,
+                     closed, described)
+from .selection import Selection, Where, iso, job_cluster, ms, num, reading, rows, window_of
+from .verdicts import VERDICTS_OUT, read_verdicts
+
+# -- list_jobs ---------------------------------------------------------------------------------
+
+# A job is seen in the window when its jobs row, its lag summaries, its verdicts or its nodes'
+# scores fall in it; only these small tables are read, never the events.
+SEEN_JOBS = """
+WITH seen AS (
+    SELECT j.cluster, j.id AS job FROM jobs j
+    WHERE {jobs} AND (CAST(:until AS timestamptz) IS NULL OR j.start IS NULL
+                      OR j.start < :until)
+             AND (CAST(:since AS timestamptz) IS NULL OR j."end" IS NULL OR j."end" >= :since)
+    UNION SELECT p.cluster, p.job FROM peer_lag p WHERE p.job IS NOT NULL AND {lag}
+    UNION SELECT v.cluster, v.job FROM straggler_verdicts v WHERE v.job IS NOT NULL AND {verdicts}
+    UNION SELECT s.cluster, s.job FROM health_scores s WHERE s.job IS NOT NULL AND {scores}
+)
+SELECT seen.cluster, seen.job, j."user", j.nodes, j.start, j."end", lag.first, lag.last,
+       lag.ranks, lag.nodes, named.ranks, named.gpu_seconds, named.usd
+FROM seen
+LEFT JOIN jobs j ON j.cluster = seen.cluster AND j.id = seen.job
+CROSS JOIN LATERAL (
+    SELECT min(p.t) AS first, max(p.t) AS last, count(DISTINCT p.rank) AS ranks,
+           array_remove(array_agg(DISTINCT p.node), NULL) AS nodes
+    FROM peer_lag p WHERE p.cluster = seen.cluster AND p.job = seen.job) lag
+CROSS JOIN LATERAL (
+    SELECT count(DISTINCT newest.rank) AS ranks, sum(newest.cost_gpu_seconds) AS gpu_seconds,
+           sum(newest.cost_usd) AS usd
+    FROM (SELECT DISTINCT ON (coalesce(v.vid, v.id::text)) v.rank, v.cost_gpu_seconds,
+                 v.cost_usd
+          FROM straggler_verdicts v
+          WHERE v.cluster = seen.cluster AND v.job = seen.job AND v.kind IS NOT NULL
+          ORDER BY coalesce(v.vid, v.id::text), v.revision DESC NULLS LAST) newest) named
+WHERE {user}
+ORDER BY coalesce(j.start, lag.first), seen.cluster, seen.job
+LIMIT :limit
+"""
+
+JOB_OUT = closed({
+    "cluster": STR, "job": STR, "user": STR_OR_NULL, "nodes": array(STR), "ranks": INT_OR_NULL,
+    "start": TIME_OR_NULL, "end": TIME_OR_NULL, "stragglers": INT,
+    "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL})
+
+
+@tool("list_jobs", summary="The jobs seen in a window: who ran them, where, how many ranks, "
+      "when, how many stragglers fleetd named and what they cost",
+      input_schema=obj({
+          "cluster": CLUSTER_ARG, "since": SINCE_ARG, "until": UNTIL_ARG,
+          "user": described(NAME, "Only this user's jobs."),
+          "jobs": described(array(NAME) | {"maxItems": 1000}, "Only these jobs."),
+          "limit": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000}}),
+      output_schema=closed({"jobs": array(JOB_OUT), "window": WINDOW_OUT}))
+def list_jobs(ctx: ToolContext, args: dict) -> dict:
+    """The jobs seen in the window (default: the last hour; with 'jobs', whole jobs): a job
+    is seen when the jobs table has it running then (the Slurm prolog records it), or fleetd
+    stored lag summaries, verdicts or health scores for it then. Per job: its user and nodes
+    (from the jobs table, else the nodes of its lag summaries), its ranks (those with lag
+    summaries), start and end (the jobs table's, else its first and last lag summary), the
+    ranks fleetd named (stragglers) and their verdicts' cost (GPU-seconds its peers waited;
+    USD when fleetd had a rate). Oldest first."""
+    sel = Selection(args.get("cluster"), window=window_of(ctx, args, whole_job="jobs" in args))
+    with reading(ctx) as conn:
+        found = seen_jobs(conn, sel, args)
+    return {"jobs": found, "window": sel.window.to_json()}
+
+
+def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
+    jobs = Where().equal("j.cluster", "cluster", sel.cluster)
+    lag = sel.where("p", node=False, rank=False)
+    verdicts = sel.where("v", time=None, node=False, rank=False)
+    if sel.window.until is not None:
+        verdicts.add("v.t < :until", until=sel.window.until)
+    if sel.window.since is not None:
+        verdicts.add("(v.cleared IS NULL OR v.cleared >= :since)", since=sel.window.since)
+    scores = sel.where("s", node=False, rank=False)
+    user = Where().equal('j."user"', "user", args.get("user"))
+    if "jobs" in args:
+        for where, alias in ((jobs, "j.id"), (lag, "p.job"), (verdicts, "v.job"),
+                             (scores, "s.job")):
+            where.add(f"{alias} = ANY (CAST(:jobs AS text[]))", jobs=args["jobs"])
+    sql = SEEN_JOBS.format(jobs=jobs.sql(), lag=lag.sql(), verdicts=verdicts.sql(),
+                           scores=scores.sql(), user=user.sql())
+    params = {**jobs.params, **lag.params, **verdicts.params, **scores.params, **user.params,
+              "since": sel.window.since, "until": sel.window.until,
+              "limit": args.get("limit", 1000)}
+    return [job_json(row) for row in rows(conn, sql, params)]
+
+
+def job_json(row) -> dict:
+    (cluster, job, user, job_nodes, start, end, first, last, ranks, lag_nodes, named,
+     gpu_seconds, usd) = row
+    return {"cluster": cluster, "job": job, "user": user,
+            "nodes": sorted(job_nodes or lag_nodes or []), "ranks": ranks or None,
+            "start": iso(start or first), "end": iso(end or last), "stragglers": named,
+            "cost_gpu_seconds": num(gpu_seconds, 3), "cost_usd": num(usd, 6)}
+
+
+# -- job_timeline ------------------------------------------------------------------------------
+
+TIMELINE_KINDS = ("collective", "sync", "memcpy", "alloc")
+TIMELINE = """
+SELECT e.t, e.node, e.rank, e.kind, e.op, e.comm_hash, e.seq, e.bytes, e.duration_ns,
+       CASE WHEN e.kind = 'sync'
+            THEN coalesce(e.attrs -> 'peer_wait', 'false'::jsonb) = 'true'::jsonb END
+FROM events e
+WHERE {where} AND e.rank IS NOT NULL AND e.kind = ANY (CAST(:kinds AS text[]))
+ORDER BY e.t
+LIMIT :limit
+"""
+
+SLICE_OUT = closed({
+    "rank": INT, "node": STR, "kind": {"type": "string", "enum": list(TIMELINE_KINDS)},
+    "op": STR_OR_NULL, "comm_hash": STR_OR_NULL, "seq": INT_OR_NULL, "t": NUM,
+    "duration_ms": NUM_OR_NULL, "peer_wait": {"type": ["boolean", "null"]},
+    "bytes": INT_OR_NULL})
+
+
+@tool("job_timeline", summary="One job's collectives, syncs, copies and allocations per rank, "
+      "each node's clock corrected, with fleetd's verdicts: what a trace view draws",
+      input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG, "since": SINCE_ARG,
+                        "until": UNTIL_ARG,
+                        "max_events": {"type": "integer", "minimum": 1,
+                                       "maximum": 2_000_000, "default": 200_000}}, ("job",)),
+      output_schema=closed({
+          "cluster": STR, "job": STR,
+          "nodes": array(closed({"node": STR, "clock_offset_ms": NUM_OR_NULL})),
+          "ranks": array(closed({"rank": INT, "node": STR})), "slices": array(SLICE_OUT),
+          "truncated": BOOL, "verdicts": VERDICTS_OUT, "window": WINDOW_OUT}))
+def job_timeline(ctx: ToolContext, args: dict) -> dict:
+    """The job's traced calls per rank, oldest first, at most max_events of them (truncated
+    says there were more; narrow since/until to see the rest): collectives (op, communicator,
+    sequence number, bytes), syncs (duration, and peer_wait: it waited on a collective rather
+    than on the rank's own kernels), copies and allocations. t is seconds since the Unix
+    epoch on fleetd's clock: each node's offset (clock_offset_ms, the median fleetd reported
+    in the window) is taken off its times. With fleetd's verdicts on the job's ranks. 404 when
+    the job is not in the clusters you may see."""
+    with reading(ctx) as conn:
+        cluster = job_cluster(conn, args["job"], args.get("cluster"))
+        sel = Selection(cluster, args["job"], window=window_of(ctx, args, whole_job=True))
+        limit = args.get("max_events", 200_000)
+        where = sel.where("e", node=False, rank=False)
+        found = rows(conn, TIMELINE.format(where=where.sql()),
+                     {**where.params, "kinds": list(TIMELINE_KINDS), "limit": limit + 1})
+        offsets = node_offsets(conn, sel, {(cluster, row[1]) for row in found})
+        verdicts = read_verdicts(conn, sel)
+    slices = [slice_json(row, offsets.get((cluster, row[1]), 0.0)) for row in found[:limit]]
+    nodes = sorted({s["node"] for s in slices} | {v["node"] for v in verdicts})
+    return {"cluster": cluster, "job": sel.job,
+            "nodes": [{"node": n, "clock_offset_ms": ms(offsets.get((cluster, n)))}
+                      for n in nodes],
+            "ranks": [{"rank": r, "node": n} for r, n in sorted({(s["rank"], s["node"])
+                                                                for s in slices})],
+            "slices": slices, "truncated": len(found) > limit, "verdicts": verdicts,
+            "window": sel.window.to_json()}
+
+
+def slice_json(row, offset_s: float) -> dict:
+    t, node, rank, kind, op, comm_hash, seq, nbytes, duration_ns, peer_wait = row
+    return {"rank": rank, "node": node, "kind": kind, "op": op, "comm_hash": comm_hash,
+            "seq": seq, "t": round(t.timestamp() - offset_s, 6),
+            "duration_ms": None if duration_ns is None else num(duration_ns / 1e6, 6),
+            "peer_wait": peer_wait, "bytes": nbytes}
