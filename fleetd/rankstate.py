@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ingero.analysis.causes import lateness
+
 from .alignment import CommWindow
 
 FACTS_KEPT = 64                      # sync and allocation durations kept per rank
@@ -79,10 +81,9 @@ class Verdict:
             "occurrences", "cost_gpu_s", "cost_usd", "evidence")}
 
     def describe(self) -> str:
-        what = {"periodic": f"late every {self.period} steps", "hang": "missing",
-                "died": "died", "slow_gpu": "slow kernels"}.get(self.kind, "late")
-        lag = f" by {self.lag_p50_s * 1e3:.1f} ms" if self.lag_p50_s is not None else ""
-        return (f"job {self.job} rank {self.rank} on {self.node}: {what}{lag} at "
+        lag_ms = None if self.lag_p50_s is None else self.lag_p50_s * 1e3
+        return (f"job {self.job} rank {self.rank} on {self.node}: "
+                f"{lateness(self.kind, self.period, lag_ms)} at "
                 f"{self.op or 'its collectives'}, cause {self.cause}")
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__, curve, demo, fleetclient, mcp
+from . import __version__, curve, demo, fleetclient, mcp, query
+from .cli_common import example_last
 from .errors import IngeroError
 
 
@@ -17,30 +18,45 @@ from .errors import IngeroError
 def main() -> None:
     """ingero: find the slow rank of a distributed training job, and why.
 
-    Example: ingero demo
+    The query commands (report, jobs, stragglers, explain, sql, export, mcp) ask echod's API:
+    its URL, token and CA come from --url/--token-file/--ca-cert, $INGERO_URL,
+    $INGERO_TOKEN, or ~/.config/ingero/ingero.yaml (else /etc/ingero/ingero.yaml).
+
+    Example: ingero report -j 4242
     """
 
 
 main.add_command(mcp.mcp_command)
+for command in query.commands.commands.values():
+    main.add_command(command)
 
 
 @main.command("demo")
-@click.option("--nodes", default=8, show_default=True, type=click.IntRange(5, 64),
-              help="Agents to start")
-@click.option("--interval", default=0.5, show_default=True, type=click.FloatRange(0.1, 10),
-              help="Push interval, seconds")
-@click.option("--healthy", default=0.9, show_default=True, type=click.FloatRange(0, 1),
-              help="Every node's score at first")
-@click.option("--slow", default=0.55, show_default=True, type=click.FloatRange(0, 1),
-              help="The slowed node's score")
-def demo_command(nodes: int, interval: float, healthy: float, slow: float) -> None:
-    """Run fleetd and agents on loopback, slow one node down, and show fleetd flag it.
+@click.option("--scenario", default=demo.DEFAULT_SCENARIO, show_default=True,
+              metavar="NAME|FILE", help="A scenario of sim/scenarios/ by name, or a YAML file")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (the job, its verdicts, the report rows) on standard "
+                   "output; progress goes to standard error")
+@click.option("--keep", is_flag=True,
+              help="Leave the stack running at the end, and say how to query and stop it")
+def demo_command(scenario: str, as_json: bool, keep: bool) -> None:
+    """Run the whole product on a GPU-less job: echod, fleetd, an eBPF ingerod per simulated
+    node, and a sim job with a straggler; then the report and fleetd's verdicts.
 
-    Needs no GPU and no root. Example: ingero demo --nodes 12
+    Needs root (eBPF) and 'make setup'. Everything it starts is stopped, and its temporary
+    directory removed, when it ends, fails or is interrupted (unless --keep).
+
+    Example: ingero demo --scenario cpu-contention
     """
-    code = demo.run(nodes, interval, healthy, slow, click.echo)
-    if code:
-        raise click.ClickException("the demo did not see the straggler flagged")
+    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+    try:
+        result = demo.run(scenario, keep, say)
+    except IngeroError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted: everything the demo started is stopped", err=True)
+        raise SystemExit(130) from None
+    click.echo(json.dumps(demo.as_json(result), indent=2) if as_json else demo.render(result))
 
 
 @main.command("threshold")
@@ -90,3 +106,6 @@ def describe(status) -> str:
             ("panic", "YES" if status.panic else "no"),
             ("stragglers", ", ".join(status.stragglers) or "none")]
     return "\n".join(f"{name:<11} {value}" for name, value in rows)
+
+
+example_last(main)

@@ -43,3 +43,11 @@ def keygen_command(default_dir: str, default_name: str, what: str) -> click.Comm
             raise click.ClickException(str(exc)) from None
         click.echo(f"public key: {public}\nsecret key: {secret}")
     return keygen
+
+
+def example_last(group: click.Group) -> None:
+    """Move each command's "Example:" paragraph after its options, so --help ends with it."""
+    for command in group.commands.values():
+        text, _, example = (command.help or "").partition("Example:")
+        if example and not command.epilog:
+            command.help, command.epilog = text.rstrip(), f"Example: {example.strip()}"

@@ -23,88 +23,12 @@ with ``echod token create``; its clusters and capabilities decide what the agent
 from __future__ import annotations
 
 import json
-import math
-import os
-import ssl
-import urllib.error
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import click
 
-from . import __version__
-from .errors import ApiCallError
-
-TIMEOUT_S = 120            # the API's own SQL limit is 60 s; leave it room to answer
-TOKEN_ENV = "INGERO_TOKEN"
-
-
-class EchodClient:
-    """echod's HTTP API with one bearer token, TLS verified against ``ca_cert`` (the system's
-    CAs when None), every request bounded by ``timeout`` seconds."""
-
-    def __init__(self, url: str, token: str, ca_cert: str | None = None,
-                 timeout: float = TIMEOUT_S):
-        self.url, self.timeout = url.rstrip("/"), timeout
-        self.opener = urllib.request.build_opener(
-            _NoRedirect, urllib.request.HTTPSHandler(context=ssl.create_default_context(
-                cafile=ca_cert)))
-        self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
-                        "User-Agent": f"ingero-mcp/{__version__}"}
-
-    def tools(self) -> list[dict]:
-        """The tools this token may call, as echod lists them."""
-        listing = self._request("GET", "/api/v1/tools")
-        return [tool for tool in listing["tools"] if tool.get("allowed")]
-
-    def call(self, name: str, arguments: dict) -> dict:
-        return self._request("POST", f"/api/v1/tools/{name}", arguments)
-
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        headers = self.headers if data is None else {**self.headers,
-                                                     "Content-Type": "application/json"}
-        request = urllib.request.Request(self.url + path, data, headers, method=method)
-        try:
-            with self.opener.open(request, timeout=self.timeout) as answer:
-                return json.loads(answer.read())
-        except urllib.error.HTTPError as answer:
-            raise _refusal(answer.code, answer.headers.get("Retry-After"),
-                           answer.read()) from None
-        except OSError as exc:                    # URLError, TLS, refused, timed out
-            raise ApiCallError(f"cannot reach echod at {self.url}: "
-                             f"{getattr(exc, 'reason', exc)}", "unreachable") from None
-        except ValueError:
-            raise ApiCallError(f"echod at {self.url} answered {path} with no JSON",
-                             "bad_answer") from None
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Answer a redirect as the error it is here: following it could carry the token to
-    another host, or onto plain HTTP."""
-
-    def redirect_request(self, *args, **kwargs):
-        return None
-
-
-def _refusal(status: int, retry_after: str | None, body: bytes) -> ApiCallError:
-    """echod's {"error", "code"} answer (or whatever else answered) as an ApiCallError."""
-    try:
-        error = json.loads(body)
-    except ValueError:
-        error = None
-    error = error if isinstance(error, dict) else {}
-    return ApiCallError(error.get("error") or f"echod answered HTTP {status}",
-                      error.get("code") or "http_error", status, _seconds(retry_after))
-
-
-def _seconds(header: str | None) -> int | None:
-    try:
-        return max(1, math.ceil(float(header))) if header else None
-    except ValueError:
-        return None
-
+from . import __version__, client
+from .client import EchodClient
+from .errors import ApiCallError, IngeroError
 
 # -- the investigate prompt ----------------------------------------------------------------------
 
@@ -207,51 +131,22 @@ def serve(echod: EchodClient, tools: list[dict]) -> None:
 
 # -- the command ---------------------------------------------------------------------------------
 
-def read_token(token_file: Path | None) -> str:
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as exc:
-            raise click.ClickException(f"cannot read the token file: {exc}") from None
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise click.ClickException(f"no token: give --token-file FILE or set {TOKEN_ENV} "
-                                   f"(make one with 'echod token create')")
-    return token
-
-
 @click.command("mcp")
-@click.option("--url", required=True, help="echod's API, e.g. https://head:7472")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path),
-              help=f"File holding the bearer token [default: ${TOKEN_ENV}]")
-@click.option("--ca-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="PEM CA (or echod's own certificate) to verify echod by "
-                   "[default: the system's CAs]")
-@click.option("--timeout", default=TIMEOUT_S, show_default=True,
-              type=click.FloatRange(1, 3600), help="Seconds to wait for each API answer")
-@click.option("--insecure-no-tls", is_flag=True,
-              help="Allow an http:// URL: the token and every answer cross the network "
-                   "unencrypted, and nothing proves the server is echod")
-def mcp_command(url: str, token_file: Path | None, ca_cert: Path | None, timeout: float,
-                insecure_no_tls: bool) -> None:
+@client.client_options
+def mcp_command(config: str | None, **flags) -> None:
     """Serve echod's tools to an AI agent over MCP on stdin/stdout.
 
     Offers each tool the token may call, under the same name and schemas, and the
-    'investigate' prompt. The token comes from --token-file or $INGERO_TOKEN.
+    'investigate' prompt. The URL, token and CA come from the options, $INGERO_URL and
+    $INGERO_TOKEN, or the client file.
 
     Example: ingero mcp --url https://head:7472 --token-file ~/.ingero-token
     """
-    scheme = urllib.parse.urlsplit(url).scheme.lower()
-    if scheme == "http" and not insecure_no_tls:
-        raise click.ClickException("refusing a plain http:// URL: the token would cross the "
-                                   "network unencrypted (--insecure-no-tls to allow it)")
-    if scheme not in ("https", "http"):
-        raise click.ClickException(f"--url must be https://HOST:PORT, not {url!r}")
-    echod = EchodClient(url, read_token(token_file), str(ca_cert) if ca_cert else None,
-                        timeout)
     try:
+        echod = client.connect(client.settings(config, flags))
         tools = echod.tools()
     except ApiCallError as exc:
         raise click.ClickException(f"cannot list echod's tools: {exc.describe()}") from None
+    except IngeroError as exc:
+        raise click.ClickException(str(exc)) from None
     serve(echod, tools)

@@ -4,16 +4,29 @@ batches, and echod with its API (TLS, tokens, seeded evidence)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from ingero.stack import Echod
+
+
+def have_bcc() -> bool:
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The tests that load eBPF programs: root and Debian's bcc, which CI has (there a skip fails).
+needs_ebpf = pytest.mark.skipif(os.geteuid() != 0 or not have_bcc(),
+                                reason="eBPF needs root and Debian's bcc (make setup)")
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -111,56 +124,13 @@ def forward(keys, endpoint, message):
         context.term()
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, and its key (openssl, as an operator would)."""
-    cert, key = directory / "echod.crt", directory / "echod.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
-
-
-class EchodApi:
-    """echod with its HTTP API on an embedded PostgreSQL, TLS, and tokens made with
-    'echod token create'; ``stop()`` takes it all down."""
+class EchodApi(Echod):
+    """echod with its HTTP API (``ingero.stack.Echod``) in a fresh temporary directory, and
+    what the tests ask of it besides the tools: raw requests, the audit log, SIGHUP."""
 
     def __init__(self, keys, *flags: str, tokens: dict[str, tuple[str, str]]):
-        from ingero.launch import Daemon, free_port, wait_for
-
-        self.root = Path(tempfile.mkdtemp(prefix="echod-api-test-"))
-        self.root.chmod(0o755)
-        self.keys = keys
-        self.cert, self.key = self_signed(self.root)
-        self.tokens_file = self.root / "tokens.yaml"
-        self.audit_log = self.root / "audit.jsonl"
-        self.tokens = {name: self.create_token(name, clusters, capabilities)
-                       for name, (clusters, capabilities) in tokens.items()}
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.ingest = f"tcp://127.0.0.1:{free_port()}"
-        self.daemon = Daemon.module("echod", "echod", [
-            "--ingest-bind", self.ingest, "--state-dir", str(self.root / "state"),
-            "--metrics-addr", "none", "--api-bind", f"127.0.0.1:{self.port}",
-            "--tls-cert", str(self.cert), "--tls-key", str(self.key),
-            "--tokens-file", str(self.tokens_file), "--audit-log", str(self.audit_log),
-            *keys.echod_flags(), *flags], self.root)
-        if not wait_for(lambda: "ingest listening" in self.daemon.log()
-                        or not self.daemon.alive(), 120) or not self.daemon.alive():
-            log = self.daemon.log()
-            self.stop()
-            raise AssertionError(f"echod did not start:\n{log}")
-
-    def echod(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "echod", "--tokens-file",
-                               str(self.tokens_file), *args], capture_output=True, text=True,
-                              timeout=60)
-
-    def create_token(self, name: str, clusters: str, capabilities: str) -> str:
-        done = self.echod("token", "create", name, "--clusters", clusters, "--capabilities",
-                          capabilities)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        super().__init__(Path(tempfile.mkdtemp(prefix="echod-api-test-")), keys, *flags,
+                         tokens=tokens)
 
     def request(self, method: str, path: str, token: str | None = None, **kw):
         import requests
@@ -180,11 +150,3 @@ class EchodApi:
 
     def hup(self) -> None:
         os.kill(self.daemon.process.pid, signal.SIGHUP)
-
-    def stop(self) -> int:
-        from echod.embedded import EmbeddedPostgres
-
-        status = self.daemon.stop(60)
-        EmbeddedPostgres(self.root / "state" / "postgres").stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-        return status

@@ -1,16 +1,16 @@
 """Rank verdicts end to end: sim ranks traced by node-wide ingerods (real bcc), fleetd's online
 analysis, echod's store, read back over echod's HTTPS API.
 
-One stack serves the module: echod (embedded PostgreSQL, TLS, a token), fleetd forwarding to it,
-and two ingerods as the shipped unit runs them (no --job), one per simulated node
-(``--match-env SLURM_NODEID=n`` stands in for two hosts). node1's ingerod runs under faketime
+One stack serves the module (``ingero.stack``, as the demo runs it): echod (embedded PostgreSQL,
+TLS, a token), fleetd forwarding to it, and two ingerods as the shipped unit runs them (no
+--job), one per simulated node (``--match-env SLURM_NODEID=n`` stands in for two hosts). node1's ingerod runs under faketime
 250 ms ahead, so every verdict here is also a verdict made through a corrected clock. Each test
 runs its own sim job (its own Slurm job id) and asserts on what the API answers.
 """
 
 from __future__ import annotations
 
-import os
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,56 +18,29 @@ from pathlib import Path
 import pytest
 
 import sim
-from ingero.launch import Daemon, KeyRing, free_port, stop_all, wait_for
+from ingero import stack as stack_module
+from ingero.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
 
-from .support import EchodApi, metric
+from .support import metric, needs_ebpf
 
-try:
-    import bcc  # noqa: F401
-    HAVE_BCC = True
-except ImportError:
-    HAVE_BCC = False
+pytestmark = [pytest.mark.slow, needs_ebpf]
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    os.geteuid() != 0 or not HAVE_BCC, reason="eBPF needs root and Debian's bcc (make setup)")]
-
-FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEW_S = 0.25
 PUSH_S = 1.0
 HANG_TIMEOUT_S = 4.0
 
 
-class Stack:
-    def __init__(self, root: Path):
-        self.root = root
-        self.keys = KeyRing.create(root / "keys")
-        self.echod = EchodApi(self.keys, "--rate-limit", "500", "--rate-burst", "2000",
-                              tokens={"ops": ("*", "admin")})
-        self.token = self.echod.tokens["ops"]
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.fleet_port = free_port()
-        self.fleetd = Daemon.module("fleetd", "fleetd", [
-            "--bind", self.endpoint, "--metrics-addr", f"127.0.0.1:{self.fleet_port}",
-            "--hang-timeout", str(HANG_TIMEOUT_S), "--recompute-interval", "0.5",
-            "--gpu-model", "H100-80GB", "--gpu-provider", "lambda",
-            *self.keys.fleetd_flags(), *self.keys.forwarding_flags(self.echod.ingest)], root)
-        libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
-        skew = {"LD_PRELOAD": str(FAKETIME), "FAKETIME": f"+{SKEW_S}",
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-        self.agents = [Daemon.module(f"ingerod-node{n}", "ingerod", [
-            "--source", "ebpf", "--libraries", libraries, "--fleet", self.endpoint,
-            "--node", f"node{n}", "--cluster", "sim", "--match-env", f"SLURM_NODEID={n}",
-            "--push-interval", str(PUSH_S), "--rescan-interval", "0.2", "--metrics-addr", "none",
-            *self.keys.ingerod_flags()], root, env=skew if n == 1 else None) for n in (0, 1)]
-        ready = wait_for(lambda: all("pushing to" in a.log() for a in self.agents)
-                         or not all(a.alive() for a in self.agents), 120)
-        assert ready and all(a.alive() for a in self.agents), self.logs()
+class Stack(stack_module.Stack):
+    """The product on one machine (``ingero.stack``), node1's clock 250 ms ahead."""
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {d.name}\n{d.log()[-4000:]}" for d in (*self.agents, self.fleetd))
+    def __init__(self, root: Path):
+        super().__init__(root, 2, push_s=PUSH_S, hang_timeout_s=HANG_TIMEOUT_S,
+                         skew={1: SKEW_S},
+                         echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
+                         echod_root=Path(tempfile.mkdtemp(prefix="echod-verdicts-")))
 
     def run(self, scenario: scenarios.Scenario, settle: float = 3 * PUSH_S + 2):
         """Run a sim job to its end, then give the verdicts time to reach echod."""
@@ -76,20 +49,10 @@ class Stack:
         time.sleep(settle)
         return result
 
-    def tool(self, name: str, **args) -> dict:
-        answer = self.echod.request("POST", f"/api/v1/tools/{name}", self.token, json=args)
-        assert answer.status_code == 200, answer.text
-        return answer.json()
-
     def verdicts(self, job: str) -> list[dict]:
         """fleetd's verdicts on the job, as find_stragglers answers them, oldest first."""
         found = self.tool("find_stragglers", job=job)["verdicts"]
         return sorted(found, key=lambda v: (v["rank"], v["raised"]))
-
-    def stop(self) -> None:
-        statuses = stop_all([*self.agents, self.fleetd], 30)
-        assert self.echod.stop() == 0
-        assert statuses == [0, 0, 0], self.logs()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +60,7 @@ def stack(tmp_path_factory):
     sim.build()
     stack = Stack(tmp_path_factory.mktemp("verdicts"))
     yield stack
-    stack.stop()
+    assert stack.stop() == [0, 0, 0, 0], stack.logs()
 
 
 def scenario(job_id: str, stragglers=(), **fields) -> scenarios.Scenario:

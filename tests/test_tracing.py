@@ -21,14 +21,9 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
 
-try:
-    import bcc  # noqa: F401
-    HAVE_BCC = True
-except ImportError:
-    HAVE_BCC = False
+from .support import needs_ebpf
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not HAVE_BCC,
-                                reason="eBPF needs root and Debian's bcc (make setup)")
+pytestmark = needs_ebpf
 
 REPO = Path(__file__).resolve().parent.parent
 

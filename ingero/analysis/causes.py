@@ -24,6 +24,29 @@ from dataclasses import dataclass, field
 CAUSES = ("host_preemption", "host_work", "io", "slow_gpu", "allocation", "hang", "died",
           "memory_pressure", "network_or_peer", "unknown", "none")
 
+# Each cause in a few words, for people: the CLI and the demo.
+CAUSE_WORDS = {
+    "host_preemption": "another process took its CPU",
+    "host_work": "its own host work (data loading, Python, garbage collection)",
+    "io": "blocking I/O on its node",
+    "slow_gpu": "a slow GPU (its own kernels take longer than its peers')",
+    "allocation": "slow GPU memory allocations",
+    "hang": "it hung before a collective its peers entered",
+    "died": "its process died",
+    "memory_pressure": "GPU memory pressure",
+    "network_or_peer": "it waits on something else (network or another peer)",
+    "unknown": "not established",
+    "none": "not late",
+}
+
+
+def lateness(kind: str, period: int | None, lag_ms: float | None) -> str:
+    """What a verdict of this kind says the rank does, in a few words."""
+    what = {"periodic": f"late every {period} steps", "hang": "missing", "died": "dead",
+            "slow_gpu": "slow in its own kernels"}.get(kind, "late")
+    return what + (f" by {lag_ms:.1f} ms" if lag_ms is not None and kind != "died" else "")
+
+
 SLOW_GPU_RATIO = 1.3             # self-work over the peers' median
 MIN_SELF_WORK_SAMPLES = 3
 PREEMPTION_BURST = 5             # preemptions by other processes in the window

@@ -1,0 +1,166 @@
+"""echod's HTTP API as the command line reaches it: where it is, the token, the CA to trust.
+
+The settings are declared once (``SETTINGS``) and layered like the daemons' (``ingero.settings``):
+their defaults, then the first client file found (``~/.config/ingero/ingero.yaml``, then
+``/etc/ingero/ingero.yaml``, or ``--config``), then ``INGERO_*`` variables, then flags.
+``EchodClient`` makes the calls; every failure is an ``ApiCallError`` with one line to say.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+
+from . import __version__
+from .errors import ApiCallError, ConfigError
+from .settings import (Setting, boolean, click_options, load, number, optional, optional_text,
+                       path)
+
+TIMEOUT_S = 120            # the API's own SQL limit is 60 s; leave it room to answer
+USER_CONFIG = Path("~/.config/ingero/ingero.yaml")
+SITE_CONFIG = Path("/etc/ingero/ingero.yaml")
+
+SETTINGS = [
+    Setting("url", None, optional_text, "echod's API, https://HOST:PORT [default: none].",
+            "URL"),
+    Setting("token", None, optional_text,
+            "Bearer token (make one with 'echod token create'); prefer token_file or "
+            "$INGERO_TOKEN to a flag, which other users can read in the process list.", "TOKEN",
+            hidden=True),
+    Setting("token_file", None, optional(path), "File holding the bearer token.", "FILE"),
+    Setting("ca_cert", None, optional(path),
+            "PEM CA (or echod's own certificate) to verify echod by [default: the system's "
+            "CAs].", "FILE"),
+    Setting("timeout", float(TIMEOUT_S), number(1.0, 3600.0),
+            "Seconds to wait for each API answer.", "SECONDS"),
+    Setting("insecure_no_tls", False, boolean,
+            "Allow an http:// URL: the token and every answer cross the network unencrypted, "
+            "and nothing proves the server is echod.", is_flag=True),
+]
+
+
+def client_options(command):
+    """The API's settings as options of a command, and --config for the client file."""
+    command = click_options(SETTINGS)(command)
+    return click.option("--config", "config", default=None, metavar="FILE",
+                        help=f"Client file [default: {USER_CONFIG}, else {SITE_CONFIG}, "
+                             "the first that exists]")(command)
+
+
+def settings(config: str | None, flags: dict, environ=None) -> SimpleNamespace:
+    """The client settings: the explicit file (which must exist), else the first default."""
+    if config:
+        found = Path(config)
+    else:
+        found = next((p for p in (USER_CONFIG.expanduser(), SITE_CONFIG) if p.exists()), None)
+    given = {s.name: flags.get(s.name) for s in SETTINGS}
+    return load(SETTINGS, "INGERO", found, given, environ)
+
+
+def connect(cfg: SimpleNamespace) -> "EchodClient":
+    """A client for the settings, or ConfigError saying what is missing or unsafe."""
+    if not cfg.url:
+        raise ConfigError("no echod URL: give --url, set INGERO_URL, or put 'url: "
+                          f"https://HOST:7472' in {USER_CONFIG}")
+    scheme = urllib.parse.urlsplit(cfg.url).scheme.lower()
+    if scheme == "http" and not cfg.insecure_no_tls:
+        raise ConfigError("refusing a plain http:// URL: the token would cross the network "
+                          "unencrypted (--insecure-no-tls to allow it)")
+    if scheme not in ("https", "http"):
+        raise ConfigError(f"the URL must be https://HOST:PORT, not {cfg.url!r}")
+    return EchodClient(cfg.url, read_token(cfg), str(cfg.ca_cert) if cfg.ca_cert else None,
+                       cfg.timeout)
+
+
+def read_token(cfg: SimpleNamespace) -> str:
+    token = cfg.token
+    if cfg.token_file is not None:
+        try:
+            token = cfg.token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file {cfg.token_file}: "
+                              f"{exc.strerror}") from None
+    if not token or not token.strip():
+        raise ConfigError("no token: give --token-file FILE or set INGERO_TOKEN (make one "
+                          "with 'echod token create')")
+    return token.strip()
+
+
+class EchodClient:
+    """echod's HTTP API with one bearer token, TLS verified against ``ca_cert`` (the system's
+    CAs when None), every request bounded by ``timeout`` seconds."""
+
+    def __init__(self, url: str, token: str, ca_cert: str | None = None,
+                 timeout: float = TIMEOUT_S):
+        self.url, self.timeout = url.rstrip("/"), timeout
+        try:
+            context = ssl.create_default_context(cafile=ca_cert)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot use the CA file {ca_cert}: {exc}") from None
+        self.opener = urllib.request.build_opener(
+            _NoRedirect, urllib.request.HTTPSHandler(context=context))
+        self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
+                        "User-Agent": f"ingero/{__version__}"}
+
+    def tools(self) -> list[dict]:
+        """The tools this token may call, as echod lists them."""
+        listing = self._request("GET", "/api/v1/tools")
+        return [tool for tool in listing["tools"] if tool.get("allowed")]
+
+    def call(self, name: str, arguments: dict) -> dict:
+        return self._request("POST", f"/api/v1/tools/{name}", arguments)
+
+    def sql(self, statement: str, **limits) -> dict:
+        return self._request("POST", "/api/v1/sql", {"sql": statement, **limits})
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        headers = self.headers if data is None else {**self.headers,
+                                                     "Content-Type": "application/json"}
+        request = urllib.request.Request(self.url + path, data, headers, method=method)
+        try:
+            with self.opener.open(request, timeout=self.timeout) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as answer:
+            raise _refusal(answer.code, answer.headers.get("Retry-After"),
+                           answer.read()) from None
+        except OSError as exc:                    # URLError, TLS, refused, timed out
+            raise ApiCallError(f"cannot reach echod at {self.url}: "
+                               f"{getattr(exc, 'reason', exc)}", "unreachable") from None
+        except ValueError:
+            raise ApiCallError(f"echod at {self.url} answered {path} with no JSON",
+                               "bad_answer") from None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Answer a redirect as the error it is here: following it could carry the token to
+    another host, or onto plain HTTP."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _refusal(status: int, retry_after: str | None, body: bytes) -> ApiCallError:
+    """echod's {"error", "code"} answer (or whatever else answered) as an ApiCallError."""
+    try:
+        error = json.loads(body)
+    except ValueError:
+        error = None
+    error = error if isinstance(error, dict) else {}
+    return ApiCallError(error.get("error") or f"echod answered HTTP {status}",
+                        error.get("code") or "http_error", status, _seconds(retry_after))
+
+
+def _seconds(header: str | None) -> int | None:
+    try:
+        return max(1, math.ceil(float(header))) if header else None
+    except ValueError:
+        return None

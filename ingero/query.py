@@ -1,0 +1,292 @@
+"""The commands that ask echod: report, jobs, stragglers, explain, sql and export.
+
+Each reads the API's settings (``ingero.client``), calls echod's tools over HTTPS and prints
+what they answer; every failure is one line on standard error and exit status 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from datetime import datetime
+from functools import wraps
+from pathlib import Path
+
+import click
+
+from . import client, perfetto, sacct
+from .errors import IngeroError
+from .report import JOB_DEFAULT, JOB_FIELDS, REPORT_DEFAULT, REPORT_FIELDS, job_rows, \
+    report_rows
+from .analysis.causes import CAUSE_WORDS
+from .words import cost, verdict_summary
+
+
+def api_command(group: click.Group, name: str):
+    """A command over echod's API: the client options, the client made, errors as one line."""
+    def decorate(function):
+        @group.command(name)
+        @client.client_options
+        @click.pass_context
+        @wraps(function)
+        def command(ctx, config, **flags):
+            settings = {s.name: flags.pop(s.name) for s in client.SETTINGS}
+            try:
+                echod = client.connect(client.settings(config, settings))
+                return function(echod, **flags)
+            except (IngeroError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from None
+        return command
+    return decorate
+
+
+def colour_enabled() -> bool:
+    return sys.stdout.isatty()
+
+
+def parse_window(starttime: str | None, endtime: str | None, default_start: str | None):
+    """-S and -E as times; without -S the default start is taken on the day of -E (or
+    today), so that -E alone never ends the window before it begins."""
+    now = datetime.now().astimezone()
+    end = sacct.parse_time(endtime, now) if endtime else None
+    start = starttime or default_start
+    return (sacct.parse_time(start, end if end and not starttime else now) if start else None,
+            end)
+
+
+def table_options(fields: dict, default: str):
+    """sacct's options for what is printed: format, layouts, header, JSON."""
+    def decorate(function):
+        for option in reversed([
+            click.option("-S", "--starttime", metavar="TIME",
+                         help="Window start, sacct's time grammar (now-1hour, today, "
+                              "2026-11-21T10:00, midnight ...)"),
+            click.option("-E", "--endtime", metavar="TIME", help="Window end [default: now]"),
+            click.option("-o", "--format", "fmt", default=None, metavar="FIELD[%WIDTH],...",
+                         help=f"Fields to print [default: {default}]"),
+            click.option("--helpformat", is_flag=True, help="List the fields and exit"),
+            click.option("-p", "--parsable", is_flag=True,
+                         help="Fields separated by '|', one at the end of each line too"),
+            click.option("-P", "--parsable2", is_flag=True,
+                         help="Fields separated by '|', none at the end of the line"),
+            click.option("-n", "--noheader", is_flag=True, help="No header lines"),
+            click.option("--json", "as_json", is_flag=True, help="The rows as a JSON array"),
+        ]):
+            function = option(function)
+        return function
+    return decorate
+
+
+def print_rows(rows: list[dict], fields: dict, fmt: str, *, parsable: bool, parsable2: bool,
+               noheader: bool, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    columns = sacct.parse_format(fmt, fields)
+    text = sacct.render(columns, rows, parsable=parsable, parsable2=parsable2,
+                        noheader=noheader)
+    if text:
+        click.echo(text)
+
+
+def job_list(jobs: str | None) -> list[str] | None:
+    return [j.strip() for j in jobs.split(",") if j.strip()] if jobs else None
+
+
+@click.group("query", hidden=True)
+def commands() -> None:
+    """The commands over echod's API (added to ``ingero``)."""
+
+
+@api_command(commands, "report")
+@click.option("-j", "--jobs", metavar="JOBID[,JOBID...]",
+              help="These jobs [default: every job seen in the window]")
+@click.option("-X", "--allocations", is_flag=True, help="One line per job, not per rank")
+@table_options(REPORT_FIELDS, REPORT_DEFAULT)
+def report_command(echod, jobs, allocations, starttime, endtime, fmt, helpformat, parsable,
+                   parsable2, noheader, as_json) -> None:
+    """One row per rank of each job: lag, how often last, self-work against its peers,
+    fleetd's verdict, the cause and the cost, in sacct's layouts.
+
+    Without -j, every job seen since -S (default: midnight today). With -j, each job over
+    its whole run, or over -S/-E when given. A job echod does not know prints no row.
+
+    Example: ingero report -j 4242 -o JobID,Rank,LagP50%10,Cause -P
+    """
+    fields, default = (JOB_FIELDS, JOB_DEFAULT) if allocations else (REPORT_FIELDS,
+                                                                     REPORT_DEFAULT)
+    if helpformat:
+        click.echo(sacct.helpformat(fields))
+        return
+    named = job_list(jobs)
+    since, until = parse_window(starttime, endtime, None if named else "midnight")
+    if allocations:
+        rows = job_rows(echod, named, since, until)
+    else:
+        if named is None:
+            named = [row["job"] for row in job_rows(echod, None, since, until)]
+        rows = report_rows(echod, named, since, until)
+    print_rows(rows, fields, fmt or default, parsable=parsable, parsable2=parsable2,
+               noheader=noheader, as_json=as_json)
+
+
+@api_command(commands, "jobs")
+@click.option("-j", "--jobs", metavar="JOBID[,JOBID...]", help="Only these jobs")
+@click.option("-u", "--user", metavar="USER", help="Only this user's jobs")
+@table_options(JOB_FIELDS, JOB_DEFAULT)
+def jobs_command(echod, jobs, user, starttime, endtime, fmt, helpformat, parsable, parsable2,
+                 noheader, as_json) -> None:
+    """The jobs seen in the window: user, nodes, ranks, start, end, stragglers, cost.
+
+    The window starts at midnight today unless -S says otherwise.
+
+    Example: ingero jobs -S now-2days -u alice
+    """
+    if helpformat:
+        click.echo(sacct.helpformat(JOB_FIELDS))
+        return
+    since, until = parse_window(starttime, endtime, None if jobs else "midnight")
+    rows = job_rows(echod, job_list(jobs), since, until, user)
+    print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, parsable=parsable, parsable2=parsable2,
+               noheader=noheader, as_json=as_json)
+
+
+@api_command(commands, "stragglers")
+@click.option("--cluster", metavar="NAME", help="Only this cluster")
+@click.option("-j", "--job", metavar="JOBID", help="Only this job")
+@click.option("-S", "--starttime", metavar="TIME", help="Window start [default: now-1hour]")
+@click.option("-E", "--endtime", metavar="TIME", help="Window end [default: now]")
+@click.option("--json", "as_json", is_flag=True, help="fleetd's verdicts as JSON")
+def stragglers_command(echod, cluster, job, starttime, endtime, as_json) -> None:
+    """fleetd's current and recent verdicts, live ones first, across the clusters the token
+    may see.
+
+    Example: ingero stragglers -S now-1day
+    """
+    since, until = parse_window(starttime, endtime, None if job else "now-1hour")
+    args = {**({"cluster": cluster} if cluster else {}), **({"job": job} if job else {}),
+            **({"since": since.isoformat()} if since else {}),
+            **({"until": until.isoformat()} if until else {})}
+    verdicts = echod.call("find_stragglers", args)["verdicts"]
+    if as_json:
+        click.echo(json.dumps(verdicts, indent=2))
+        return
+    for v in verdicts:
+        state = "cleared" if v.get("cleared") else "LIVE"
+        line = f"{state:<7} {v['cluster']}/{v['job']} {verdict_summary(v)}"
+        click.echo(click.style(line, fg="red") if state == "LIVE" and colour_enabled()
+                   else line)
+    if not verdicts:
+        click.echo("no straggler verdict in the window")
+
+
+@api_command(commands, "explain")
+@click.option("-j", "--job", required=True, metavar="JOBID", help="The job")
+@click.option("--rank", type=int, default=None, metavar="R",
+              help="This rank [default: every rank fleetd named in the job]")
+@click.option("--cluster", metavar="NAME", help="The job's cluster, when ids repeat")
+@click.option("--json", "as_json", is_flag=True, help="explain's answers as JSON")
+def explain_command(echod, job, rank, cluster, as_json) -> None:
+    """Why a rank is slow: severity first, then the evidence in plain words, then what to do.
+
+    Example: ingero explain -j 4242 --rank 5
+    """
+    where = {"job": job, **({"cluster": cluster} if cluster else {})}
+    verdicts = echod.call("find_stragglers", where)["verdicts"]
+    ranks = [rank] if rank is not None else sorted({v["rank"] for v in verdicts})
+    answers = [echod.call("explain", {**where, "rank": r}) for r in ranks]
+    if as_json:
+        click.echo(json.dumps(answers, indent=2))
+        return
+    if not answers:
+        click.echo(f"job {job}: fleetd named no rank; 'ingero report -j {job}' shows every "
+                   "rank's lag")
+    for answer in answers:
+        click.echo(explanation(answer, [v for v in verdicts if v["rank"] == answer["rank"]]))
+
+
+def explanation(answer: dict, verdicts: list[dict]) -> str:
+    """explain's answer in words: severity and verdict first, then the evidence, then what to
+    do."""
+    verdict = verdicts[0] if verdicts else None
+    severity = (verdict or {}).get("severity") or ("minor" if answer["cause"] == "none"
+                                                   else "unjudged")
+    head = (f"{severity.upper()}: job {answer['job']} rank {answer['rank']} on "
+            f"{answer['node'] or '?'}: "
+            + (verdict_summary(verdict) if verdict else f"cause {answer['cause']}"))
+    colour = {"critical": "red", "major": "yellow"}.get(severity)
+    lines = [sacct.colour(head, colour or "bold", colour_enabled())]
+    lines.append(f"  why: {CAUSE_WORDS.get(answer['cause'], answer['cause'])} "
+                 f"(confidence {answer['confidence']})")
+    lines += [f"  - {finding}" for finding in answer["findings"]]
+    if verdict is not None:
+        lines.append(f"  cost: {cost(verdict['cost_gpu_seconds'], verdict['cost_usd'])}")
+    if answer.get("fix"):
+        lines.append(f"  what to do: {answer['fix']}")
+    return "\n".join(lines) + "\n"
+
+
+@api_command(commands, "sql")
+@click.argument("statement")
+@click.option("--json", "as_json", is_flag=True, help="Columns and rows as JSON")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line")
+@click.option("--row-cap", type=click.IntRange(1, 10_000), default=None,
+              help="At most this many rows [default: the server's cap]")
+def sql_command(echod, statement, as_json, as_csv, row_cap) -> None:
+    """One read-only SQL statement over the ingero tables of your clusters.
+
+    Example: ingero sql "SELECT job, rank, cause FROM straggler_verdicts LIMIT 5"
+    """
+    answer = echod.sql(statement, **({"row_cap": row_cap} if row_cap else {}))
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+        return
+    if as_csv:
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(answer["columns"])
+        writer.writerows(answer["rows"])
+        click.echo(out.getvalue(), nl=False)
+    else:
+        click.echo(sql_table(answer["columns"], answer["rows"]))
+    if answer["truncated"]:
+        click.echo(f"(cut at {len(answer['rows'])} rows)", err=True)
+
+
+def sql_table(columns: list[str], rows: list[list]) -> str:
+    cells = [["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in row]
+             for row in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    fields = [sacct.Field(c, w, lambda row, i=i: row[i]) for i, (c, w) in
+              enumerate(zip(columns, widths))]
+    return sacct.render([sacct.Column(f, f.width, f.align) for f in fields], cells)
+
+
+@api_command(commands, "export")
+@click.option("-j", "--job", required=True, metavar="JOBID", help="The job")
+@click.option("--cluster", metavar="NAME", help="The job's cluster, when ids repeat")
+@click.option("--format", "fmt", type=click.Choice(["perfetto"]), default="perfetto",
+              help="perfetto: Chrome trace-event JSON, which ui.perfetto.dev opens "
+                   "[default: perfetto]")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="File to write ('-' for standard output)")
+@click.option("-S", "--starttime", metavar="TIME", help="Window start [default: the job's]")
+@click.option("-E", "--endtime", metavar="TIME", help="Window end [default: the job's]")
+def export_command(echod, job, cluster, fmt, output, starttime, endtime) -> None:
+    """A job's collectives, waits and verdicts as a trace: a process per node, a track per
+    rank, each node's clock corrected.
+
+    Example: ingero export -j 4242 --format perfetto -o job-4242.json
+    """
+    since, until = parse_window(starttime, endtime, None)
+    args = {"job": job, **({"cluster": cluster} if cluster else {}),
+            **({"since": since.isoformat()} if since else {}),
+            **({"until": until.isoformat()} if until else {})}
+    trace = json.dumps(perfetto.to_trace(echod.call("job_timeline", args)))
+    if str(output) == "-":
+        click.echo(trace)
+    else:
+        output.write_text(trace)
+        click.echo(f"wrote {output}: open it in ui.perfetto.dev", err=True)

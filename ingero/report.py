@@ -1,0 +1,119 @@
+"""What ``ingero report`` and ``ingero jobs`` print: their fields, and their rows from the API.
+
+A report row is one rank of one job (``job_report``'s ``per_rank``, the job id added); a job
+row is one job (``list_jobs``). Each field is declared once with its header, width and how to
+read it, so ``--format``, ``--helpformat`` and the default layouts all come from one table.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from . import sacct
+from .errors import ApiCallError
+
+
+def _ms(key: str):
+    return lambda row: None if row.get(key) is None else f"{row[key]:.1f}"
+
+
+def _time(key: str):
+    def read(row: dict) -> str | None:
+        value = row.get(key)
+        if not value:
+            return None
+        return datetime.fromisoformat(value).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    return read
+
+
+def _share(row: dict) -> str | None:
+    return None if row.get("last_share") is None else f"{row['last_share'] * 100:.0f}%"
+
+
+def _number(key: str, digits: int):
+    return lambda row: None if row.get(key) is None else f"{row[key]:.{digits}f}"
+
+
+def _elapsed(row: dict) -> str | None:
+    if not row.get("start") or not row.get("end"):
+        return None
+    seconds = int((datetime.fromisoformat(row["end"])
+                   - datetime.fromisoformat(row["start"])).total_seconds())
+    days, rest = divmod(max(seconds, 0), 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+F = sacct.Field
+REPORT_FIELDS = {f.name.lower(): f for f in (
+    F("Cluster", 10, lambda r: r["cluster"]),
+    F("JobID", 12, lambda r: r["job"]),
+    F("Step", 6, lambda r: r.get("step")),
+    F("Node", 12, lambda r: r.get("node")),
+    F("Rank", 5, lambda r: r["rank"]),
+    F("Colls", 7, lambda r: r.get("collectives")),
+    F("LagP50", 8, _ms("lag_median_ms")),
+    F("LagP99", 8, _ms("lag_p99_ms")),
+    F("Last", 5, _share),
+    F("SelfWork", 9, _ms("self_work_ms")),
+    F("PeerWork", 9, _ms("peers_self_work_ms")),
+    F("Verdict", 10, lambda r: r.get("verdict") or ("straggler" if r.get("straggler") else
+                                                   None)),
+    F("Cause", 15, lambda r: r.get("cause")),
+    F("CostGPUs", 9, _number("cost_gpu_seconds", 1)),
+    F("CostUSD", 9, _number("cost_usd", 4)),
+)}
+REPORT_DEFAULT = ("JobID,Step,Node,Rank,Colls,LagP50,LagP99,Last,SelfWork,PeerWork,Verdict,"
+                  "Cause,CostUSD")
+
+JOB_FIELDS = {f.name.lower(): f for f in (
+    F("Cluster", 10, lambda r: r["cluster"]),
+    F("JobID", 12, lambda r: r["job"]),
+    F("User", 9, lambda r: r.get("user")),
+    F("NNodes", 6, lambda r: len(r.get("nodes") or []) or None),
+    F("NodeList", 20, lambda r: ",".join(r.get("nodes") or []) or None),
+    F("Ranks", 5, lambda r: r.get("ranks")),
+    F("Start", 19, _time("start")),
+    F("End", 19, _time("end")),
+    F("Elapsed", 10, _elapsed),
+    F("Stragglers", 10, lambda r: r.get("stragglers")),
+    F("CostGPUs", 9, _number("cost_gpu_seconds", 1)),
+    F("CostUSD", 9, _number("cost_usd", 4)),
+)}
+JOB_DEFAULT = "JobID,User,NNodes,Ranks,Start,End,Stragglers,CostGPUs,CostUSD"
+
+
+def report_rows(client, jobs: list[str], since: datetime | None,
+                until: datetime | None) -> list[dict]:
+    """One row per rank of each job; a job echod does not know has none (as in sacct)."""
+    window = _window(since, until)
+    rows = []
+    for job in jobs:
+        try:
+            report = client.call("job_report", {"job": job, **window})
+        except ApiCallError as exc:
+            if exc.code == "not_found":
+                continue
+            raise
+        rows += [{"cluster": report["cluster"], "job": report["job"], **rank}
+                 for rank in report["per_rank"]]
+    return rows
+
+
+def job_rows(client, jobs: list[str] | None, since: datetime | None,
+             until: datetime | None, user: str | None = None) -> list[dict]:
+    """One row per job seen in the window (or per job named)."""
+    args = {**_window(since, until), **({"jobs": jobs} if jobs else {}),
+            **({"user": user} if user else {})}
+    return client.call("list_jobs", args)["jobs"]
+
+
+def _window(since: datetime | None, until: datetime | None) -> dict:
+    return {**({"since": since.isoformat()} if since else {}),
+            **({"until": until.isoformat()} if until else {})}
+
+
+def report_table(per_rank: list[dict], job: str, cluster: str = "") -> str:
+    """A job's rank rows in the default layout (what the demo shows)."""
+    rows = [{"cluster": cluster, "job": job, **rank} for rank in per_rank]
+    return sacct.render(sacct.parse_format(REPORT_DEFAULT, REPORT_FIELDS), rows)

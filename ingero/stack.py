@@ -1,0 +1,158 @@
+"""The whole product on one machine: echod on its embedded PostgreSQL with its API over TLS and
+a token, fleetd forwarding to it, and one node-wide ingerod per simulated node tracing the sim's
+libraries with eBPF. ``ingero demo`` runs it; so do the end-to-end tests.
+
+Every part is a real daemon started as a child process with its log under ``root``; ``stop()``
+takes them all down (agents first, then fleetd, then echod and its PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .client import EchodClient
+from .launch import Daemon, KeyRing, free_port, stop_all, wait_for
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, and its key (openssl, as an operator would)."""
+    cert, key = directory / "echod.crt", directory / "echod.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+class Echod:
+    """echod with its HTTP API on an embedded PostgreSQL under ``root``, TLS with a
+    self-signed certificate, and tokens made with 'echod token create'."""
+
+    def __init__(self, root: Path, keys: KeyRing, *flags: str,
+                 tokens: dict[str, tuple[str, str]]):
+        self.root, self.keys = root, keys
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o755)                       # the embedded PostgreSQL runs as postgres
+        self.cert, self.key = self_signed(root)
+        self.tokens_file = root / "tokens.yaml"
+        self.audit_log = root / "audit.jsonl"
+        self.tokens = {name: self.create_token(name, clusters, capabilities)
+                       for name, (clusters, capabilities) in tokens.items()}
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ingest = f"tcp://127.0.0.1:{free_port()}"
+        self.daemon = Daemon.module("echod", "echod", [
+            "--ingest-bind", self.ingest, "--state-dir", str(root / "state"),
+            "--metrics-addr", "none", "--api-bind", f"127.0.0.1:{self.port}",
+            "--tls-cert", str(self.cert), "--tls-key", str(self.key),
+            "--tokens-file", str(self.tokens_file), "--audit-log", str(self.audit_log),
+            *keys.echod_flags(), *flags], root)
+        if not wait_for(lambda: "ingest listening" in self.daemon.log()
+                        or not self.daemon.alive(), START_TIMEOUT_S) or not self.daemon.alive():
+            log = self.daemon.log()
+            self.stop()
+            raise RuntimeError(f"echod did not start:\n{log[-4000:]}")
+
+    def echod(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "echod", "--tokens-file",
+                               str(self.tokens_file), *args], capture_output=True, text=True,
+                              timeout=60)
+
+    def create_token(self, name: str, clusters: str, capabilities: str) -> str:
+        done = self.echod("token", "create", name, "--clusters", clusters, "--capabilities",
+                          capabilities)
+        if done.returncode != 0:
+            raise RuntimeError(f"echod token create {name}: {done.stderr.strip()}")
+        return done.stdout.strip()
+
+    def client(self, token: str) -> EchodClient:
+        return EchodClient(self.url, self.tokens.get(token, token), str(self.cert))
+
+    def stop(self, timeout: float = 60) -> int:
+        """Stop echod, then its PostgreSQL should echod have left it, and remove ``root``."""
+        from echod.embedded import EmbeddedPostgres
+
+        status = self.daemon.stop(timeout)
+        EmbeddedPostgres(self.root / "state" / "postgres").stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+        return status
+
+
+class Stack:
+    """echod, fleetd and ``nodes`` node-wide ingerods (as the shipped unit runs them: no
+    --job), the agents told apart by the sim's SLURM_NODEID. ``skew`` puts a node's wall clock
+    that many seconds ahead (faketime), as a real host's may be. echod's directory
+    (``echod_root``, by default under ``root``) must be reachable by the postgres user."""
+
+    def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
+                 hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
+                 gpu: tuple[str, str] = ("H100-80GB", "lambda"), echod_flags: tuple = (),
+                 echod_root: Path | None = None, say=lambda line: None):
+        import sim
+
+        self.root, self.push_s = root, push_s
+        self.keys = KeyRing.create(root / "keys")
+        self.daemons: list[Daemon] = []
+        say("starting echod (its own PostgreSQL, HTTPS API with a token)")
+        self.echod = Echod(echod_root or root / "echod", self.keys, *echod_flags,
+                           tokens={"ops": ("*", "admin")})
+        try:
+            self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+            self.fleet_port = free_port()
+            say(f"starting fleetd on {self.endpoint} (CURVE), forwarding to echod")
+            self.fleetd = self._start("fleetd", "fleetd", [
+                "--config", "/dev/null", "--bind", self.endpoint,
+                "--metrics-addr", f"127.0.0.1:{self.fleet_port}",
+                "--hang-timeout", str(hang_timeout_s), "--recompute-interval", "0.5",
+                "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
+                *self.keys.fleetd_flags(), *self.keys.forwarding_flags(self.echod.ingest)])
+            say(f"starting {nodes} ingerod agents with eBPF probes, one per simulated node "
+                "(node-wide, no --job)")
+            self.agents = [self._agent(n, (skew or {}).get(n), sim) for n in range(nodes)]
+            ready = wait_for(lambda: all("pushing to" in a.log() for a in self.agents)
+                             or not all(a.alive() for a in self.agents), START_TIMEOUT_S)
+            if not ready or not all(a.alive() for a in self.agents):
+                raise RuntimeError(f"the agents did not start:\n{self.logs()}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, name: str, module: str, args: list[str], env: dict | None = None):
+        daemon = Daemon.module(name, module, args, self.root, env=env)
+        self.daemons.append(daemon)
+        return daemon
+
+    def _agent(self, node: int, skew_s: float | None, sim) -> Daemon:
+        libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+        env = None if not skew_s else {"LD_PRELOAD": str(FAKETIME), "FAKETIME": f"+{skew_s}",
+                                       "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        return self._start(f"ingerod-node{node}", "ingerod", [
+            "--config", "/dev/null", "--source", "ebpf", "--libraries", libraries,
+            "--fleet", self.endpoint, "--node", f"node{node}", "--cluster", "sim",
+            "--match-env", f"SLURM_NODEID={node}", "--push-interval", str(self.push_s),
+            "--rescan-interval", "0.2", "--metrics-addr", "none",
+            *self.keys.ingerod_flags()], env)
+
+    @property
+    def token(self) -> str:
+        return self.echod.tokens["ops"]
+
+    def client(self) -> EchodClient:
+        return self.echod.client("ops")
+
+    def tool(self, name: str, **args) -> dict:
+        return self.client().call(name, args)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {d.name}\n{d.log()[-4000:]}" for d in self.daemons)
+
+    def stop(self) -> list[int]:
+        """Agents, fleetd, then echod: the exit status of each, in that order."""
+        statuses = stop_all(self.daemons[1:], 30) + stop_all(self.daemons[:1], 30)
+        return statuses + [self.echod.stop()]
