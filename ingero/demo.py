@@ -64,12 +64,12 @@ def find_scenario(name: str):
 def run(scenario_name: str, keep: bool, say) -> dict:
     """Run the demo; returns its outcome (``as_json`` makes the --json object of it, ``render``
     the words). ``say`` gets the progress lines."""
+    preflight()
     import sim
     from sim.errors import SimError
 
     from .stack import Stack
 
-    preflight()
     scenario = find_scenario(scenario_name)
     try:
         sim.build()

@@ -18,8 +18,8 @@ import click
 
 from . import client, perfetto, sacct
 from .errors import IngeroError
-from .report import JOB_DEFAULT, JOB_FIELDS, REPORT_DEFAULT, REPORT_FIELDS, job_rows, \
-    report_rows
+from .report import (JOB_DEFAULT, JOB_FIELDS, REPORT_DEFAULT, REPORT_FIELDS, job_rows,
+                     report_rows, window_args)
 from .analysis.causes import CAUSE_WORDS
 from .words import cost, verdict_summary
 
@@ -167,8 +167,7 @@ def stragglers_command(echod, cluster, job, starttime, endtime, as_json) -> None
     """
     since, until = parse_window(starttime, endtime, None if job else "now-1hour")
     args = {**({"cluster": cluster} if cluster else {}), **({"job": job} if job else {}),
-            **({"since": since.isoformat()} if since else {}),
-            **({"until": until.isoformat()} if until else {})}
+            **window_args(since, until)}
     verdicts = echod.call("find_stragglers", args)["verdicts"]
     if as_json:
         click.echo(json.dumps(verdicts, indent=2))
@@ -282,8 +281,7 @@ def export_command(echod, job, cluster, fmt, output, starttime, endtime) -> None
     """
     since, until = parse_window(starttime, endtime, None)
     args = {"job": job, **({"cluster": cluster} if cluster else {}),
-            **({"since": since.isoformat()} if since else {}),
-            **({"until": until.isoformat()} if until else {})}
+            **window_args(since, until)}
     trace = json.dumps(perfetto.to_trace(echod.call("job_timeline", args)))
     if str(output) == "-":
         click.echo(trace)

@@ -86,7 +86,7 @@ JOB_DEFAULT = "JobID,User,NNodes,Ranks,Start,End,Stragglers,CostGPUs,CostUSD"
 def report_rows(client, jobs: list[str], since: datetime | None,
                 until: datetime | None) -> list[dict]:
     """One row per rank of each job; a job echod does not know has none (as in sacct)."""
-    window = _window(since, until)
+    window = window_args(since, until)
     rows = []
     for job in jobs:
         try:
@@ -103,12 +103,13 @@ def report_rows(client, jobs: list[str], since: datetime | None,
 def job_rows(client, jobs: list[str] | None, since: datetime | None,
              until: datetime | None, user: str | None = None) -> list[dict]:
     """One row per job seen in the window (or per job named)."""
-    args = {**_window(since, until), **({"jobs": jobs} if jobs else {}),
+    args = {**window_args(since, until), **({"jobs": jobs} if jobs else {}),
             **({"user": user} if user else {})}
     return client.call("list_jobs", args)["jobs"]
 
 
-def _window(since: datetime | None, until: datetime | None) -> dict:
+def window_args(since: datetime | None, until: datetime | None) -> dict:
+    """The tools' since/until arguments for a window (either end may be open)."""
     return {**({"since": since.isoformat()} if since else {}),
             **({"until": until.isoformat()} if until else {})}
 
