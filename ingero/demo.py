@@ -92,7 +92,7 @@ def run(scenario_name: str, keep: bool, say) -> dict:
             except SimError as exc:
                 raise DemoError(f"the sim job did not run: {exc}") from None
         if keep:
-            found["kept"] = kept(stack)
+            found["kept"] = kept(stack, found["job"])
             stack = None
         return found
     finally:
@@ -186,7 +186,7 @@ def render(result: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def kept(stack) -> dict:
+def kept(stack, job: str) -> dict:
     """Leave the stack running: a client environment file, a stop script, and how to use
     them."""
     root = stack.root
@@ -201,8 +201,8 @@ def kept(stack) -> dict:
                                        root=root))
     stop.chmod(0o755)
     how = (f"The stack is still running (--keep). Query it with the CLI:\n"
-           f"  . {env}\n  ingero report -j JOBID\n  ingero explain -j JOBID\n"
-           f"  ingero export -j JOBID --format perfetto -o trace.json\n"
+           f"  . {env}\n  ingero report -j {job}\n  ingero explain -j {job}\n"
+           f"  ingero export -j {job} --format perfetto -o trace.json\n"
            f"Stop it and remove {root}:\n  {stop}")
     return {"url": stack.echod.url, "env": str(env), "stop": str(stop), "how": how}
 

@@ -90,3 +90,22 @@ def test_demo_as_another_user_stops_with_one_line():
                           timeout=120, cwd=REPO)
     assert done.returncode == 1, done
     assert done.stderr.count("\n") == 1 and "must run as root" in done.stderr, done.stderr
+
+
+def test_demo_keep_leaves_a_stack_the_cli_can_query_and_a_script_that_stops_it():
+    before = leftovers()
+    done = subprocess.run([*DEMO, "--json", "--keep"], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    kept = json.loads(done.stdout)["kept"]
+    try:
+        env = dict(pair.split("=", 1) for pair in
+                   Path(kept["env"]).read_text().removeprefix("export ").split())
+        report = subprocess.run([sys.executable, "-m", "ingero", "report", "-X", "-j", "4242",
+                                 "-P", "-n", "-o", "jobid,ranks,stragglers"],
+                                capture_output=True, text=True, timeout=120, cwd=REPO,
+                                env={**os.environ, **env})
+        assert report.stdout == "4242|8|1\n", report.stderr
+    finally:
+        subprocess.run([kept["stop"]], timeout=120, check=True)
+    assert leftovers() == before
