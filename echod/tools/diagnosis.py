@@ -20,10 +20,15 @@ class SyncWork:
     self_ns: int = 0
     wait_calls: int = 0
     wait_ns: int = 0
+    self_median_ns: float | None = None     # the median self-work sync, what job_report shows
 
     @property
     def self_ms(self) -> float | None:
         return self.self_ns / self.self_calls / 1e6 if self.self_calls else None
+
+    @property
+    def self_median_ms(self) -> float | None:
+        return None if self.self_median_ns is None else self.self_median_ns / 1e6
 
     @property
     def wait_ms(self) -> float | None:

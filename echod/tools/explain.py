@@ -24,7 +24,7 @@ from .verdicts import VERDICT_OUT, read_verdicts
 
 SYNCS = """
 SELECT e.rank, coalesce(e.attrs -> 'peer_wait', 'false'::jsonb) = 'true'::jsonb, count(*),
-       sum(e.duration_ns)
+       sum(e.duration_ns), percentile_cont(0.5) WITHIN GROUP (ORDER BY e.duration_ns)
 FROM events e WHERE e.kind = 'sync' AND e.duration_ns IS NOT NULL AND {where}
 GROUP BY 1, 2
 """
@@ -35,16 +35,19 @@ SELECT EXISTS (SELECT 1 FROM events e
 
 
 def sync_work(conn: Connection, sel: Selection) -> dict[int, SyncWork]:
+    """Per rank, its syncs in the selection: self-work (peer_wait false or absent) and
+    peer-wait, counted and summed, with the median self-work sync."""
     where = sel.where("e", node=False, rank=False)
     work: dict[int, SyncWork] = defaultdict(SyncWork)
-    for rank, peer_wait, calls, total in rows(conn, SYNCS.format(where=where.sql()),
-                                              where.params):
+    for rank, peer_wait, calls, total, median in rows(conn, SYNCS.format(where=where.sql()),
+                                                      where.params):
         if rank is None:
             continue
         if peer_wait:
             work[rank].wait_calls, work[rank].wait_ns = calls, whole(total)
         else:
             work[rank].self_calls, work[rank].self_ns = calls, whole(total)
+            work[rank].self_median_ns = median
     return work
 
 

@@ -11,27 +11,40 @@ from .lag import node_offsets
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, NAME, NUM, NUM_OR_NULL,
                      SINCE_ARG, STR, STR_OR_NULL, TIME_OR_NULL, UNTIL_ARG, WINDOW_OUT, array,
                      closed, described)
-from .selection import Selection, Where, iso, job_cluster, ms, num, reading, rows, window_of
-from .verdicts import VERDICTS_OUT, read_verdicts
+from .selection import (Selection, Where, iso, job_cluster, ms, num, reading, rows, storable,
+                        window_of)
+from .verdicts import VERDICTS_OUT, live_in, read_verdicts
 
 # -- list_jobs ---------------------------------------------------------------------------------
 
 # A job is seen in the window when its jobs row, its lag summaries, its verdicts or its nodes'
-# scores fall in it; only these small tables are read, never the events.
+# scores fall in it; only these small tables are read, never the events. Its nodes' scores give
+# its nodes and span where neither the jobs table nor its lag summaries do.
 SEEN_JOBS = """
-WITH seen AS (
+WITH scores AS (
+    SELECT n.cluster, n.job, min(n.first) AS first, max(n.last) AS last,
+           array_agg(n.node) AS nodes, bool_or(n.seen) AS seen
+    FROM (SELECT s.cluster, s.job, s.node, min(s.t) AS first, max(s.t) AS last,
+                 bool_or({scores_window}) AS seen
+          FROM health_scores s WHERE s.job IS NOT NULL AND {scores}
+          GROUP BY 1, 2, 3) n
+    GROUP BY 1, 2),
+seen AS (
     SELECT j.cluster, j.id AS job FROM jobs j
     WHERE {jobs} AND (CAST(:until AS timestamptz) IS NULL OR j.start IS NULL
                       OR j.start < :until)
              AND (CAST(:since AS timestamptz) IS NULL OR j."end" IS NULL OR j."end" >= :since)
     UNION SELECT p.cluster, p.job FROM peer_lag p WHERE p.job IS NOT NULL AND {lag}
     UNION SELECT v.cluster, v.job FROM straggler_verdicts v WHERE v.job IS NOT NULL AND {verdicts}
-    UNION SELECT s.cluster, s.job FROM health_scores s WHERE s.job IS NOT NULL AND {scores}
+    UNION SELECT sc.cluster, sc.job FROM scores sc WHERE sc.seen
 )
-SELECT seen.cluster, seen.job, j."user", j.nodes, j.start, j."end", lag.first, lag.last,
-       lag.ranks, lag.nodes, named.ranks, named.gpu_seconds, named.usd
+SELECT seen.cluster, seen.job, j."user", j.nodes, j.start, j."end",
+       least(lag.first, sc.first), greatest(lag.last, sc.last), lag.ranks,
+       coalesce(lag.nodes, '{{}}') || coalesce(sc.nodes, '{{}}'), named.ranks,
+       named.gpu_seconds, named.usd
 FROM seen
 LEFT JOIN jobs j ON j.cluster = seen.cluster AND j.id = seen.job
+LEFT JOIN scores sc ON sc.cluster = seen.cluster AND sc.job = seen.job
 CROSS JOIN LATERAL (
     SELECT min(p.t) AS first, max(p.t) AS last, count(DISTINCT p.rank) AS ranks,
            array_remove(array_agg(DISTINCT p.node), NULL) AS nodes
@@ -45,7 +58,7 @@ CROSS JOIN LATERAL (
           WHERE v.cluster = seen.cluster AND v.job = seen.job AND v.kind IS NOT NULL
           ORDER BY coalesce(v.vid, v.id::text), v.revision DESC NULLS LAST) newest) named
 WHERE {user}
-ORDER BY coalesce(j.start, lag.first), seen.cluster, seen.job
+ORDER BY coalesce(j.start, least(lag.first, sc.first)), seen.cluster, seen.job
 LIMIT :limit
 """
 
@@ -67,10 +80,11 @@ def list_jobs(ctx: ToolContext, args: dict) -> dict:
     """The jobs seen in the window (default: the last hour; with 'jobs', whole jobs): a job
     is seen when the jobs table has it running then (the Slurm prolog records it), or fleetd
     stored lag summaries, verdicts or health scores for it then. Per job: its user and nodes
-    (from the jobs table, else the nodes of its lag summaries), its ranks (those with lag
-    summaries), start and end (the jobs table's, else its first and last lag summary), the
-    ranks fleetd named (stragglers) and their verdicts' cost (GPU-seconds its peers waited;
-    USD when fleetd had a rate). Oldest first."""
+    (from the jobs table, else the nodes of its lag summaries and health scores), its ranks
+    (those with lag summaries), start and end (the jobs table's, else its first and last lag
+    summary or health score), the ranks fleetd named (stragglers) and their verdicts' cost
+    (GPU-seconds its peers waited, the newest revision of each verdict, over the whole job;
+    USD when fleetd had a rate). Oldest first, at most 'limit'."""
     sel = Selection(args.get("cluster"), window=window_of(ctx, args, whole_job="jobs" in args))
     with reading(ctx) as conn:
         found = seen_jobs(conn, sel, args)
@@ -80,19 +94,18 @@ def list_jobs(ctx: ToolContext, args: dict) -> dict:
 def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
     jobs = Where().equal("j.cluster", "cluster", sel.cluster)
     lag = sel.where("p", node=False, rank=False)
-    verdicts = sel.where("v", time=None, node=False, rank=False)
-    if sel.window.until is not None:
-        verdicts.add("v.t < :until", until=sel.window.until)
-    if sel.window.since is not None:
-        verdicts.add("(v.cleared IS NULL OR v.cleared >= :since)", since=sel.window.since)
-    scores = sel.where("s", node=False, rank=False)
+    verdicts = live_in(sel)
+    scores = sel.where("s", time=None, node=False, rank=False)
+    scores_window = Where().within("s.t", sel.window)
     user = Where().equal('j."user"', "user", args.get("user"))
     if "jobs" in args:
+        named = [job for job in args["jobs"] if storable(job)]     # the others were never stored
         for where, alias in ((jobs, "j.id"), (lag, "p.job"), (verdicts, "v.job"),
                              (scores, "s.job")):
-            where.add(f"{alias} = ANY (CAST(:jobs AS text[]))", jobs=args["jobs"])
+            where.add(f"{alias} = ANY (CAST(:jobs AS text[]))", jobs=named)
     sql = SEEN_JOBS.format(jobs=jobs.sql(), lag=lag.sql(), verdicts=verdicts.sql(),
-                           scores=scores.sql(), user=user.sql())
+                           scores=scores.sql(), scores_window=scores_window.sql(),
+                           user=user.sql())
     params = {**jobs.params, **lag.params, **verdicts.params, **scores.params, **user.params,
               "since": sel.window.since, "until": sel.window.until,
               "limit": args.get("limit", 1000)}
@@ -100,10 +113,10 @@ def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
 
 
 def job_json(row) -> dict:
-    (cluster, job, user, job_nodes, start, end, first, last, ranks, lag_nodes, named,
+    (cluster, job, user, job_nodes, start, end, first, last, ranks, seen_nodes, named,
      gpu_seconds, usd) = row
     return {"cluster": cluster, "job": job, "user": user,
-            "nodes": sorted(job_nodes or lag_nodes or []), "ranks": ranks or None,
+            "nodes": sorted(set(job_nodes or seen_nodes or [])), "ranks": ranks or None,
             "start": iso(start or first), "end": iso(end or last), "stragglers": named,
             "cost_gpu_seconds": num(gpu_seconds, 3), "cost_usd": num(usd, 6)}
 
@@ -140,13 +153,16 @@ SLICE_OUT = closed({
           "ranks": array(closed({"rank": INT, "node": STR})), "slices": array(SLICE_OUT),
           "truncated": BOOL, "verdicts": VERDICTS_OUT, "window": WINDOW_OUT}))
 def job_timeline(ctx: ToolContext, args: dict) -> dict:
-    """The job's traced calls per rank, oldest first, at most max_events of them (truncated
-    says there were more; narrow since/until to see the rest): collectives (op, communicator,
-    sequence number, bytes), syncs (duration, and peer_wait: it waited on a collective rather
-    than on the rank's own kernels), copies and allocations. t is seconds since the Unix
-    epoch on fleetd's clock: each node's offset (clock_offset_ms, the median fleetd reported
-    in the window) is taken off its times. With fleetd's verdicts on the job's ranks. 404 when
-    the job is not in the clusters you may see."""
+    """The job's traced calls per rank (events with a rank), oldest first, at most
+    max_events of them (truncated says there were more; narrow since/until to see the rest;
+    the window defaults to the whole job): collectives (op, communicator, sequence number,
+    bytes), syncs (duration, and peer_wait: it waited on a collective rather than on the
+    rank's own kernels), copies and allocations. t is seconds since the Unix epoch on
+    fleetd's clock: each node's offset (clock_offset_ms, the median fleetd reported in the
+    window, else the nearest before or after it; null, and nothing taken off, where it
+    reported none) is taken off its times. With fleetd's verdicts on the job's ranks. 404
+    when the job is not in the clusters you may see; 400 when it ran in several of them and
+    no 'cluster' says which."""
     with reading(ctx) as conn:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
         sel = Selection(cluster, args["job"], window=window_of(ctx, args, whole_job=True))
@@ -154,10 +170,11 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
         where = sel.where("e", node=False, rank=False)
         found = rows(conn, TIMELINE.format(where=where.sql()),
                      {**where.params, "kinds": list(TIMELINE_KINDS), "limit": limit + 1})
-        offsets = node_offsets(conn, sel, {(cluster, row[1]) for row in found})
         verdicts = read_verdicts(conn, sel)
-    slices = [slice_json(row, offsets.get((cluster, row[1]), 0.0)) for row in found[:limit]]
-    nodes = sorted({s["node"] for s in slices} | {v["node"] for v in verdicts})
+        nodes = sorted({row[1] for row in found[:limit]} | {v["node"] for v in verdicts})
+        offsets = node_offsets(conn, sel, {(cluster, node) for node in nodes})
+    slices = sorted((slice_json(row, offsets.get((cluster, row[1]), 0.0))
+                     for row in found[:limit]), key=lambda s: s["t"])
     return {"cluster": cluster, "job": sel.job,
             "nodes": [{"node": n, "clock_offset_ms": ms(offsets.get((cluster, n)))}
                       for n in nodes],

@@ -8,7 +8,8 @@ its peers are measured against, and one early rank does not make everyone late. 
 per-instance aggregates give the idle time the cost tools report: every rank that arrived
 before the last one waits t_last − t_rank. The stored times are each node's own clock: they
 are put on fleetd's clock first, less the median offset fleetd estimated for the node in the
-window (it comes with the node's health scores; 0 where fleetd reported none).
+window (it comes with the node's health scores; in a window with none, the nearest one before
+or after it; 0 where fleetd reported none).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ingero.analysis import Bar, LagStats, entry_lags, upper_bar
 
 from .collectives import Communicator, communicators, rank_nodes, read_entries
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
-from .selection import Selection, Where, rows
+from .selection import Selection, Where, Window, rows
 
 LAG_K = 2.0                            # bar = median + k·1.4826·max(MAD, floor)
 LAG_MAD_FLOOR_S = 0.0005               # so ranks a hair apart flag nothing
@@ -109,30 +110,48 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
                   int(stats.samples.sum()) if stats else 0)
 
 
+# Per node: the median offset fleetd reported in the window; where it reported none there (a
+# window shorter than its reporting period), the one reported nearest before it, else after.
 NODE_OFFSETS = """
-SELECT s.cluster, s.node, percentile_cont(0.5) WITHIN GROUP (ORDER BY s.clock_offset)
-FROM health_scores s
-WHERE s.clock_offset IS NOT NULL AND s.cluster = ANY (CAST(:clusters AS text[]))
-  AND s.node = ANY (CAST(:nodes AS text[])) AND {window}
-GROUP BY 1, 2
+SELECT n.cluster, n.node, coalesce(inside.value, before.value, after.value)
+FROM unnest(CAST(:clusters AS text[]), CAST(:nodes AS text[])) AS n(cluster, node)
+CROSS JOIN LATERAL (
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.clock_offset) AS value
+    FROM health_scores s
+    WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
+      AND {window}) inside
+LEFT JOIN LATERAL (
+    SELECT s.clock_offset AS value FROM health_scores s
+    WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
+      AND {before}
+    ORDER BY s.t DESC LIMIT 1) before ON TRUE
+LEFT JOIN LATERAL (
+    SELECT s.clock_offset AS value FROM health_scores s
+    WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
+      AND {after}
+    ORDER BY s.t LIMIT 1) after ON TRUE
 """
 
 
 def node_offsets(conn: Connection, sel: Selection,
                  named: set[tuple[str, str | None]]) -> dict[tuple[str, str], float]:
     """(cluster, node) → its clock's offset from fleetd's, seconds: the median fleetd reported
-    with the node's scores in the selection's window (absent where it reported none)."""
+    with the node's scores in the selection's window, else the nearest one it reported before
+    or after the window (absent where it reported none)."""
+    pairs = sorted((cluster, node) for cluster, node in named if node is not None)
     window = Where().within("s.t", sel.window)
+    before = Where().within("s.t", Window(until=sel.window.until))
+    after = Where().within("s.t", Window(since=sel.window.since))
+    sql = NODE_OFFSETS.format(window=window.sql(), before=before.sql(), after=after.sql())
     return {(cluster, node): offset for cluster, node, offset in rows(
-        conn, NODE_OFFSETS.format(window=window.sql()),
-        {**window.params, "clusters": sorted({c for c, _ in named}),
-         "nodes": sorted({n for _, n in named if n is not None})})}
+        conn, sql, {**window.params, "clusters": [c for c, _ in pairs],
+                    "nodes": [n for _, n in pairs]}) if offset is not None}
 
 
 def clock_offsets_us(conn: Connection, sel: Selection, comms: list[Communicator],
                      nodes: dict[tuple, str], comm: np.ndarray, rank: np.ndarray) -> np.ndarray:
-    """Per entry, its node's clock offset from fleetd's (µs; the median fleetd reported in the
-    window, 0 where it reported none), to subtract so that every node's times compare."""
+    """Per entry, its node's clock offset from fleetd's (µs; see node_offsets, 0 where fleetd
+    reported none), to subtract so that every node's times compare."""
     offsets = node_offsets(conn, sel, {(cluster, node)
                                        for (cluster, _job, _rank), node in nodes.items()})
     if not offsets or not len(comm):

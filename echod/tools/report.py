@@ -61,26 +61,32 @@ WHERE j.cluster = :cluster AND j.id = :job
 """
 JOB_EVENTS = """
 SELECT (SELECT count(*) FROM (SELECT 1 FROM events e
-                              WHERE e.cluster = :cluster AND e.job = :job LIMIT :cap) counted),
-       (SELECT min(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job),
-       (SELECT max(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job)
+                              WHERE e.cluster = :cluster AND e.job = :job AND {window}
+                              LIMIT :cap) counted),
+       (SELECT min(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job AND {window}),
+       (SELECT max(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job AND {window})
 """
 EVENT_COUNT_CAP = 1_000_000
 JOB_NODES = """
-SELECT DISTINCT s.node FROM health_scores s WHERE s.cluster = :cluster AND s.job = :job
+SELECT DISTINCT s.node FROM health_scores s
+WHERE s.cluster = :cluster AND s.job = :job AND {window}
 """
 RANK_SCORES = """
 SELECT s.node, avg(s.score) FROM health_scores s
-WHERE s.cluster = :cluster AND s.job = :job GROUP BY 1
+WHERE s.cluster = :cluster AND s.job = :job AND {window} GROUP BY 1
 """
-
-
+# Each rank's Slurm step: the most common one its events carry (every event of a process
+# carries it), among the first STEP_SAMPLE collectives and communicator set-ups read.
 JOB_STEPS = """
-SELECT r.rank, (SELECT e.attrs ->> 'step' FROM events e
-                WHERE e.cluster = :cluster AND e.job = :job AND e.rank = r.rank
-                  AND e.kind = 'collective' AND {window} LIMIT 1)
-FROM unnest(CAST(:ranks AS integer[])) AS r(rank)
+SELECT s.rank, mode() WITHIN GROUP (ORDER BY s.step)
+FROM (SELECT e.rank, e.attrs ->> 'step' AS step FROM events e
+      WHERE e.cluster = :cluster AND e.job = :job AND e.rank IS NOT NULL
+        AND e.kind IN ('collective', 'comm_init') AND e.attrs ->> 'step' IS NOT NULL
+        AND {window}
+      LIMIT :sample) s
+GROUP BY 1
 """
+STEP_SAMPLE = 200_000
 
 PER_RANK_OUT = closed({
     "rank": INT, "node": STR_OR_NULL, "step": STR_OR_NULL, "collectives": INT,
@@ -103,15 +109,17 @@ PER_RANK_OUT = closed({
           "top_stragglers": array(RANK_OUT), "cost": COST_OUT, "coverage": COVERAGE_OUT,
           "window": WINDOW_OUT}))
 def job_report(ctx: ToolContext, args: dict) -> dict:
-    """Everything about one job, over its whole run or over since/until: who ran it and on
-    how many GPUs, its start and end (when the jobs table knows), its nodes, ranks, first and
-    last event, duration, collectives and events stored (events are counted up to 1,000,000:
-    events_capped says there are more); per rank: its Slurm step, node, collectives, median
-    and 99th-percentile entry lag (ms, see find_stragglers), last_share (the share of its
-    collectives it entered last), self_work_ms (its average sync on its own kernels) against
-    peers_self_work_ms (the median of the other ranks' averages), its node's average health
-    score, whether it is a straggler by the stored events, fleetd's verdict on it (its kind)
-    and cause, and cost_gpu_seconds, the time its peers waited for it where it came last
+    """Everything about one job, over its whole run or over since/until (everything but the
+    jobs table's row is measured in that window): who ran it and on how many GPUs, its start
+    and end (when the jobs table knows), its nodes, ranks, first and last event, duration,
+    collectives and events stored (events are counted up to 1,000,000: events_capped says
+    there are more); per rank: its Slurm step (the most common its events carry), node,
+    collectives, median and 99th-percentile entry lag (ms, see find_stragglers), last_share
+    (the share of its collectives it entered last), self_work_ms (its median sync on its own
+    kernels, peer_wait false) against peers_self_work_ms (the median of the other ranks'
+    medians), its node's average health score, whether it is a straggler by the stored
+    events, fleetd's verdict on it (the kind of a live one, else of its newest) and its
+    cause, and cost_gpu_seconds, the time its peers waited for it where it came last
     (cost_usd with the rate: usd_per_gpu_hour, or gpu + provider, else the rate fleetd priced
     its verdicts on the job with); fleetd's verdicts on its ranks (see find_stragglers); the
     stragglers with their evidence; and the cost summary of get_cost. Collectives are those
@@ -124,7 +132,7 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
         sel = Selection(cluster, args["job"], window=window_of(ctx, args, whole_job=True))
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
-        facts = job_facts(conn, sel, found)
+        facts = job_facts(conn, sel)
         stragglers = [r for r in ordered(found.ranks) if r.straggler]
         evidence = gather_evidence(conn, sel, stragglers)
         verdicts = read_verdicts(conn, sel)
@@ -143,16 +151,21 @@ def verdict_rate(verdicts: list[dict]) -> float | None:
     return None
 
 
-def job_facts(conn: Connection, sel: Selection, found: Survey) -> dict:
+def job_facts(conn: Connection, sel: Selection) -> dict:
+    """What job_report says beside the lags, all of it measured in the window but the jobs
+    table's row."""
     params = {"cluster": sel.cluster, "job": sel.job}
-    window = Where().within("e.t", sel.window)
-    ranks = sorted({r.rank for r in found.ranks})
+    events = Where().within("e.t", sel.window)
+    scores = Where().within("s.t", sel.window)
     return {"job": conn.execute(text(JOB_ROW), params).first(),
-            "events": conn.execute(text(JOB_EVENTS), {**params, "cap": EVENT_COUNT_CAP}).one(),
-            "nodes": [n for (n,) in rows(conn, JOB_NODES, params)],
-            "scores": dict(rows(conn, RANK_SCORES, params)),
-            "steps": dict(rows(conn, JOB_STEPS.format(window=window.sql()),
-                               {**params, **window.params, "ranks": ranks})),
+            "events": conn.execute(text(JOB_EVENTS.format(window=events.sql())),
+                                   {**params, **events.params, "cap": EVENT_COUNT_CAP}).one(),
+            "nodes": [n for (n,) in rows(conn, JOB_NODES.format(window=scores.sql()),
+                                         {**params, **scores.params})],
+            "scores": dict(rows(conn, RANK_SCORES.format(window=scores.sql()),
+                                {**params, **scores.params})),
+            "steps": dict(rows(conn, JOB_STEPS.format(window=events.sql()),
+                               {**params, **events.params, "sample": STEP_SAMPLE})),
             "work": sync_work(conn, sel)}
 
 
@@ -188,9 +201,9 @@ def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None,
             "collectives": lag.samples * found.stride, "lag_median_ms": ms(lag.lag_median),
             "lag_p99_ms": ms(lag.lag_p99),
             "last_share": num(lag.last_arrivals / lag.samples, 4) if lag.samples else None,
-            "self_work_ms": num(own.self_ms, 3) if own else None,
+            "self_work_ms": num(own.self_median_ms, 3) if own else None,
             "peers_self_work_ms": num(peers_median(
-                [w.self_ms for r, w in work.items() if r != lag.rank]), 3),
+                [w.self_median_ms for r, w in work.items() if r != lag.rank]), 3),
             "score_avg": num(facts["scores"].get(lag.node)) if lag.node else None,
             "straggler": lag.straggler,
             "verdict": verdict["kind"] if verdict else None,

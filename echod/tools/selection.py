@@ -81,7 +81,8 @@ def window_of(ctx: ToolContext, args: dict, *, whole_job: bool) -> Window:
     if since is not None and until is not None and since > until:
         raise ToolError(f"since ({iso(since)}) is after until ({iso(until)})")
     if since is None and not whole_job:
-        since = (until or datetime.fromtimestamp(ctx.now, UTC)) - HOUR
+        end = until or datetime.fromtimestamp(ctx.now, UTC)
+        since = end - HOUR if end - EARLIEST >= HOUR else EARLIEST
     return Window(since, until)
 
 

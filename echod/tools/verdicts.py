@@ -13,7 +13,7 @@ from ingero.analysis.causes import CAUSES
 
 from .schema import (INT, INT_OR_NULL, NUM_OR_NULL, STR, STR_OR_NULL, TIME, TIME_OR_NULL, array,
                      closed)
-from .selection import Selection, iso, ms, num, rows
+from .selection import Selection, Where, iso, ms, num, rows
 
 KINDS = ("persistent", "periodic", "slow_gpu", "hang", "died")
 SEVERITIES = ("critical", "major", "minor")
@@ -45,13 +45,19 @@ LIMIT :limit
 """
 
 
-def read_verdicts(conn: Connection, sel: Selection, limit: int = 100) -> list[dict]:
-    """The verdicts live in the selection's window, live ones first, newest first."""
+def live_in(sel: Selection) -> Where:
+    """The conditions on straggler_verdicts v of the selection's verdicts live in its window."""
     where = sel.where("v", time=None, node=False)
     if sel.window.until is not None:
         where.add("v.t < :until", until=sel.window.until)
     if sel.window.since is not None:
         where.add("(v.cleared IS NULL OR v.cleared >= :since)", since=sel.window.since)
+    return where
+
+
+def read_verdicts(conn: Connection, sel: Selection, limit: int = 100) -> list[dict]:
+    """The verdicts live in the selection's window, live ones first, newest first."""
+    where = live_in(sel)
     return [verdict_json(row) for row in rows(conn, VERDICTS.format(where=where.sql()),
                                               {**where.params, "limit": limit})]
 
