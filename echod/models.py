@@ -165,6 +165,11 @@ class Job(Base):
     gpus: Mapped[int | None] = mapped_column(Integer)
     start: Mapped[datetime | None]
     end: Mapped[datetime | None]
+    account: Mapped[str | None] = mapped_column(Text)
+    partition: Mapped[str | None] = mapped_column(Text)
+    ntasks: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[str | None] = mapped_column(Text)
 
 
 class Node(Base):

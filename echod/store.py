@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import insert
 from ingero.vocabulary import INT32, LIFTED, SIGNALS, UINT63
 
 from .db import RETENTION_LOCK, ensure_partitions
+from .jobrecords import JOB_KINDS, job_fields, merge, upsert_jobs
 from .models import Node
 
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
@@ -377,6 +378,7 @@ class CheckedBatch:
     rows: dict[str, list[tuple]] = field(default_factory=dict)
     rejected: list[tuple[str, int, str]] = field(default_factory=list)
     nodes: dict[tuple[str, str], list] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], dict] = field(default_factory=dict)    # from job records
     days: set[date] = field(default_factory=set)
     superseded: int = 0     # verdict revisions a newer one in the same batch replaces
 
@@ -443,6 +445,10 @@ def note_row(checked: CheckedBatch, section: str, row: dict, staged: tuple) -> N
     if section == "events":
         checked.days.add(staged[0].date())
         checked.saw_node(staged[2], staged[3], staged[0], row.get("boot_id"))
+        t, _, cluster, node, job, _, kind = staged[:7]
+        if kind in JOB_KINDS and job is not None:
+            fields = job_fields(kind, node, t, row.get("attrs") or {})
+            checked.jobs[(cluster, job)] = merge(checked.jobs.get((cluster, job), {}), fields)
     elif section == "scores":
         checked.saw_node(staged[0], staged[1], staged[2], None)
 
@@ -463,6 +469,7 @@ def write_batch(engine: Engine, batch: dict, now: float | None = None) -> Ingest
         stored = sum(copy_and_move(connection, SECTIONS[section], rows)
                      for section, rows in checked.rows.items() if rows)
         upsert_nodes(connection, checked.nodes)
+        upsert_jobs(connection, checked.jobs)
     return IngestResult(stored, checked.accepted() - stored + checked.superseded,
                         checked.rejected)
 

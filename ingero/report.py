@@ -70,17 +70,22 @@ JOB_FIELDS = {f.name.lower(): f for f in (
     F("Cluster", 10, lambda r: r["cluster"]),
     F("JobID", 12, lambda r: r["job"]),
     F("User", 9, lambda r: r.get("user")),
+    F("Account", 10, lambda r: r.get("account")),
+    F("Partition", 9, lambda r: r.get("partition")),
     F("NNodes", 6, lambda r: len(r.get("nodes") or []) or None),
     F("NodeList", 20, lambda r: ",".join(r.get("nodes") or []) or None),
     F("Ranks", 5, lambda r: r.get("ranks")),
     F("Start", 19, _time("start")),
     F("End", 19, _time("end")),
     F("Elapsed", 10, _elapsed),
+    F("NGPUs", 5, lambda r: r.get("gpus")),
+    F("State", 10, lambda r: r.get("state")),
+    F("ExitCode", 8, lambda r: r.get("exit_code")),
     F("Stragglers", 10, lambda r: r.get("stragglers")),
     F("CostGPUs", 9, _number("cost_gpu_seconds", 1)),
     F("CostUSD", 9, _number("cost_usd", 4)),
 )}
-JOB_DEFAULT = "JobID,User,NNodes,Ranks,Start,End,Stragglers,CostGPUs,CostUSD"
+JOB_DEFAULT = "JobID,User,Account,NNodes,Ranks,Start,End,State,Stragglers,CostGPUs,CostUSD"
 
 
 def report_rows(client, jobs: list[str], since: datetime | None,

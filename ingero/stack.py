@@ -86,17 +86,19 @@ class Echod:
 
 class Stack:
     """echod, fleetd and ``nodes`` node-wide ingerods (as the shipped unit runs them: no
-    --job), the agents told apart by the sim's SLURM_NODEID. ``skew`` puts a node's wall clock
+    --job), the agents told apart by the sim's SLURM_NODEID, each with a job spool and control
+    socket of its own under ``root`` (``agent_flags`` come after, and may name others). ``skew`` puts a node's wall clock
     that many seconds ahead (faketime), as a real host's may be. echod's directory
     (``echod_root``, by default under ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
                  hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
                  gpu: tuple[str, str] = ("H100-80GB", "lambda"), echod_flags: tuple = (),
-                 echod_root: Path | None = None, say=lambda line: None):
+                 agent_flags: tuple = (), echod_root: Path | None = None,
+                 say=lambda line: None):
         import sim
 
-        self.root, self.push_s = root, push_s
+        self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
         self.keys = KeyRing.create(root / "keys")
         self.daemons: list[Daemon] = []
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
@@ -137,7 +139,9 @@ class Stack:
             "--fleet", self.endpoint, "--node", f"node{node}", "--cluster", "sim",
             "--match-env", f"SLURM_NODEID={node}", "--push-interval", str(self.push_s),
             "--rescan-interval", "0.2", "--metrics-addr", "none",
-            *self.keys.ingerod_flags()], env)
+            "--jobs-dir", str(self.root / f"jobs-node{node}"),
+            "--control-socket", str(self.root / f"ingerod-node{node}.sock"),
+            *self.keys.ingerod_flags(), *self.agent_flags], env)
 
     @property
     def token(self) -> str:

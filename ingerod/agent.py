@@ -8,17 +8,20 @@ queues, the detector falls back to a cached or local bar.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections import deque
 from types import SimpleNamespace
 
 from ingero import __version__, wire
+from ingero.errors import IngeroError
 from ingero.runtime import SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
 from .detection import Detector
 from .health import HealthModel
+from .jobs import ControlSocket, JobSpool
 from .link import FleetLink
 from .metrics import AgentMetrics
 from .sources import open_source
@@ -53,11 +56,15 @@ class Agent:
         self.state = "calibrating"
         self.exchange: list[float] | None = None   # the last push/reply times, for fleetd
         self.straggler_ranks: list[int] = []
+        self.spool = JobSpool(cfg.jobs_dir, cfg.job, self.metrics)
+        self.spooled: dict[int, list[str]] = {}    # push seq → job records it carries
+        self.control = None
         self.http = None
 
     def run(self) -> int:
         if self.cfg.metrics_addr is not None:
             self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
+        self.listen()
         log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
                  self.boot_id, self.cfg.fleet, self.cfg.push_interval, self.cfg.source)
         self.link.tick(self.clock())
@@ -72,6 +79,9 @@ class Agent:
                 wait = min(POLL_CAP, self.cfg.heartbeat_interval, max(0.0, next_push - now))
                 for message in self.link.poll(wait):
                     self.on_message(message)
+                if self.control is not None and self.control.nudged.is_set():
+                    self.control.nudged.clear()
+                    self.add_events(self.spool.scan(self.cfg.node))
                 now = self.clock()
                 self.source.poll(now)
                 self.link.tick(now)
@@ -102,6 +112,7 @@ class Agent:
             self.add_events([{"kind": verdict.edge, "t": time.time(), "attrs": {
                 "score": assessment.score, "threshold": verdict.bar, "mode": verdict.mode}}])
         self.add_events(sample.events)
+        self.add_events(self.spool.scan(self.cfg.node))
         self.metrics.events_lost.set(self.source.lost_events())
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
                           verdict.straggler, self.link.reachable(now))
@@ -111,6 +122,9 @@ class Agent:
     def build_push(self, assessment) -> wire.Push:
         batch = [self.pending_events.popleft()
                  for _ in range(min(len(self.pending_events), wire.MAX_EVENTS))]
+        spooled = [event.pop("spool") for event in batch if "spool" in event]
+        if spooled:
+            self.spooled[self.seq] = spooled
         push = wire.Push(self.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
                          self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
@@ -121,22 +135,47 @@ class Agent:
     def add_events(self, events: list[dict]) -> None:
         """Give each event its node-namespaced id and queue it for the next push."""
         for event in events:
-            event["id"] = f"{self.cfg.node}:{self.boot_id}:{self.event_seq}"
-            self.event_seq += 1
+            if "id" not in event:
+                event["id"] = f"{self.cfg.node}:{self.boot_id}:{self.event_seq}"
+                self.event_seq += 1
             self.pending_events.append(event)
         while len(self.pending_events) > MAX_PENDING_EVENTS:
-            self.pending_events.popleft()
+            dropped = self.pending_events.popleft()
             self.metrics.events_dropped.inc()
+            if "spool" in dropped:
+                self.spool.unsent([dropped["spool"]])
 
     def on_message(self, message: wire.Message) -> None:
         if isinstance(message, wire.Reply):
             self.exchange = [message.agent_sent_at, message.recv_at, message.sent_at,
                              time.time()]
+            self.records_acked(message.ack)
             self.detector.heard(message.threshold, message.quorum_met, message.cohort,
                                 self.clock())
             self.heard_ranks(message.straggler_ranks)
         elif isinstance(message, wire.Welcome):
             log.info("fleetd %s answered", message.server_version)
+
+    def listen(self) -> None:
+        """A node-wide agent answers the Slurm hooks on its control socket; a second agent on
+        the node, or a path it cannot use, only costs the hooks their answer."""
+        if self.cfg.job is not None or self.cfg.control_socket is None:
+            return
+        try:
+            self.control = ControlSocket(self.cfg.control_socket,
+                                         f"node {self.cfg.node}, pid {os.getpid()}", self.metrics)
+        except (IngeroError, OSError) as exc:
+            log.warning("not listening for the Slurm hooks: %s", exc)
+
+    def records_acked(self, seq: int) -> None:
+        """fleetd holds the job records of push ``seq``: delete them; a per-job agent whose
+        job's end is among them has nothing left to do."""
+        for dropped in [s for s in self.spooled if s != seq and s not in self.link.unacked]:
+            self.spool.unsent(self.spooled.pop(dropped))     # its push fell off the queue
+        paths = self.spooled.pop(seq, None)
+        if paths and self.spool.sent(paths) and not self.flags.stop:
+            log.info("job %s ended and its end record is delivered; stopping", self.cfg.job)
+            self.flags.stop = True
 
     def heard_ranks(self, ranks: list[int]) -> None:
         """fleetd's rank verdicts for this node: the agent's events and metrics say the same."""
@@ -169,6 +208,8 @@ class Agent:
         log.info("stopping: %s", f"{left} batch(es) unacknowledged" if left else "all acked")
 
     def close(self) -> None:
+        if self.control is not None:
+            self.control.close()
         self.source.close()
         self.link.close()
         if self.http is not None:

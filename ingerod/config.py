@@ -52,6 +52,14 @@ SETTINGS = [
     Setting("gpu_memory_bytes", 80 * 2**30, integer(2**20, 2**50),
             "ebpf: device memory per GPU, against which allocations count as headroom used.",
             "BYTES"),
+    Setting("jobs_dir", "/var/lib/ingero/jobs", optional(path),
+            "The job spool: the Slurm prolog and epilog leave a record of each job start and "
+            "end here, which the agent forwards and then deletes (none: read no records).",
+            "DIR"),
+    Setting("control_socket", "/run/ingero/ingerod.sock", optional(path),
+            "Unix socket on which a node-wide agent (no --job) tells the Slurm hooks it "
+            "watches their job (none: do not listen; the prolog then starts a per-job agent).",
+            "PATH"),
     Setting("push_interval", 5.0, number(0.05, 600.0),
             "Seconds between pushes (and health samples).", "SECONDS"),
     Setting("heartbeat_interval", 1.0, number(0.01, 60.0),

@@ -41,6 +41,12 @@ class AgentMetrics:
                                   "fleetd went silent", registry=r)
         self.auth_failures = Counter("ingero_agent_handshake_failures", "CURVE handshakes "
                                      "fleetd refused or that failed", registry=r)
+        self.job_records_sent = Counter("ingero_agent_job_records_sent", "Slurm job start/end "
+                                        "records fleetd acknowledged", registry=r)
+        self.job_records_rejected = Counter("ingero_agent_job_records_rejected", "Unreadable "
+                                            "files in the job spool", registry=r)
+        self.control_rejected = Counter("ingero_agent_control_rejected", "Bad requests on the "
+                                        "control socket", registry=r)
         for name in WEIGHTS:
             self.signal.labels(name)
         for mode in MODES:

@@ -243,12 +243,14 @@ def test_list_jobs_in_the_last_hour_from_the_small_tables(world):
     assert jobs[JOB] == {"cluster": "alpha", "job": JOB, "user": "alice",
                          "nodes": ["c-node0", "c-node1"], "ranks": RANKS,
                          "start": iso(t0 - 10), "end": iso(t0 + 110), "stragglers": 2,
-                         "cost_gpu_seconds": 3.75, "cost_usd": 0.0375}
+                         "cost_gpu_seconds": 3.75, "cost_usd": 0.0375, "account": None,
+                         "partition": None, "state": None, "exit_code": None, "gpus": 4}
     # no jobs row, no lag summaries: its nodes and span are its scores'
     assert jobs["6001"] == {"cluster": "alpha", "job": "6001", "user": None,
                             "nodes": ["c-node2"], "ranks": None, "start": iso(t0 + 200),
                             "end": iso(t0 + 290), "stragglers": 0, "cost_gpu_seconds": None,
-                            "cost_usd": None}
+                            "cost_usd": None, "account": None, "partition": None,
+                            "state": None, "exit_code": None, "gpus": None}
 
 
 def test_list_jobs_window_user_and_job_filters(world):

@@ -30,7 +30,7 @@ from ingerod.metrics import AgentMetrics
 MAN = Path(__file__).resolve().parent.parent / "man"
 PAGES = sorted(p for p in MAN.glob("*.[1-8]"))
 PAGE_NAMES = ["echod.8", "fleetd.8", "ingerod.8", "ingero.1", "ingero.yaml.5",
-              "ingero-wire.7"]
+              "ingero-wire.7", "ingero-slurm.8"]
 
 # Every reason a rejected frame is counted under (ingero/wire.py, ingero/errors.py and
 # fleetd/server.py).
@@ -266,3 +266,18 @@ def test_every_rejection_reason_is_documented():
     for reason in ECHOD_REJECT_REASONS:
         assert re.search(rf"^\.BR? {reason}\b", echod_metrics, re.M), reason
     assert "too_many_nodes" not in echod_metrics
+
+
+def test_every_setting_of_the_slurm_hooks_is_documented_with_its_default():
+    """What slurmhook reads and what slurm/prolog reads itself (INGERO_PYTHON …)."""
+    from ingero.slurmhook import SETTINGS
+
+    text = sections(plain("ingero-slurm.8"))["ENVIRONMENT"]
+    script = (MAN.parent / "slurm" / "prolog").read_text()
+    names = set(SETTINGS) | set(re.findall(r"\b(INGERO_[A-Z_]+)\b", script))
+    for name in sorted(names):
+        block = tagged(text, rf"\.B {name}$")
+        assert block, f"ingero-slurm.8: no entry for {name}"
+        default = SETTINGS.get(name, ("",))[0]
+        if default:
+            assert gives_default(block, default), f"ingero-slurm.8 {name}: default {default}"

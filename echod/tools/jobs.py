@@ -41,7 +41,7 @@ seen AS (
 SELECT seen.cluster, seen.job, j."user", j.nodes, j.start, j."end",
        least(lag.first, sc.first), greatest(lag.last, sc.last), lag.ranks,
        coalesce(lag.nodes, '{{}}') || coalesce(sc.nodes, '{{}}'), named.ranks,
-       named.gpu_seconds, named.usd
+       named.gpu_seconds, named.usd, j.account, j.partition, j.state, j.exit_code, j.gpus
 FROM seen
 LEFT JOIN jobs j ON j.cluster = seen.cluster AND j.id = seen.job
 LEFT JOIN scores sc ON sc.cluster = seen.cluster AND sc.job = seen.job
@@ -65,7 +65,9 @@ LIMIT :limit
 JOB_OUT = closed({
     "cluster": STR, "job": STR, "user": STR_OR_NULL, "nodes": array(STR), "ranks": INT_OR_NULL,
     "start": TIME_OR_NULL, "end": TIME_OR_NULL, "stragglers": INT,
-    "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL})
+    "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL, "account": STR_OR_NULL,
+    "partition": STR_OR_NULL, "state": STR_OR_NULL, "exit_code": STR_OR_NULL,
+    "gpus": INT_OR_NULL})
 
 
 @tool("list_jobs", summary="The jobs seen in a window: who ran them, where, how many ranks, "
@@ -82,7 +84,8 @@ def list_jobs(ctx: ToolContext, args: dict) -> dict:
     stored lag summaries, verdicts or health scores for it then. Per job: its user and nodes
     (from the jobs table, else the nodes of its lag summaries and health scores), its ranks
     (those with lag summaries), start and end (the jobs table's, else its first and last lag
-    summary or health score), the ranks fleetd named (stragglers) and their verdicts' cost
+    summary or health score), what the Slurm hooks recorded (account, partition, GPUs, how
+    it ended: state and exit:signal), the ranks fleetd named (stragglers) and their verdicts' cost
     (GPU-seconds its peers waited, the newest revision of each verdict, over the whole job;
     USD when fleetd had a rate). Oldest first, at most 'limit'."""
     sel = Selection(args.get("cluster"), window=window_of(ctx, args, whole_job="jobs" in args))
@@ -114,11 +117,13 @@ def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
 
 def job_json(row) -> dict:
     (cluster, job, user, job_nodes, start, end, first, last, ranks, seen_nodes, named,
-     gpu_seconds, usd) = row
+     gpu_seconds, usd, account, partition, state, exit_code, gpus) = row
     return {"cluster": cluster, "job": job, "user": user,
             "nodes": sorted(set(job_nodes or seen_nodes or [])), "ranks": ranks or None,
             "start": iso(start or first), "end": iso(end or last), "stragglers": named,
-            "cost_gpu_seconds": num(gpu_seconds, 3), "cost_usd": num(usd, 6)}
+            "cost_gpu_seconds": num(gpu_seconds, 3), "cost_usd": num(usd, 6),
+            "account": account, "partition": partition, "state": state, "exit_code": exit_code,
+            "gpus": gpus}
 
 
 # -- job_timeline ------------------------------------------------------------------------------

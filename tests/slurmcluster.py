@@ -1,0 +1,217 @@
+"""A real one-node Slurm cluster for the tests: munge, slurmctld and slurmd from Debian, with
+this checkout's prolog and epilog (DESIGN.md: SlurmUser=root, proctrack/linuxproc, task/none,
+state and spool under a temporary directory, munged as the munge user).
+
+slurmd runs the hooks with a clean environment, so slurm.conf names a small wrapper per hook
+that points the real script at a settings file of the test's (``INGERO_SLURM_DEFAULTS``) and
+notes each run's exit status and duration in ``hooks.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingero.launch import free_port, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+MUNGE_SOCKET_DIR = Path("/run/munge")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+
+WRAPPER = """#!/bin/sh
+export INGERO_SLURM_DEFAULTS={defaults}
+start=$(date +%s.%N)
+{hook}
+status=$?
+echo "$SLURM_SCRIPT_CONTEXT $SLURM_JOB_ID $status $start $(date +%s.%N)" >> {log}
+exit $status
+"""
+
+CONF = """ClusterName=ingerotest
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+Prolog={root}/prolog
+Epilog={root}/epilog
+PrologFlags=Alloc
+PrologEpilogTimeout=30
+NodeName={host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+@dataclass
+class HookRun:
+    context: str
+    job: str
+    status: int
+    seconds: float
+
+
+class SlurmCluster:
+    """slurmctld and slurmd as children of the test (munged too, unless one runs already)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.chmod(0o755)
+        for sub in ("state", "spool"):
+            (root / sub).mkdir()
+        self.defaults = root / "ingero-slurm.defaults"
+        self.defaults.write_text("")
+        self.hooks_log = root / "hooks.log"
+        for hook in ("prolog", "epilog"):
+            path = root / hook
+            path.write_text(WRAPPER.format(defaults=self.defaults, hook=REPO / "slurm" / hook,
+                                           log=self.hooks_log))
+            path.chmod(0o755)
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = root / "slurm.conf"
+        self.conf.write_text(CONF.format(host=self.host, root=root, ctld_port=free_port(),
+                                         slurmd_port=free_port()))
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.munged = start_munge()
+        self.daemons = []
+        try:
+            for program in ("slurmctld", "slurmd"):
+                self.daemons.append(subprocess.Popen(
+                    [f"/usr/sbin/{program}", "-D", "-f", str(self.conf)], env=self.env,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=open(root / f"{program}.stderr", "wb")))
+            if not wait_for(lambda: self.node_state() == "idle", 60):
+                raise RuntimeError(f"slurm did not come up (node {self.node_state()!r}):\n"
+                                   f"{self.logs()}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def settings(self, **values: str) -> None:
+        """What /etc/default/ingero-slurm would say, for the hooks' next runs."""
+        self.defaults.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+
+    def node_state(self) -> str:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env,
+                              capture_output=True, text=True, timeout=30)
+        return done.stdout.strip()
+
+    def srun(self, *argv: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["srun", *argv], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, **kw)
+
+    def hook_runs(self, job: str) -> list[HookRun]:
+        runs = []
+        text = self.hooks_log.read_text() if self.hooks_log.exists() else ""
+        for line in text.splitlines():
+            context, job_id, status, start, end = line.split()
+            if job_id == job:
+                runs.append(HookRun(context, job_id, int(status), float(end) - float(start)))
+        return runs
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.root.glob("*.log")) + sorted(
+                             self.root.glob("*.stderr")))
+
+    def stop(self) -> None:
+        for daemon in self.daemons:
+            daemon.send_signal(signal.SIGTERM)
+        for daemon in self.daemons:
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        if self.munged is not None:
+            self.munged.kill()
+
+
+class Munged:
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def start_munge() -> Munged | None:
+    """munged as the munge user, with the key Debian's package made (None if one runs)."""
+    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
+        return None
+    munge = pwd.getpwnam("munge")
+    if not MUNGE_KEY.exists():
+        subprocess.run(["/usr/sbin/mungekey", "--create"], check=True, capture_output=True)
+        os.chown(MUNGE_KEY, munge.pw_uid, munge.pw_gid)
+    MUNGE_SOCKET_DIR.mkdir(exist_ok=True)
+    os.chown(MUNGE_SOCKET_DIR, munge.pw_uid, munge.pw_gid)
+    MUNGE_SOCKET_DIR.chmod(0o755)
+    subprocess.run([shutil.which("runuser") or "/usr/sbin/runuser", "-u", "munge", "--",
+                    "/usr/sbin/munged"], check=True, capture_output=True, timeout=30)
+    pidfile = MUNGE_SOCKET_DIR / "munged.pid"
+    if not wait_for(pidfile.exists, 10):
+        raise RuntimeError("munged did not start")
+    time.sleep(0.2)
+    return Munged(int(pidfile.read_text().split()[0]))
+
+
+def have_slurm() -> bool:
+    return all(shutil.which(p) for p in ("slurmctld", "slurmd", "srun", "munged")) \
+        and sys.platform == "linux"
+
+
+class Syslog:
+    """Listen on /dev/log for what the hooks log (only where nothing else does)."""
+
+    PATH = Path("/dev/log")
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.sock = None
+        if self.PATH.exists() or self.PATH.is_symlink():
+            return
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.PATH))
+        self.PATH.chmod(0o666)
+        self.sock.settimeout(0.2)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        while self.sock is not None:
+            try:
+                self.lines.append(self.sock.recv(8192).decode(errors="replace"))
+            except (TimeoutError, OSError):
+                continue
+
+    def close(self):
+        if self.sock is not None:
+            sock, self.sock = self.sock, None
+            sock.close()
+            self.PATH.unlink(missing_ok=True)

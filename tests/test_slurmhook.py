@@ -1,0 +1,313 @@
+"""The Slurm hooks' parts, run for real but without Slurm: the shell script under every way it
+can go wrong (exit 0 within two seconds, whatever happens, and say so in syslog), the records,
+host lists, ingerod's spool and control socket, and the jobs table echod fills from them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from itertools import permutations
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from echod.jobrecords import job_fields, merge
+from echod.models import Job
+from echod.store import write_batch
+from ingero import hostlist, slurmhook
+from ingerod.jobs import ControlSocket, JobSpool, record_event
+from ingerod.metrics import AgentMetrics
+from tests.slurmcluster import Syslog
+
+REPO = Path(__file__).resolve().parent.parent
+PROLOG = REPO / "slurm" / "prolog"
+EPILOG = REPO / "slurm" / "epilog"
+SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1001",
+             "SLURM_JOB_ACCOUNT": "physics", "SLURM_JOB_PARTITION": "gpu",
+             "SLURM_NODELIST": "gpu[01-02]", "SLURM_JOB_NUM_NODES": "2",
+             "SLURM_JOB_NTASKS": "16", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+             "SLURMD_NODENAME": "gpu01", "SLURM_CLUSTER_NAME": "alpha"}
+
+
+@pytest.fixture(scope="module")
+def syslog():
+    log = Syslog()
+    yield log
+    log.close()
+
+
+def hook(script: Path, context: str, tmp_path: Path, **env) -> tuple[int, float]:
+    """Run a hook as slurmd does: a clean environment, SLURM_* only, plus the settings file."""
+    defaults = tmp_path / "defaults"
+    if not defaults.exists():
+        defaults.write_text("")
+    environ = {**SLURM_ENV, "SLURM_SCRIPT_CONTEXT": context,
+               "INGERO_SLURM_DEFAULTS": str(defaults), **env}
+    start = time.monotonic()
+    done = subprocess.run([str(script)], env=environ, cwd="/", capture_output=True, timeout=30)
+    return done.returncode, time.monotonic() - start
+
+
+def settings(tmp_path: Path, **values) -> Path:
+    path = tmp_path / "defaults"
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    return path
+
+
+def base(tmp_path: Path, **more) -> dict:
+    return {"INGERO_PYTHON": sys.executable, "INGERO_JOBS_DIR": tmp_path / "jobs",
+            "INGERO_CONTROL_SOCKET": tmp_path / "none.sock", "INGERO_RUN_DIR": tmp_path / "run",
+            "INGERO_LOG_DIR": tmp_path / "log", "INGERO_HOOK_AGENT": "node", **more}
+
+
+# -- the script: exit 0 within two seconds, whatever happens -----------------------------------
+
+def test_prolog_and_epilog_record_the_job_from_slurmds_variables(tmp_path, syslog):
+    settings(tmp_path, **base(tmp_path))
+    assert hook(PROLOG, "prolog_slurmd", tmp_path)[0] == 0
+    assert hook(EPILOG, "epilog_slurmd", tmp_path, SLURM_JOB_EXIT_CODE2="3:0")[0] == 0
+    start = json.loads((tmp_path / "jobs" / "4242.job_start.json").read_text())
+    end = json.loads((tmp_path / "jobs" / "4242.job_end.json").read_text())
+    assert {k: start[k] for k in ("event", "job", "user", "uid", "account", "partition",
+                                  "nodelist", "node_count", "ntasks", "gpus", "gpu_ids", "node",
+                                  "slurm_cluster")} == {
+        "event": "job_start", "job": "4242", "user": "alice", "uid": 1001,
+        "account": "physics", "partition": "gpu", "nodelist": "gpu[01-02]", "node_count": 2,
+        "ntasks": 16, "gpus": 8, "gpu_ids": "0,1,2,3,4,5,6,7", "node": "gpu01",
+        "slurm_cluster": "alpha"}
+    assert end["state"] == "FAILED" and end["exit_code"] == "3:0" and end["t"] >= start["t"]
+    assert oct((tmp_path / "jobs").stat().st_mode & 0o777) == "0o700"
+    assert oct((tmp_path / "jobs" / "4242.job_end.json").stat().st_mode & 0o777) == "0o600"
+    if syslog.sock is not None:
+        assert wait_until(lambda: any("ingero-prolog" in line and "job 4242 start recorded" in line
+                                      for line in syslog.lines)), syslog.lines
+
+
+@pytest.mark.parametrize("trouble", ["no python", "python hangs", "bad defaults file",
+                                     "control socket never answers", "spool unwritable",
+                                     "no job id", "bad agent mode"])
+def test_the_hooks_exit_0_within_two_seconds_whatever_happens(trouble, tmp_path, syslog):
+    env, values = {}, base(tmp_path)
+    if trouble == "no python":
+        values["INGERO_PYTHON"] = tmp_path / "missing" / "python"
+    elif trouble == "python hangs":
+        slow = tmp_path / "slow-python"
+        slow.write_text("#!/bin/sh\nsleep 30\n")
+        slow.chmod(0o755)
+        values["INGERO_PYTHON"] = slow
+    elif trouble == "control socket never answers":
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.bind(str(tmp_path / "silent.sock"))
+        silent.listen(8)
+        values["INGERO_CONTROL_SOCKET"] = tmp_path / "silent.sock"
+    elif trouble == "spool unwritable":
+        (tmp_path / "file").write_text("")
+        values["INGERO_JOBS_DIR"] = tmp_path / "file" / "jobs"
+    elif trouble == "no job id":
+        env["SLURM_JOB_ID"] = "../../etc"
+    elif trouble == "bad agent mode":
+        values["INGERO_HOOK_AGENT"] = "sometimes"
+    settings(tmp_path, **values)
+    if trouble == "bad defaults file":
+        (tmp_path / "defaults").write_text('INGERO_PYTHON="unterminated\nif then fi\n')
+    for script, context in ((PROLOG, "prolog_slurmd"), (EPILOG, "epilog_slurmd")):
+        status, seconds = hook(script, context, tmp_path, **env)
+        assert status == 0 and seconds < 2.0, (trouble, context, status, seconds)
+    if syslog.sock is not None and trouble in ("no python", "python hangs", "spool unwritable"):
+        assert wait_until(lambda: any("ingero-prolog" in line and
+                                      ("failed" in line or "Error" in line)
+                                      for line in syslog.lines)), syslog.lines
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_detached_instance_leaves_the_prologs_session_and_the_epilog_stops_it(tmp_path):
+    """Without a node-wide agent or systemd, the prolog starts `ingerod --job` in a session of
+    its own (slurmd kills the prolog's process group); the epilog's SIGTERM stops it."""
+    settings(tmp_path, **base(tmp_path, INGERO_HOOK_AGENT="auto",
+                              INGERO_INGEROD_ARGS='"--config /dev/null --source synthetic '
+                                                  '--insecure-plaintext-zmq --metrics-addr none '
+                                                  f'--jobs-dir {tmp_path / "jobs"} '
+                                                  '--fleet tcp://127.0.0.1:9 '
+                                                  '--drain-timeout 0.5"'))
+    assert hook(PROLOG, "prolog_slurmd", tmp_path)[0] == 0
+    pid = int((tmp_path / "run" / "ingerod-4242.pid").read_text())
+    assert os.getsid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
+    log = tmp_path / "log" / "ingerod-4242.log"
+    assert wait_until(lambda: "pushing to" in log.read_text(), 60), log.read_text()
+    assert hook(EPILOG, "epilog_slurmd", tmp_path)[0] == 0
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists()
+                      or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", 20)
+    assert not (tmp_path / "run" / "ingerod-4242.pid").exists()
+    assert "stopping" in log.read_text()
+
+
+# -- records and host lists --------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, hosts", [
+    ("vm", ["vm"]),
+    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+    ("a[8-11],login1", ["a8", "a9", "a10", "a11", "login1"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("n[1-2],n[2-3]", ["n1", "n2", "n3"]),
+])
+def test_host_lists_expand_as_slurm_writes_them(text, hosts):
+    assert hostlist.expand(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["n[1-", "n]1[", "n[a-b]", "n[3-1]", "n[[1]]",
+                                  "n[0-99999999]"])
+def test_bad_host_lists_are_refused(text):
+    with pytest.raises(hostlist.BadHostList):
+        hostlist.expand(text)
+
+
+@pytest.mark.parametrize("env, state, code", [
+    ({"SLURM_JOB_EXIT_CODE2": "0:0"}, "COMPLETED", "0:0"),
+    ({"SLURM_JOB_EXIT_CODE2": "1:0"}, "FAILED", "1:0"),
+    ({"SLURM_JOB_EXIT_CODE2": "0:9"}, "FAILED", "0:9"),
+    ({"SLURM_JOB_EXIT_CODE": "256"}, "FAILED", "1:0"),
+    ({"SLURM_JOB_EXIT_CODE": "15"}, "FAILED", "0:15"),
+    ({}, None, None),
+])
+def test_the_end_record_says_how_the_job_ended(env, state, code):
+    record = slurmhook.end_record({"SLURM_JOB_ID": "7", **env}, 1.0)
+    assert record.get("state") == state and record.get("exit_code") == code
+
+
+# -- ingerod's side ----------------------------------------------------------------------------
+
+def test_the_spool_turns_records_into_events_once_and_deletes_them_when_acknowledged(tmp_path):
+    metrics = AgentMetrics()
+    jobs = tmp_path / "jobs"
+    for job, environ in (("11", {}), ("12", {"SLURM_JOB_EXIT_CODE2": "0:0"})):
+        slurmhook.write_record(jobs, slurmhook.start_record({**SLURM_ENV, "SLURM_JOB_ID": job},
+                                                            100.0))
+    slurmhook.write_record(jobs, slurmhook.end_record({**SLURM_ENV, "SLURM_JOB_ID": "12",
+                                                       "SLURM_JOB_EXIT_CODE2": "0:0"}, 200.0))
+    (jobs / "13.job_start.json").write_text("{not json")
+    (jobs / ".12.job_end.json.999").write_text("{}")        # a record being written
+    spool = JobSpool(jobs, None, metrics)
+    events = spool.scan("node-a")
+    assert [e["id"] for e in events] == ["node-a:slurm:11:job_start",
+                                         "node-a:slurm:12:job_end", "node-a:slurm:12:job_start"]
+    end = events[1]
+    assert end["kind"] == "job_end" and end["t"] == 200.0 and end["attrs"]["state"] == "COMPLETED"
+    assert end["attrs"]["job"] == "12" and end["attrs"]["slurm_node"] == "gpu01"
+    assert spool.scan("node-a") == []                        # handed over once
+    assert metrics.job_records_rejected._value.get() == 1
+    spool.unsent([events[0]["spool"]])
+    assert [e["id"] for e in spool.scan("node-a")] == ["node-a:slurm:11:job_start"]
+    assert spool.sent([e["spool"] for e in events]) is False
+    assert sorted(p.name for p in jobs.iterdir()) == [".12.job_end.json.999",
+                                                      "13.job_start.json"]
+    own = JobSpool(jobs, "12", metrics)
+    slurmhook.write_record(jobs, slurmhook.end_record({**SLURM_ENV, "SLURM_JOB_ID": "12"}, 3.0))
+    slurmhook.write_record(jobs, slurmhook.end_record({**SLURM_ENV, "SLURM_JOB_ID": "14"}, 3.0))
+    mine = own.scan("node-a")
+    assert [e["attrs"]["job"] for e in mine] == ["12"]       # a per-job agent: its own only
+    assert own.sent([mine[0]["spool"]]) is True              # its job ended: it may stop
+
+
+def test_the_control_socket_answers_the_hooks_and_counts_what_it_refuses(tmp_path):
+    metrics = AgentMetrics()
+    path = tmp_path / "ingerod.sock"
+    control = ControlSocket(path, "node a, pid 1", metrics)
+    try:
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        assert slurmhook.tell_node_agent(str(path), "4242", "start") == "node a, pid 1"
+        assert control.nudged.is_set()
+        for bad in (b"hello\n", b'{"job": "../x", "event": "start"}\n', b"[1]\n"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(str(path))
+                conn.sendall(bad)
+                answer = json.loads(conn.makefile("rb").readline())
+            assert answer["ok"] is False and answer["error"]
+        assert metrics.control_rejected._value.get() == 3
+        assert slurmhook.tell_node_agent(str(path), "4243", "end") == "node a, pid 1"
+        with pytest.raises(Exception, match="another ingerod listens"):
+            ControlSocket(path, "node a, pid 2", metrics)
+    finally:
+        control.close()
+    assert not path.exists()
+    assert slurmhook.tell_node_agent(str(path), "4242", "start") is None
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()                                            # a crashed agent's socket
+    ControlSocket(path, "node a, pid 3", metrics).close()
+
+
+def test_a_busy_control_socket_never_holds_a_hook_past_its_timeout(tmp_path):
+    path = tmp_path / "slow.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    start = time.monotonic()
+    assert slurmhook.tell_node_agent(str(path), "1", "start") is None
+    assert time.monotonic() - start < slurmhook.SOCKET_TIMEOUT_S + 0.3
+    server.close()
+
+
+# -- echod's jobs table ------------------------------------------------------------------------
+
+def job_events(node: str, job: str, records: list[dict]) -> list[dict]:
+    return [{**record_event(node, r), "cluster": "alpha", "node": node, "job": job}
+            for r in records]
+
+
+def test_every_nodes_records_merge_into_one_job_row_in_any_order():
+    t = [datetime.fromtimestamp(s, UTC) for s in (100, 101, 300, 302)]
+    attrs = {"user": "alice", "account": "physics", "nodelist": "gpu[01-02]", "node_count": 2,
+             "gpus": 8, "ntasks": 16}
+    parts = [job_fields("job_start", "gpu01", t[0], attrs),
+             job_fields("job_start", "gpu02", t[1], {**attrs, "slurm_node": "gpu02"}),
+             job_fields("job_end", "gpu01", t[2], {"state": "FAILED", "exit_code": "0:9"}),
+             job_fields("job_end", "gpu02", t[3], {"state": "COMPLETED", "exit_code": "0:0"})]
+    rows = set()
+    for order in permutations(parts):
+        row: dict = {}
+        for part in order:
+            row = merge(row, part)
+        rows.add(json.dumps(row, default=str, sort_keys=True))
+    assert len(rows) == 1
+    row = json.loads(rows.pop())
+    assert row["nodes"] == ["gpu01", "gpu02"] and row["gpus"] == 16
+    assert row["start"] == str(t[0]) and row["end"] == str(t[3])
+    assert row["state"] == "COMPLETED" and row["exit_code"] == "0:0"
+
+
+def test_job_records_fill_the_jobs_table_and_a_replay_changes_nothing(engine):
+    env = {**SLURM_ENV, "SLURM_JOB_EXIT_CODE2": "0:0"}
+    start = slurmhook.start_record(env, time.time() - 60)
+    other = slurmhook.start_record({**env, "SLURMD_NODENAME": "gpu02"}, time.time() - 59)
+    end = slurmhook.end_record(env, time.time())
+    first = {"events": job_events("gpu01", "4242", [start])}
+    rest = {"events": job_events("gpu02", "4242", [other]) + job_events("gpu01", "4242", [end])}
+    assert write_batch(engine, first).stored == 1
+    assert write_batch(engine, rest).stored == 2
+    for batch in (first, rest):
+        assert write_batch(engine, batch).duplicates == len(batch["events"])
+    with Session(engine) as session:
+        job = session.scalars(select(Job)).one()
+    assert (job.cluster, job.id, job.user, job.account, job.partition, job.ntasks) == (
+        "alpha", "4242", "alice", "physics", "gpu", 16)
+    assert job.nodes == ["gpu01", "gpu02"] and job.gpus == 16
+    assert job.state == "COMPLETED" and job.exit_code == "0:0"
+    assert abs(job.start.timestamp() - start["t"]) < 1e-3
+    assert abs(job.end.timestamp() - end["t"]) < 1e-3
