@@ -24,6 +24,7 @@ from ingero.rates import rate
 from .clocks import ClockBook
 from .cohorts import Fleet, ThresholdPolicy
 from .forward import Forwarder
+from .limits import raise_nofile
 from .metrics import FleetMetrics
 from .ranks import RankAnalysis
 
@@ -62,6 +63,11 @@ class FleetServer:
 
     def open(self) -> None:
         """Bind the socket (and the metrics listener); errors here stop the daemon at start."""
+        before, now, short = raise_nofile(self.cfg.max_nodes)
+        log.info("file descriptors: soft limit %d%s", now,
+                 f" (raised from {before})" if now > before else "")
+        if short:
+            log.warning("%s", short)
         self.ranks.rate = rate(self.cfg.gpu_model, self.cfg.gpu_provider,
                                self.cfg.usd_per_gpu_hour, self.cfg.rates_file)
         self.endpoint = self.router.open(self.cfg.bind)

@@ -59,7 +59,7 @@ def sim_job(slurm: SlurmCluster, name: str, account: str) -> tuple[str, subproce
     done = slurm.srun("-n", "4", "-A", account, "-J", name, "--chdir", str(work),
                       str(sim.bin_dir() / "ingero-sim-rank"), "--steps", str(STEPS),
                       "--step-ms", "20", "--unique-id-file", str(work / "unique-id"),
-                      "--record", str(work / "rank-%t.jsonl"))
+                      "--record", str(work / "ranks.jsonl"))   # one line per write
     job = wait_for(lambda: _job_id(slurm, name), 30)
     return job, done
 

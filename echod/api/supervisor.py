@@ -105,7 +105,9 @@ class ApiProcess:
         return [*argv, "echod.api:create_app()"]
 
     def start(self) -> None:
-        env = {**os.environ, ENVIRONMENT: str(self.runtime / "api.json"),
+        # systemd hears from echod's main process only (NotifyAccess=main), not from gunicorn
+        env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+               ENVIRONMENT: str(self.runtime / "api.json"),
                "ECHOD_API_WORKERS": str(self.cfg.api_workers),
                "PROMETHEUS_MULTIPROC_DIR": str(self.runtime / "metrics")}
         # its own session: a Ctrl-C or a signal to echod's process group reaches echod only,
