@@ -4,7 +4,7 @@
 VENV   ?= $(CURDIR)/.venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup sim demo test lint-man clean
+.PHONY: setup sim demo test install lint-man clean
 
 setup:
 	@bash scripts/setup-debian.sh
@@ -19,6 +19,11 @@ demo: setup
 
 test: setup
 	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
+
+# The wheel into /opt/ingero/venv, the units, the Slurm hooks and the man pages (ROOT=DIR for a
+# staging tree). The Ansible roles in ansible/ do the same across a cluster.
+install:
+	@bash scripts/install.sh
 
 lint-man:
 	mandoc -T lint -W warning man/*.[1-8]

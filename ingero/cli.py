@@ -31,6 +31,20 @@ for command in query.commands.commands.values():
     main.add_command(command)
 
 
+@main.command("version")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object")
+def version_command(as_json: bool) -> None:
+    """This node's ingero: its version, Python, bcc, kernel, and where ingerod finds its BPF
+    sources and the rate table. Exits 0 even when bcc is missing; it says so.
+
+    Example: ingero version --json
+    """
+    from .about import facts, render
+
+    found = facts()
+    click.echo(json.dumps(found, indent=2) if as_json else render(found))
+
+
 @main.command("demo")
 @click.option("--scenario", default=demo.DEFAULT_SCENARIO, show_default=True,
               metavar="NAME|FILE", help="A scenario of sim/scenarios/ by name, or a YAML file")

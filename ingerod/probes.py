@@ -20,7 +20,7 @@ from .events import RawEvent
 
 log = logging.getLogger("ingerod")
 
-BPF_DIR = Path(os.environ.get("INGERO_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf"))
+BPF_DIR = Path(os.environ.get("INGERO_BPF_DIR", Path(__file__).resolve().parent / "bpf"))
 PARTS = ("common.bpf.c", "nccl.bpf.c", "cuda.bpf.c", "host.bpf.c")
 
 

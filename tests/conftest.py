@@ -63,3 +63,11 @@ def spawn(tmp_path):
     yield start
     stop_all([d for d in reversed(started) if d.alive() and d.module != "fleetd"])
     stop_all([d for d in started if d.alive()])
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """This checkout built into a wheel, once per session."""
+    from tests.support import build_wheel
+
+    return build_wheel(Path(__file__).resolve().parent.parent, tmp_path_factory.mktemp("wheel"))

@@ -4,7 +4,10 @@ batches, and echod with its API (TLS, tokens, seeded evidence)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -150,3 +153,20 @@ class EchodApi(Echod):
 
     def hup(self) -> None:
         os.kill(self.daemon.process.pid, signal.SIGHUP)
+
+
+SOURCE_IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                        "__pycache__", ".pytest_cache", ".hypothesis")
+
+
+def build_wheel(repo: Path, out: Path) -> Path:
+    """The wheel of this checkout, built from a copy of its sources (a stale build/ in the
+    checkout can neither leak into it nor be written)."""
+    source = out / "source"
+    shutil.copytree(repo, source, ignore=SOURCE_IGNORED)
+    shutil.rmtree(source / "sim" / "build", ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(out), str(source)], check=True,
+                   capture_output=True, timeout=600)
+    shutil.rmtree(source)
+    return next(out.glob("ingero-*.whl"))

@@ -7,7 +7,7 @@ from pathlib import Path
 from ingerod.events import KINDS, OPS, RawEvent
 from ingerod.probes import PARTS, PROBES, program_text
 
-BPF = Path(__file__).resolve().parent.parent / "bpf"
+BPF = Path(__file__).resolve().parent.parent / "ingerod" / "bpf"
 C_TYPES = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "s32": ctypes.c_int32}
 
 

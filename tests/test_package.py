@@ -1,0 +1,121 @@
+"""The wheel as a node gets it: it carries the BPF sources and the rate table, installs into a
+fresh venv made like /opt/ingero/venv (Debian's Python, its bcc visible), and there
+`ingero version` finds everything in the installed package and `ingerod trace` attaches its
+probes to a running sim rank — nothing read from this checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.support import needs_ebpf
+
+BPF_SOURCES = ["common.bpf.c", "cuda.bpf.c", "host.bpf.c", "nccl.bpf.c"]
+
+
+def test_the_wheel_carries_the_bpf_sources_and_the_rate_table(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"ingerod/bpf/{name}" for name in BPF_SOURCES} <= names
+    assert "ingero/rates.yaml" in names
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names
+                                                   if n.endswith("entry_points.txt")))
+    for program in (b"ingerod", b"fleetd", b"echod", b"ingero"):
+        assert program + b" = " in entry_points
+
+
+@pytest.fixture(scope="module")
+def venv(wheel):
+    """A fresh venv from Debian's Python, the wheel installed with its dependencies (from the
+    package index, or pip's cache where `make setup` filled it)."""
+    root = Path(tempfile.mkdtemp(prefix="ingero-venv-"))
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages",
+                    str(root / "venv")], check=True, timeout=120)
+    started = time.monotonic()
+    done = subprocess.run([str(root / "venv/bin/pip"), "install", "-q", str(wheel)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"wheel and dependencies installed in {time.monotonic() - started:.1f}s")
+    yield root / "venv"
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def outside(venv: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a program of the venv away from this checkout, with nothing pointing back at it."""
+    env = {"PATH": f"{venv}/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(venv.parent),
+           "LANG": "C.UTF-8"}
+    return subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], capture_output=True,
+                          text=True, timeout=timeout, cwd=venv.parent, env=env)
+
+
+def test_ingero_version_in_the_installed_venv_finds_its_package_data(venv):
+    done = outside(venv, "ingero", "version", "--json")
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert facts["bpf_dir"] == str(site / "ingerod" / "bpf")
+    assert sorted(facts["bpf_sources"]) == BPF_SOURCES and facts["bpf_missing"] == []
+    assert facts["rates"] == str(site / "ingero" / "rates.yaml") and facts["rates_found"]
+    assert facts["python_path"].startswith(str(venv))
+    module = outside(venv, "python", "-c", "import ingerod; print(ingerod.__file__)")
+    assert module.stdout.strip().startswith(str(site)), module.stdout
+
+
+@needs_ebpf
+def test_ingerod_trace_from_the_installed_venv_attaches_its_probes(venv):
+    import sim
+
+    work = Path(tempfile.mkdtemp(prefix="ingero-pkg-rank-"))
+    rank = subprocess.Popen([str(sim.bin_dir() / "ingero-sim-rank"), "--steps", "500",
+                             "--step-ms", "20", "--record", str(work / "rank.jsonl"),
+                             "--unique-id-file", str(work / "id")],
+                            env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+        done = outside(venv, "ingerod", "trace", "--json", "--duration", "4", "-p",
+                       str(rank.pid), "--libraries", libraries, timeout=240)
+    finally:
+        rank.kill()
+        rank.wait()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "attached 16 probes" in done.stderr and "libnccl.so.2" in done.stderr, done.stderr
+    kinds = {json.loads(line)["kind"] for line in done.stdout.splitlines()
+             if line.startswith("{")}
+    assert {"collective", "sync"} <= kinds, done.stdout[-2000:]
+
+
+def test_install_sh_lays_out_what_the_units_and_hooks_name(wheel):
+    """`make install` into a staging root: the venv the units start, the units, the hooks
+    slurm.conf names, the manual pages; and a second run is harmless."""
+    repo = Path(__file__).resolve().parent.parent
+    root = Path(tempfile.mkdtemp(prefix="ingero-install-"))
+    try:
+        for _ in range(2):
+            done = subprocess.run(["bash", str(repo / "scripts/install.sh")], capture_output=True,
+                                  text=True, timeout=900,
+                                  env={**os.environ, "ROOT": str(root), "WHEEL": str(wheel)})
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert "installed in" in done.stdout
+        for program in ("ingerod", "fleetd", "echod", "ingero"):
+            assert os.access(root / "opt/ingero/venv/bin" / program, os.X_OK)
+        units = sorted(p.name for p in (root / "etc/systemd/system").iterdir())
+        assert units == sorted(p.name for p in (repo / "systemd").glob("*.service"))
+        for hook in ("prolog", "epilog"):
+            path = root / "etc/slurm/ingero" / hook
+            assert path.stat().st_mode & 0o777 == 0o755 and not path.is_symlink()
+            assert path.read_text() == (repo / "slurm" / hook).read_text()
+        assert (root / "usr/local/share/man/man8/ingero-slurm.8").exists()
+        assert (root / "usr/local/share/man/man1/ingero.1").exists()
+        version = subprocess.run([str(root / "opt/ingero/venv/bin/ingero"), "version"],
+                                 capture_output=True, text=True, timeout=60, cwd=root)
+        assert version.returncode == 0 and str(root / "opt/ingero/venv") in version.stdout
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
