@@ -79,9 +79,9 @@ class Agent:
                 wait = min(POLL_CAP, self.cfg.heartbeat_interval, max(0.0, next_push - now))
                 for message in self.link.poll(wait):
                     self.on_message(message)
-                if self.control is not None and self.control.nudged.is_set():
-                    self.control.nudged.clear()
-                    self.add_events(self.spool.scan(self.cfg.node))
+                if self.flags.reload or (self.control is not None
+                                         and self.control.nudged.is_set()):
+                    self.read_spool_now()
                 now = self.clock()
                 self.source.poll(now)
                 self.link.tick(now)
@@ -166,6 +166,16 @@ class Agent:
                                          f"node {self.cfg.node}, pid {os.getpid()}", self.metrics)
         except (IngeroError, OSError) as exc:
             log.warning("not listening for the Slurm hooks: %s", exc)
+
+    def read_spool_now(self) -> None:
+        """A hook called, or SIGHUP: the job records go with the next push, not a cycle later.
+        Settings are read at start only."""
+        if self.flags.reload:
+            self.flags.reload = False
+            log.info("SIGHUP: reading the job spool now (settings change on restart only)")
+        if self.control is not None:
+            self.control.nudged.clear()
+        self.add_events(self.spool.scan(self.cfg.node))
 
     def records_acked(self, seq: int) -> None:
         """fleetd holds the job records of push ``seq``: delete them; a per-job agent whose

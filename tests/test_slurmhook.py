@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -311,3 +312,22 @@ def test_job_records_fill_the_jobs_table_and_a_replay_changes_nothing(engine):
     assert job.state == "COMPLETED" and job.exit_code == "0:0"
     assert abs(job.start.timestamp() - start["t"]) < 1e-3
     assert abs(job.end.timestamp() - end["t"]) < 1e-3
+
+
+def test_sighup_and_the_control_socket_make_a_running_agent_read_the_spool_at_once(spawn,
+                                                                                   tmp_path):
+    """With a push interval of a minute, a record still goes at once when a hook calls or
+    the agent gets SIGHUP (systemctl reload)."""
+    jobs, sock = tmp_path / "jobs", tmp_path / "ingerod.sock"
+    agent = spawn("ingerod", "ingerod", [
+        "--config", "/dev/null", "--source", "synthetic", "--insecure-plaintext-zmq",
+        "--fleet", "tcp://127.0.0.1:9", "--metrics-addr", "none", "--push-interval", "60",
+        "--jobs-dir", str(jobs), "--control-socket", str(sock)])
+    assert wait_until(lambda: "control socket" in agent.log(), 60), agent.log()
+    slurmhook.write_record(jobs, slurmhook.start_record({**SLURM_ENV, "SLURM_JOB_ID": "21"}, 1.0))
+    assert slurmhook.tell_node_agent(str(sock), "21", "start")
+    assert wait_until(lambda: "job 21: job_start recorded" in agent.log()), agent.log()
+    slurmhook.write_record(jobs, slurmhook.start_record({**SLURM_ENV, "SLURM_JOB_ID": "22"}, 1.0))
+    agent.process.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "job 22: job_start recorded" in agent.log()), agent.log()
+    assert agent.alive()
