@@ -101,7 +101,7 @@ def ingero(stack: Stack, *args: str) -> str:
 
 def job_row(stack: Stack, job: str) -> dict | None:
     rows = json.loads(ingero(stack, "jobs", "-j", job, "--json"))
-    return next((r for r in rows if r["job"] == job and r.get("end")), None)
+    return next((r for r in rows if r["job"] == job and r.get("state")), None)   # epilog's
 
 
 def test_jobs_run_with_ingero_down_then_are_traced_and_recorded_when_it_is_up(cluster):
