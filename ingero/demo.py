@@ -209,9 +209,12 @@ def kept(stack, job: str) -> dict:
 
 STOP_SCRIPT = """#!/bin/sh
 # Stops what 'ingero demo --keep' left running, and removes its directory.
+# kill -0 with several pids fails as soon as one is gone: ask each, until none is left.
+alive() {{ for pid in {pids}; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }}
 kill -TERM {pids} 2>/dev/null
-for i in $(seq 1 600); do kill -0 {pids} 2>/dev/null || break; sleep 0.1; done
+for i in $(seq 1 600); do alive || break; sleep 0.1; done
 kill -KILL {pids} 2>/dev/null
+for i in $(seq 1 50); do alive || break; sleep 0.1; done
 {python} -c 'from pathlib import Path; from echod.embedded import EmbeddedPostgres; \
 EmbeddedPostgres(Path("{postgres}")).stop()'
 rm -rf {root}
