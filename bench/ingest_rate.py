@@ -61,7 +61,7 @@ def run(args) -> dict:
             raise RuntimeError(daemons[0].log())
         daemons.append(Daemon.module("fleetd", "fleetd", [
             "--bind", fleet, "--metrics-addr", "none", *keys.fleetd_flags(),
-            *keys.forwarding_flags(ingest)], root))
+            *keys.forwarding_flags(ingest, root / "fleetd-spool")], root))
         engine = make_engine(database.start())
         total = args.producers * args.pushes * args.events_per_push
         workers = [multiprocessing.Process(target=produce, args=(

@@ -63,6 +63,8 @@ class HealthScore(Base):
     """A node's health score as fleetd received it, with the signals it is made of."""
 
     __tablename__ = "health_scores"
+    __table_args__ = (UniqueConstraint("cluster", "node", "boot_id", "seq",
+                                       name="uq_health_scores_push"),)
 
     cluster: Mapped[str] = mapped_column(Text, primary_key=True)
     node: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -76,6 +78,8 @@ class HealthScore(Base):
     cpu: Mapped[float | None] = mapped_column(Float)
     clock_offset: Mapped[float | None] = mapped_column(Float)       # s, node − fleetd
     clock_uncertainty: Mapped[float | None] = mapped_column(Float)
+    boot_id: Mapped[str | None] = mapped_column(Text)     # the push that carried it:
+    seq: Mapped[int | None] = mapped_column(BigInteger)   # a resent push is stored once
 
 
 class Threshold(Base):

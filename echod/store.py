@@ -200,7 +200,7 @@ def lift_columns(attrs: dict) -> list:
 
 def check_score(row: dict, now: float) -> tuple:
     """(cluster, node, t, job, score, state, throughput, compute, memory, cpu, clock offset,
-    clock uncertainty)"""
+    clock uncertainty, boot id, seq)"""
     signals = row.get("signals") or {}
     if type(signals) is not dict:
         _fail("signals", f"expected a map, got {type(signals).__name__}")
@@ -211,7 +211,9 @@ def check_score(row: dict, now: float) -> tuple:
             check_text(row, "state"),
             *(check_number(f"signals.{s}", signals.get(s), optional=True) for s in SIGNALS),
             *(check_number(k, row.get(k), optional=True)
-              for k in ("clock_offset", "clock_uncertainty")))
+              for k in ("clock_offset", "clock_uncertainty")),
+            check_text(row, "boot_id", optional=True),
+            check_integer("seq", row.get("seq"), UINT63, optional=True))
 
 
 def check_threshold(row: dict, now: float) -> tuple:
@@ -340,7 +342,7 @@ SINKS = (
         ("cluster", "text"), ("node", "text"), ("t", "timestamptz"), ("job", "text"),
         ("score", "float8"), ("state", "text"), ("throughput", "float8"), ("compute", "float8"),
         ("memory", "float8"), ("cpu", "float8"), ("clock_offset", "float8"),
-        ("clock_uncertainty", "float8")), check_score),
+        ("clock_uncertainty", "float8"), ("boot_id", "text"), ("seq", "int8")), check_score),
     Sink("thresholds", "thresholds", "cluster, cohort, t", (
         ("cluster", "text"), ("cohort", "text"), ("t", "timestamptz"), ("threshold", "float8"),
         ("median", "float8"), ("mad", "float8"), ("active", "int4"), ("quorum_met", "bool"),

@@ -58,8 +58,13 @@ SETTINGS = [
     Setting("forward_resend_after", 5.0, number(0.1, 600.0),
             "Seconds without an acknowledgement before a batch is sent to echod again.",
             "SECONDS"),
-    Setting("forward_max_batches", 10_000, integer(1, 10_000_000),
-            "Batches kept for echod; beyond it the oldest is dropped and counted.", "N"),
+    Setting("spool_dir", "/var/lib/ingero/fleetd/spool", optional(path),
+            "Where batches for echod are kept, on disk, until echod has them; fleetd answers "
+            "an agent only once its rows are written there. 'none' keeps them in memory only: "
+            "what echod has not acknowledged is lost when fleetd stops or dies.", "DIR"),
+    Setting("spool_max_bytes", 1024 ** 3, integer(1024 * 1024, 1024 ** 4),
+            "Most bytes the spool keeps; beyond it (or when its filesystem is full) raw events "
+            "are dropped first, then health rows, verdicts last, each drop counted.", "BYTES"),
     Setting("hang_timeout", 30.0, number(0.5, 3600.0),
             "Seconds a collective may wait for a rank its peers entered before that rank is "
             "named hung (or dead, when its process exited).", "SECONDS"),

@@ -1,11 +1,14 @@
 """fleetd's link to echod: everything accepted is forwarded, and kept until echod has it.
 
-Rows (events, scores, thresholds) gather into a batch that is sealed when it is big enough or
-old enough; sealed batches are numbered and kept until echod acknowledges them, which it does
-only after its transaction commits. At most ``window`` batches are in flight; a batch not
-acknowledged within ``resend_after`` is sent again (echod's keys make a replay change
-nothing). Memory is bounded: beyond ``max_batches`` the oldest batch is dropped and counted.
-Nothing here blocks the ROUTER loop: sends are NOBLOCK, acks are read when the poller says so.
+Rows (events, scores, thresholds, verdicts, peer lag) gather until they are sealed: when there
+are enough, when the oldest is old enough, or when agents wait for their answer (fleetd answers
+a push only once its rows are in the spool). Sealing makes up to three batches, one per class of
+row (raw events, health, verdicts), so that a full spool can drop the least valuable first; each
+is numbered, written to the spool (``fleetd.spool``) and kept until echod acknowledges it, which
+it does only after its transaction commits. At most ``window`` batches are in flight; a batch
+not acknowledged within ``resend_after`` is sent again (echod's keys make a replay change
+nothing). Nothing here blocks the ROUTER loop: sends are NOBLOCK, acks are read when the poller
+says so.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import logging
 import socket as pysocket
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import zmq
@@ -23,14 +25,9 @@ from ingero import curve, wire
 from ingero.errors import FrameError
 from ingero.runtime import RateLimitedLog
 
+from .spool import EVENTS, HEALTH, VERDICTS, Spool
+
 log = logging.getLogger("fleetd")
-
-
-@dataclass
-class PendingBatch:
-    frames: list[bytes]
-    rows: int
-    sent_at: float | None = None
 
 
 @dataclass
@@ -48,6 +45,14 @@ class Gathering:
         return (len(self.events) + len(self.scores) + len(self.thresholds) + len(self.verdicts)
                 + len(self.peer_lag))
 
+    def by_class(self) -> list[tuple[int, dict[str, list[dict]]]]:
+        """The rows as one batch per class, the classes that have any."""
+        classes = ((EVENTS, {"events": self.events}),
+                   (HEALTH, {"scores": self.scores, "thresholds": self.thresholds,
+                             "peer_lag": self.peer_lag}),
+                   (VERDICTS, {"verdicts": self.verdicts}))
+        return [(cls, sections) for cls, sections in classes if any(sections.values())]
+
 
 class Forwarder:
     def __init__(self, cfg, context: zmq.Context, metrics, clock=time.monotonic):
@@ -56,8 +61,8 @@ class Forwarder:
         self.clock = clock
         self.source = f"{pysocket.gethostname()}:{uuid.uuid4().hex[:12]}"
         self.gathering = Gathering()
-        self.batches: OrderedDict[int, PendingBatch] = OrderedDict()
-        self.next_seq = 0
+        self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, metrics)
+        self.spool.recover()
         self.complaints = RateLimitedLog(log, 30.0)
         self.socket = context.socket(zmq.DEALER)
         self.socket.linger = 0
@@ -77,12 +82,13 @@ class Forwarder:
                                   for event in push.events]
         self.gathering.scores.append({
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,
+            "boot_id": push.boot_id, "seq": push.seq,
             "score": push.score, "state": push.state, "signals": push.signals,
             "clock_offset": clock.offset if clock else None,
             "clock_uncertainty": clock.uncertainty if clock else None})
         self._started()
         if self.gathering.rows() >= self.cfg.forward_batch_rows:
-            self.seal()  # many pushes can arrive between two ticks: keep batches bounded
+            self.seal()  # many pushes can arrive between two commits: keep batches bounded
 
     def add_threshold(self, row: dict) -> None:
         self.gathering.thresholds.append(row)
@@ -100,44 +106,48 @@ class Forwarder:
             self.gathering.since = self.clock()
 
     def seal(self) -> None:
-        """Number the gathered rows as one batch and queue it."""
-        g = self.gathering
-        message = wire.Forward(self.next_seq, self.source, g.events, g.scores, g.thresholds,
-                               g.verdicts, g.peer_lag)
-        self.batches[self.next_seq] = PendingBatch(wire.encode(message), g.rows())
-        self.next_seq += 1
-        self.gathering = Gathering()
-        while len(self.batches) > self.cfg.forward_max_batches:
-            _seq, dropped = self.batches.popitem(last=False)
-            self.metrics.forward_dropped.inc(dropped.rows)
-            self.complaints.warning("full", "echod is not keeping up: dropped a batch of %d "
-                                    "rows (%d batches queued)", dropped.rows, len(self.batches))
-        self.metrics.forward_queue.set(len(self.batches))
+        """Write the gathered rows to the spool, one batch per class. Call ``commit`` before
+        answering the agents whose rows they hold."""
+        g, self.gathering = self.gathering, Gathering()
+        for cls, sections in g.by_class():
+            seq = self.spool.take_seq()
+            message = wire.Forward(seq, self.source, **sections)
+            self.spool.add(seq, cls, wire.encode(message),
+                           sum(len(rows) for rows in sections.values()))
+
+    def commit(self) -> None:
+        """Seal what is gathered and make it durable: the agents may be answered."""
+        if self.gathering.rows():
+            self.seal()
+        self.spool.commit()
 
     # -- traffic -------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
         g = self.gathering
-        if g.rows() and (g.rows() >= self.cfg.forward_batch_rows
-                         or now - g.since >= self.cfg.forward_interval):
-            self.seal()
+        if g.rows() and now - g.since >= self.cfg.forward_interval:
+            self.commit()
         in_flight = 0
-        for batch in self.batches.values():
+        for entry in list(self.spool.entries.values()):
             if in_flight >= self.cfg.forward_window:
                 break
-            if batch.sent_at is None or now - batch.sent_at >= self.cfg.forward_resend_after:
-                if batch.sent_at is not None:
-                    self.metrics.forward_resent.inc()
-                if not self._send(batch, now):
+            if entry.sent_at is None or now - entry.sent_at >= self.cfg.forward_resend_after:
+                frames = self.spool.frames(entry)
+                if frames is None:
+                    continue
+                if not self._send(frames):
                     break
+                if entry.sent_at is not None:
+                    self.metrics.forward_resent.inc()
+                entry.sent_at = now
             in_flight += 1
+        self.metrics.spool_age.set(self.spool.oldest_age())
 
-    def _send(self, batch: PendingBatch, now: float) -> bool:
+    def _send(self, frames: list[bytes]) -> bool:
         try:
-            self.socket.send_multipart(batch.frames, zmq.NOBLOCK)
+            self.socket.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             return False
-        batch.sent_at = now
         return True
 
     def receive(self) -> None:
@@ -152,22 +162,20 @@ class Forwarder:
             except FrameError as exc:
                 self.complaints.warning("frame", "bad frame from echod: %s", exc)
                 continue
-            if isinstance(ack, wire.ForwardAck) and ack.ack in self.batches:
-                del self.batches[ack.ack]
+            if isinstance(ack, wire.ForwardAck) and self.spool.acknowledged(ack.ack):
                 self.metrics.forward_acked.inc()
                 self.metrics.forward_rejected.inc(ack.rejected)
-                self.metrics.forward_queue.set(len(self.batches))
 
     def flush(self, timeout: float) -> int:
-        """On stop: seal what is gathered and give echod ``timeout`` to take it all."""
-        if self.gathering.rows():
-            self.seal()
+        """On stop: spool what is gathered and give echod ``timeout`` to take it all; returns
+        how many batches it did not (a disk spool keeps them for the next start)."""
+        self.commit()
         deadline = self.clock() + timeout
-        while self.batches and self.clock() < deadline:
+        while self.spool.entries and self.clock() < deadline:
             self.tick(self.clock())
             if self.socket.poll(100, zmq.POLLIN):
                 self.receive()
-        return len(self.batches)
+        return len(self.spool.entries)
 
     def close(self) -> None:
         self.socket.close(linger=0)

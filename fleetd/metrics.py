@@ -43,14 +43,22 @@ class FleetMetrics:
                                     "Connections refused by CURVE authentication", registry=r)
         self.flagged = Counter("ingero_fleet_straggler_flags", "Straggler verdicts raised",
                                by_cohort, registry=r)
-        self.forward_queue = Gauge("ingero_fleet_forward_queue", "Batches kept until echod "
-                                   "acknowledges them", registry=r)
         self.forward_acked = Counter("ingero_fleet_forward_acked", "Batches echod committed",
                                      registry=r)
         self.forward_resent = Counter("ingero_fleet_forward_resent", "Batches sent to echod "
                                       "again for want of an acknowledgement", registry=r)
-        self.forward_dropped = Counter("ingero_fleet_forward_dropped", "Rows dropped because "
-                                       "echod fell too far behind", registry=r)
+        self.spool_batches = Gauge("ingero_fleet_spool_batches", "Batches in the spool, kept "
+                                   "until echod acknowledges them", registry=r)
+        self.spool_bytes = Gauge("ingero_fleet_spool_bytes", "Bytes in the spool", registry=r)
+        self.spool_age = Gauge("ingero_fleet_spool_oldest_seconds", "Age of the oldest batch "
+                               "that echod has not acknowledged", registry=r)
+        self.spool_dropped = Counter("ingero_fleet_spool_dropped_rows", "Rows dropped from the "
+                                     "spool, by class (events, health, verdicts) and reason "
+                                     "(full, disk_full, write_error, corrupt)",
+                                     ["class", "reason"], registry=r)
+        self.spool_corrupt = Counter("ingero_fleet_spool_corrupt_files", "Spooled files found "
+                                     "not whole at start, dropped (their rows are unknown)",
+                                     registry=r)
         self.forward_rejected = Counter("ingero_fleet_forward_rejected", "Rows echod refused "
                                         "as malformed", registry=r)
         self.clock_offset = Gauge("ingero_fleet_clock_offset_seconds", "A node's clock minus "

@@ -1,7 +1,9 @@
 """fleetd's ROUTER loop: check every frame, answer every agent on the socket it pushed on.
 
 One thread owns the socket. Each pass polls with a short timeout, handles what arrived (each
-message type by its own method), recomputes the thresholds when the timer says so, pings the
+message type by its own method), makes the rows it accepted durable in the spool and only then
+sends the answers (a push is acknowledged once fleetd can no longer lose it: one fsync per pass,
+however many pushes it holds), recomputes the thresholds when the timer says so, pings the
 systemd watchdog, and acts on the signals the handlers recorded.
 """
 
@@ -58,6 +60,7 @@ class FleetServer:
         self.poller = zmq.Poller()
         self.http = None
         self.endpoint = None
+        self.outbox: list[tuple[bytes, wire.Message]] = []   # answers waiting for the commit
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class FleetServer:
                 ready = dict(self.poller.poll(wait))
                 if self.socket in ready:
                     self.drain()
+                    self.answer()
                 if self.forwarder is not None:
                     if self.forwarder.socket in ready:
                         self.forwarder.receive()
@@ -118,6 +122,7 @@ class FleetServer:
                     self.router.reload()
             self.notifier.stopping()
             self.drain()
+            self.answer()
             if self.forwarder is not None:
                 left = self.forwarder.flush(FORWARD_FLUSH_S)
                 if left:
@@ -161,7 +166,17 @@ class FleetServer:
             log.exception("internal error handling a message; dropped it")
             return
         if answer is not None:
-            self.send(identity, answer)
+            self.outbox.append((identity, answer))
+
+    def answer(self) -> None:
+        """Make what the pass accepted durable, then send the pass's answers."""
+        if self.forwarder is not None:
+            self.forwarder.commit()
+        outbox, self.outbox = self.outbox, []
+        for identity, message in outbox:
+            if hasattr(message, "sent_at"):
+                message.sent_at = time.time()   # the clock estimate wants the real send time
+            self.send(identity, message)
 
     def send(self, identity: bytes, message: wire.Message) -> None:
         try:

@@ -59,9 +59,10 @@ class KeyRing:
         return ["--secret-key", str(self.echod_secret),
                 "--authorized-keys", str(self.authorized_fleetd)]
 
-    def forwarding_flags(self, endpoint: str) -> list[str]:
-        """fleetd's flags to forward to echod at ``endpoint``."""
-        return ["--echod", endpoint, "--echod-public-key", str(self.echod_public)]
+    def forwarding_flags(self, endpoint: str, spool: Path) -> list[str]:
+        """fleetd's flags to forward to echod at ``endpoint``, spooling under ``spool``."""
+        return ["--echod", endpoint, "--echod-public-key", str(self.echod_public),
+                "--spool-dir", str(spool)]
 
     def fleetd_flags(self) -> list[str]:
         return ["--secret-key", str(self.fleet_secret), "--authorized-keys", str(self.authorized)]

@@ -113,7 +113,7 @@ class Stack:
                 "--metrics-addr", f"127.0.0.1:{self.fleet_port}",
                 "--hang-timeout", str(hang_timeout_s), "--recompute-interval", "0.5",
                 "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
-                *self.keys.fleetd_flags(), *self.keys.forwarding_flags(self.echod.ingest)])
+                *self.keys.fleetd_flags(), *self.keys.forwarding_flags(self.echod.ingest, root / "fleetd-spool")])
             say(f"starting {nodes} ingerod agents with eBPF probes, one per simulated node "
                 "(node-wide, no --job)")
             self.agents = [self._agent(n, (skew or {}).get(n), sim) for n in range(nodes)]

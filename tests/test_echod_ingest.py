@@ -32,7 +32,7 @@ def state_dir():
 
 
 @pytest.fixture
-def pipeline(spawn, keys, state_dir):
+def pipeline(spawn, keys, state_dir, tmp_path):
     """echod on its embedded PostgreSQL, and fleetd forwarding to it."""
     ingest = f"tcp://127.0.0.1:{free_port()}"
     fleet = f"tcp://127.0.0.1:{free_port()}"
@@ -45,7 +45,8 @@ def pipeline(spawn, keys, state_dir):
     fleet_port = free_port()
     fleetd = spawn("fleetd", "fleetd", [
         "--bind", fleet, "--metrics-addr", f"127.0.0.1:{fleet_port}",
-        "--forward-resend-after", "1", *keys.fleetd_flags(), *keys.forwarding_flags(ingest)])
+        "--forward-resend-after", "1", *keys.fleetd_flags(),
+        *keys.forwarding_flags(ingest, tmp_path / "fleetd-spool")])
     database = EmbeddedPostgres(state_dir / "postgres")
     engine = make_engine(database.start())
     yield dict(ingest=ingest, fleet=fleet, echod=echod, fleetd=fleetd, fleet_port=fleet_port,

@@ -16,20 +16,22 @@ def push(seq: int, events: int) -> wire.Push:
     return wire.Push(seq, "n", "c", "b", 0.9, SIG, "active", 1.8e9, 1.0, None, None, rows)
 
 
-def test_batches_are_sealed_as_they_fill_between_ticks():
+def test_batches_are_sealed_as_they_fill_between_ticks(tmp_path):
     context = zmq.Context()
     cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-forward-test",
                           forward_batch_rows=100, forward_interval=60.0, forward_window=8,
-                          forward_resend_after=5.0, forward_max_batches=1000)
+                          forward_resend_after=5.0, spool_dir=tmp_path,
+                          spool_max_bytes=64 << 20)
     forwarder = Forwarder(cfg, context, FleetMetrics())
     try:
         for seq in range(50):  # 50 pushes of 60 events, no tick in between
             forwarder.add_push(push(seq, 60), 1.8e9)
-        sizes = [batch.rows for batch in forwarder.batches.values()]
+        entries = list(forwarder.spool.entries.values())
+        sizes = [entry.rows for entry in entries]
         assert len(sizes) >= 25 and max(sizes) <= 100 + 61
         assert sum(sizes) + forwarder.gathering.rows() == 50 * 61, "no row lost or doubled"
-        for batch in forwarder.batches.values():
-            assert isinstance(wire.decode(batch.frames), wire.Forward)
+        for entry in entries:
+            assert isinstance(wire.decode(forwarder.spool.frames(entry)), wire.Forward)
     finally:
         forwarder.close()
         context.term()
