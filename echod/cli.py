@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import click
 import sqlalchemy.exc
@@ -23,20 +24,57 @@ from .tokens_cli import token_group
 
 
 @contextlib.contextmanager
-def database(cfg):
+def database(cfg, revive: bool = False):
     """The configured PostgreSQL, or echod's private cluster for as long as the block runs
-    (left running if it already was: a running echod's, which ``echod db status`` shares)."""
+    (left running if it already was: a running echod's, which ``echod db status`` shares).
+    Yields the DSN and, with ``revive``, a check to call now and then that starts the private
+    cluster again when it died (None for a configured server: its own supervisor restarts it)."""
     if cfg.dsn:
-        yield cfg.dsn
+        yield cfg.dsn, None
         return
     embedded = EmbeddedPostgres(cfg.state_dir / "postgres")
     already = embedded.running()
     dsn = embedded.start()
     try:
-        yield dsn
+        yield dsn, Reviver(embedded) if revive else None
     finally:
         if not already:
             embedded.stop()
+
+
+class Reviver:
+    """Every few seconds: is the private cluster up? If not (killed, crashed), start it again;
+    ingest waits meanwhile (fleetd keeps the batches) and the API answers 503."""
+
+    EVERY_S = 2.0
+
+    def __init__(self, embedded: EmbeddedPostgres):
+        self.embedded = embedded
+        self.next_check = time.monotonic() + self.EVERY_S
+
+    def __call__(self, now: float) -> None:
+        if now < self.next_check:
+            return
+        self.next_check = now + self.EVERY_S
+        if self.embedded.running():
+            return
+        click.echo("echod: the private PostgreSQL is down; starting it again", err=True)
+        try:
+            self.embedded.start()
+            click.echo("echod: the private PostgreSQL is back", err=True)
+        except IngeroError as exc:
+            click.echo(f"echod: the private PostgreSQL did not start ({exc}); trying again",
+                       err=True)
+
+
+def ticks(*calls):
+    """One on_tick for the ingest loop from those of ``calls`` that are not None."""
+    calls = [c for c in calls if c is not None]
+
+    def tick(now: float) -> None:
+        for call in calls:
+            call(now)
+    return tick
 
 
 def writer(engine):
@@ -100,7 +138,7 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
     signals = SignalFlags().install()  # before the database starts, so SIGTERM stops it too
     try:
         tls = check_tls(cfg) if cfg.api_bind else None   # a bad setup fails before anything runs
-        with database(cfg) as dsn:
+        with database(cfg, revive=True) as (dsn, revive):
             engine = db.make_engine(dsn)
             revision = upgrade(engine)
             click.echo(f"echod: schema at {revision}", err=True)
@@ -115,7 +153,7 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
                     cfg, writer(engine), metrics, signals,
                     housekeeping=retention(engine, cfg.retention_days),
                     on_reload=api.reload if api else None,
-                    on_tick=api.check if api else None).run()
+                    on_tick=ticks(api.check if api else None, revive)).run()
             finally:
                 if api is not None:
                     api.stop(drain=signals.stop)
@@ -139,7 +177,7 @@ def _with_engine(action):
     config, flags = click.get_current_context().find_root().obj
     cfg = settings(config, flags)
     try:
-        with database(cfg) as dsn:
+        with database(cfg) as (dsn, _):
             engine = db.make_engine(dsn)
             try:
                 return action(engine)

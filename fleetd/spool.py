@@ -22,21 +22,18 @@ import errno
 import logging
 import os
 import re
-import struct
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ingero import wire
+from ingero.framefile import decode, encode, write_file
 from ingero.runtime import RateLimitedLog
 
 log = logging.getLogger("fleetd")
 
 CLASSES = ("events", "health", "verdicts")          # dropped in this order
 EVENTS, HEALTH, VERDICTS = range(len(CLASSES))
-MAGIC = b"INGSPOOL1\n"
-LENGTH = struct.Struct(">I")
 NAME = re.compile(r"^(\d{12})\.([0-2])\.batch$")
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
@@ -58,29 +55,6 @@ class Entry:
     @property
     def name(self) -> str:
         return f"{self.seq:012d}.{self.cls}.batch"
-
-
-def encode(frames: list[bytes]) -> bytes:
-    body = b"".join(LENGTH.pack(len(f)) + f for f in frames)
-    return MAGIC + body + LENGTH.pack(zlib.crc32(body))
-
-
-def decode(data: bytes) -> list[bytes]:
-    """The frames of a spooled batch; ValueError when the file is not one, whole."""
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + LENGTH.size:
-        raise ValueError("not a spooled batch")
-    body, (crc,) = data[len(MAGIC):-LENGTH.size], LENGTH.unpack(data[-LENGTH.size:])
-    if zlib.crc32(body) != crc:
-        raise ValueError("checksum mismatch")
-    frames, at = [], 0
-    while at < len(body):
-        (size,) = LENGTH.unpack_from(body, at)
-        at += LENGTH.size
-        if at + size > len(body):
-            raise ValueError("truncated frame")
-        frames.append(body[at:at + size])
-        at += size
-    return frames
 
 
 class Spool:
@@ -188,20 +162,7 @@ class Spool:
         if self.directory is None:
             entry.frames = frames
             return
-        tmp = self.directory / (entry.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, self.directory / entry.name)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_file(self.directory / entry.name, data, sync=True)
         self.dirty = True
 
     def drop(self, seq: int, reason: str) -> None:

@@ -83,6 +83,9 @@ def clean_environment(extra: dict | None = None) -> dict:
     return {**kept, **(extra or {})}
 
 
+KEPT_STATE = (("ingerod", "--queue-dir"), ("fleetd", "--spool-dir"))
+
+
 class Daemon:
     """One child process with its output in a log file."""
 
@@ -99,6 +102,12 @@ class Daemon:
 
     @classmethod
     def module(cls, name: str, module: str, args: list[str], log_dir: Path, **kw) -> "Daemon":
+        """``python -m module args``; what a daemon keeps on disk goes under ``log_dir`` unless
+        the arguments say where, never into the host's /var/lib/ingero."""
+        for daemon, flag in KEPT_STATE:
+            subcommand = args[:1] and not args[0].startswith("-")
+            if module == daemon and flag not in args and not subcommand:
+                args = [*args, flag, str(log_dir / f"{name}-{flag.removeprefix('--')}")]
         return cls(name, [sys.executable, "-m", module, *args], log_dir, module=module, **kw)
 
     def log(self) -> str:

@@ -141,6 +141,7 @@ class Stack:
             "--rescan-interval", "0.2", "--metrics-addr", "none",
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),
+            "--queue-dir", str(self.root / "queue"),
             *self.keys.ingerod_flags(), *self.agent_flags], env)
 
     @property

@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 from types import SimpleNamespace
 
 from ingero import __version__, wire
@@ -24,12 +25,21 @@ from .health import HealthModel
 from .jobs import ControlSocket, JobSpool
 from .link import FleetLink
 from .metrics import AgentMetrics
+from .queue import PushQueue
 from .sources import open_source
 
 log = logging.getLogger("ingerod")
 
 MAX_PENDING_EVENTS = wire.MAX_EVENTS * 16
 POLL_CAP = 0.1
+
+
+def queue_dir(cfg: SimpleNamespace) -> Path | None:
+    """Each agent its own: per node name (several may share a host), node-wide or per job."""
+    if cfg.queue_dir is None:
+        return None
+    return cfg.queue_dir / cfg.node.replace("/", "_") / (
+        "node" if cfg.job is None else f"job-{cfg.job}")
 
 
 class Agent:
@@ -40,17 +50,20 @@ class Agent:
         self.notifier = notifier or Notifier()
         self.watchdog = Watchdog(self.notifier)
         self.clock = clock
-        self.boot_id = uuid.uuid4().hex[:16]
         self.metrics = AgentMetrics()
+        queue = PushQueue(queue_dir(cfg), cfg.node, self.metrics)
+        identity, unacked = queue.restore()
+        identity = identity or {"boot_id": uuid.uuid4().hex[:16], "seq": 0, "event_seq": 0}
+        self.boot_id = identity["boot_id"]
         self.health = HealthModel(cfg.warmup)
         self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
                                  cfg.local_threshold)
         hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [cfg.source],
                            cfg.push_interval, __version__)
         self.source = open_source(cfg, clock())
-        self.link = FleetLink(cfg, hello, self.metrics, clock)
-        self.seq = 0
-        self.event_seq = 0
+        self.link = FleetLink(cfg, hello, self.metrics, queue, unacked, clock)
+        self.seq = max(identity["seq"], max(unacked, default=-1) + 1)
+        self.event_seq = identity["event_seq"]
         self.pending_events: deque[dict] = deque()
         self.mode = "none"
         self.state = "calibrating"
@@ -116,7 +129,9 @@ class Agent:
         self.metrics.events_lost.set(self.source.lost_events())
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
                           verdict.straggler, self.link.reachable(now))
-        self.link.push(self.build_push(assessment))
+        push = self.build_push(assessment)
+        self.link.push(push, {"boot_id": self.boot_id, "seq": self.seq,
+                              "event_seq": self.event_seq})
         self.metrics.pushed.inc()
 
     def build_push(self, assessment) -> wire.Push:

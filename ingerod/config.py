@@ -69,6 +69,10 @@ SETTINGS = [
             "and the socket is replaced.", "N"),
     Setting("reconnect_max", 30.0, number(0.05, 3600.0),
             "Cap of the reconnect backoff, in seconds.", "SECONDS"),
+    Setting("queue_dir", "/var/lib/ingero/ingerod", optional(path),
+            "Where pushes fleetd has not acknowledged are kept (in NODE/node/, or NODE/job-JOB/ "
+            "for a per-job agent), so that a restarted agent sends them again (none: in memory only, "
+            "lost when the agent stops or dies).", "DIR"),
     Setting("max_unacked", 64, integer(1, 100_000),
             "Unacknowledged batches kept for resending; beyond it the oldest is dropped and "
             "counted.", "N"),

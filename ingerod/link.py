@@ -1,8 +1,8 @@
 """The agent's link to fleetd: a DEALER socket that treats its server as possibly gone.
 
-Every push stays in a bounded queue until fleetd acknowledges its sequence number; after a
-reconnect the queue is sent again, in order (fleetd recognises resends by node, boot id and
-sequence). Liveness: any word from fleetd resets it; after ``liveness`` heartbeat intervals of
+Every push stays in a bounded queue until fleetd acknowledges its sequence number, in memory
+and on disk (``queue``: a restarted agent sends it again); after a reconnect the queue is sent
+again, in order (fleetd recognises resends by node, boot id and sequence). Liveness: any word from fleetd resets it; after ``liveness`` heartbeat intervals of
 silence fleetd counts as unreachable and the socket is replaced by a fresh one, with a capped
 exponential backoff between replacements. Nothing here blocks: sends use NOBLOCK and polls
 have a timeout.
@@ -22,6 +22,8 @@ from ingero import curve, wire
 from ingero.errors import FrameError
 from ingero.runtime import RateLimitedLog
 
+from .queue import PushQueue
+
 log = logging.getLogger("ingerod")
 
 MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -30,8 +32,10 @@ MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 
 class FleetLink:
-    def __init__(self, cfg: SimpleNamespace, hello: wire.Hello, metrics, clock=time.monotonic):
+    def __init__(self, cfg: SimpleNamespace, hello: wire.Hello, metrics, queue: PushQueue,
+                 unacked: OrderedDict[int, list[bytes]], clock=time.monotonic):
         self.cfg = cfg
+        self.queue = queue
         self.hello = hello
         self.metrics = metrics
         self.clock = clock
@@ -39,7 +43,7 @@ class FleetLink:
         self.keys = None
         if not cfg.insecure_plaintext_zmq:
             self.keys = (curve.load_keypair(cfg.secret_key), curve.load_public(cfg.fleet_public_key))
-        self.unacked: OrderedDict[int, list[bytes]] = OrderedDict()
+        self.unacked = unacked       # what the last run left comes first
         self.socket = None
         self.monitor = None
         self.poller = None
@@ -90,12 +94,15 @@ class FleetLink:
         return self.last_heard is not None and \
             now - self.last_heard <= self.cfg.heartbeat_interval * self.cfg.liveness
 
-    def push(self, push: wire.Push) -> None:
-        """Queue a batch (dropping the oldest beyond the bound) and send it."""
+    def push(self, push: wire.Push, identity: dict) -> None:
+        """Queue a batch (dropping the oldest beyond the bound) and send it; ``identity`` is
+        where the agent's stream stands, kept with it."""
         frames = wire.encode(push)
         self.unacked[push.seq] = frames
+        self.queue.keep(push.seq, frames, identity)
         while len(self.unacked) > self.cfg.max_unacked:
-            self.unacked.popitem(last=False)
+            seq, _ = self.unacked.popitem(last=False)
+            self.queue.forget(seq)
             self.metrics.dropped.inc()
         self.metrics.queue_depth.set(len(self.unacked))
         self._send(frames)
@@ -134,8 +141,9 @@ class FleetLink:
             return None
         self.last_heard = self.clock()
         self.backoff = self.cfg.heartbeat_interval * self.cfg.liveness
-        if isinstance(message, wire.Reply):
-            self.unacked.pop(message.ack, None)
+        if isinstance(message, wire.Reply) and message.ack in self.unacked:
+            del self.unacked[message.ack]
+            self.queue.forget(message.ack)
             self.metrics.queue_depth.set(len(self.unacked))
         return message
 

@@ -26,8 +26,11 @@ class AgentMetrics:
                                registry=r)
         self.queue_depth = Gauge("ingero_agent_queue_depth", "Batches awaiting fleetd's ack",
                                  registry=r)
-        self.dropped = Counter("ingero_agent_batches_dropped", "Unacked batches dropped because "
-                               "the queue was full", registry=r)
+        self.dropped = Counter("ingero_agent_batches_dropped", "Unacked batches dropped: the "
+                               "queue was full, or the last run's did not read back", registry=r)
+        self.restored = Counter("ingero_agent_batches_restored", "Unacked batches of the last "
+                                "run read back from the queue at start, to be sent again",
+                                registry=r)
         self.resent = Counter("ingero_agent_batches_resent", "Batches sent again after a "
                               "reconnect", registry=r)
         self.pushed = Counter("ingero_agent_batches_pushed", "Batches pushed", registry=r)

@@ -115,6 +115,7 @@ def test_jobs_run_with_ingero_down_then_are_traced_and_recorded_when_it_is_up(cl
         INGERO_RUN_DIR=root / "run", INGERO_LOG_DIR=root / "log",
         INGERO_INGEROD_ARGS=f'"--config /dev/null --fleet {dead_fleet} --insecure-plaintext-zmq '
                             f'--metrics-addr none --source synthetic --jobs-dir {spool} '
+                            f'--queue-dir {root / "queue"} '
                             f'--drain-timeout 1"')
 
     # 1. fleetd, echod and ingerod down: the job runs, the hooks exit 0 within 2 s

@@ -144,6 +144,7 @@ def test_a_detached_instance_leaves_the_prologs_session_and_the_epilog_stops_it(
                               INGERO_INGEROD_ARGS='"--config /dev/null --source synthetic '
                                                   '--insecure-plaintext-zmq --metrics-addr none '
                                                   f'--jobs-dir {tmp_path / "jobs"} '
+                                                  f'--queue-dir {tmp_path / "queue"} '
                                                   '--fleet tcp://127.0.0.1:9 '
                                                   '--drain-timeout 0.5"'))
     assert hook(PROLOG, "prolog_slurmd", tmp_path)[0] == 0

@@ -108,7 +108,7 @@ class ApiProcess:
         # systemd hears from echod's main process only (NotifyAccess=main), not from gunicorn
         env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
                ENVIRONMENT: str(self.runtime / "api.json"),
-               "ECHOD_API_WORKERS": str(self.cfg.api_workers),
+               "ECHOD_API_WORKERS": str(self.cfg.api_workers), "ECHOD_PID": str(os.getpid()),
                "PROMETHEUS_MULTIPROC_DIR": str(self.runtime / "metrics")}
         # its own session: a Ctrl-C or a signal to echod's process group reaches echod only,
         # which drains before it stops gunicorn
