@@ -94,7 +94,8 @@ class Stack:
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
                  hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
                  gpu: tuple[str, str] = ("H100-80GB", "lambda"), echod_flags: tuple = (),
-                 agent_flags: tuple = (), echod_root: Path | None = None,
+                 agent_flags: tuple = (), fleet_flags: tuple = (),
+                 echod_root: Path | None = None,
                  say=lambda line: None):
         import sim
 
@@ -113,7 +114,9 @@ class Stack:
                 "--metrics-addr", f"127.0.0.1:{self.fleet_port}",
                 "--hang-timeout", str(hang_timeout_s), "--recompute-interval", "0.5",
                 "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
-                *self.keys.fleetd_flags(), *self.keys.forwarding_flags(self.echod.ingest, root / "fleetd-spool")])
+                *self.keys.fleetd_flags(),
+                *self.keys.forwarding_flags(self.echod.ingest, root / "fleetd-spool"),
+                *fleet_flags])
             say(f"starting {nodes} ingerod agents with eBPF probes, one per simulated node "
                 "(node-wide, no --job)")
             self.agents = [self._agent(n, (skew or {}).get(n), sim) for n in range(nodes)]
