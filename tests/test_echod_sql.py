@@ -9,17 +9,19 @@ shared by the whole server, so this module prepares a role of its own.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import secrets
 import time
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy.exc
 from alembic import command
 from pytest_postgresql.janitor import DatabaseJanitor
-from sqlalchemy import select, text
+from sqlalchemy import Engine, select, text
 
 from echod.db import alembic_config, make_engine, upgrade
 from echod.errors import StorageError
@@ -73,12 +75,10 @@ def open_sandbox(engine, password: str = PASSWORD, **options) -> Sandbox:
     return Sandbox(sandbox_url(engine.url, ROLE, password), key, **options)
 
 
-@pytest.fixture(scope="module")
-def seeded(migrated_proc):
-    """One migrated database with the two clusters' rows, shared by the tests that only read
-    (each escape attempt still checks that it changed nothing): a fresh database for each of
-    them would cost most of this module's time."""
-    url = url_of(migrated_proc).set(database="echod_sql_tests")
+@contextlib.contextmanager
+def seeded_database(migrated_proc, name: str) -> Iterator[Engine]:
+    """A migrated database ``name`` with the two clusters' rows, dropped on leaving."""
+    url = url_of(migrated_proc).set(database=name)
     with DatabaseJanitor(user=migrated_proc.user, host=migrated_proc.host,
                          port=migrated_proc.port, password=migrated_proc.password,
                          dbname=url.database, template_dbname=migrated_proc.template_dbname):
@@ -86,6 +86,15 @@ def seeded(migrated_proc):
         seed(engine)
         yield engine
         engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def seeded(migrated_proc):
+    """One seeded database shared by the tests that only read (each escape attempt still
+    checks that it changed nothing): a fresh database for each of them would cost most of
+    this module's time."""
+    with seeded_database(migrated_proc, "echod_sql_tests") as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
