@@ -3,23 +3,28 @@ tables of the caller's clusters and nothing else.
 
 Three walls, so that what gets past one meets the next:
 
-1. ``check_sql`` (``echod.sqlcheck``) tokenizes the text as PostgreSQL does (comments, nested comments, every kind of
-   quoting) and refuses anything but one SELECT, WITH, VALUES, TABLE or EXPLAIN statement, any
-   word that writes, changes the schema or the session, and functions that reach files, large
-   objects, the network, locks, sequences, other sessions or run SQL given as a string.
-2. The statement runs as its own LOGIN role (``prepare`` makes it), which is no superuser,
-   belongs to no role and may only SELECT the ingero tables, inside a READ ONLY transaction with
-   a statement timeout, and is always rolled back. Since the role is the session user,
-   ``SET ROLE`` and ``SET SESSION AUTHORIZATION`` lead nowhere.
+1. ``check_sql`` (``echod.sqlcheck``) tokenizes the text as PostgreSQL does (comments, nested
+   comments, every kind of quoting) and refuses anything but one SELECT, WITH, VALUES, TABLE or
+   EXPLAIN statement (no EXPLAIN for a token scoped to clusters: its estimates count every
+   cluster's rows), any word that writes, changes the schema or the session, and functions
+   that reach files, large objects, the network, locks, sequences, other sessions, table
+   statistics or run SQL given as a string.
+2. The statement runs as its tenant's LOGIN role (``echod.sandbox_roles``): one per set of
+   clusters, no superuser, a member of no role, allowed to SELECT the ingero tables only,
+   inside a READ ONLY transaction with a statement timeout, and always rolled back. PostgreSQL
+   itself keeps a tenant from another's sessions (their query text, cancelling, terminating)
+   and, where echod's role is a superuser, from the functions and views that run SQL text or
+   count every cluster's rows. Since the role is the session user, ``SET ROLE`` and
+   ``SET SESSION AUTHORIZATION`` lead nowhere.
 3. Row-level security (migration 0002) shows only the rows of the clusters that echod signed
    into the transaction's ``ingero.scope``; a value made by anyone without the key, or made for
    another backend or transaction, shows no rows at all.
 
-The first wall alone stops what PostgreSQL lets any role do: end or cancel the sandbox role's
-other sessions (other callers' statements), hold session advisory locks, burn transaction ids.
-The pool discards each session's leftovers (DISCARD ALL) before the next caller gets it.
+The pool discards each session's leftovers (DISCARD ALL) before the next caller of the same
+tenant gets it.
 
-Errors are ``echod.sqlcheck``'s SqlError family (400). A lost connection is not the caller's doing: it leaves as SQLAlchemy's ``OperationalError``.
+Errors are ``echod.sqlcheck``'s SqlError family (400). A lost connection is not the caller's
+doing: it leaves as SQLAlchemy's ``OperationalError``.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import hashlib
 import json
 import logging
 import math
-import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -45,118 +51,21 @@ from sqlalchemy import URL, Connection, Engine, event, make_url, text
 from .db import make_engine
 from .errors import StorageError
 from .registry import Scope
+from .sandbox_roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, ensure_tenant,
+                            prepare, sandbox_url, tenant_credentials)
 from .sqlcheck import SqlFailed, SqlRefused, SqlTimeout, check_sql, tokens
+
+__all__ = ["DEFAULT_ROLE", "DEFAULT_ROW_CAP", "DEFAULT_TIMEOUT_MS", "READABLE_TABLES", "Sandbox",
+           "SqlResult", "json_ready", "prepare", "sandbox_url"]
 
 log = logging.getLogger("echod.sandbox")
 
-DEFAULT_ROLE = "ingero_sql"
-DEFAULT_TIMEOUT_MS = 60_000
 DEFAULT_ROW_CAP = 10_000
-READABLE_TABLES = ("events", "health_scores", "thresholds", "peer_lag", "straggler_verdicts",
-                   "jobs", "nodes")
-ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-# Backstops for a session that somehow skips ``Sandbox.reading``; an owner that may not set one
-# (temp_file_limit needs a superuser) leaves it out.
-ROLE_DEFAULTS = {"default_transaction_read_only": "on",
-                 "statement_timeout": str(DEFAULT_TIMEOUT_MS),
-                 "idle_in_transaction_session_timeout": str(DEFAULT_TIMEOUT_MS),
-                 "temp_file_limit": "1GB", "work_mem": "16MB"}
-
-
-# -- the role ----------------------------------------------------------------------------------
-
-def prepare(owner_engine: Engine, role: str, password: str) -> str:
-    """Make (or bring up to date) the sandbox's login role with ``password``, let it read the
-    ingero tables of this database and nothing else, and return the key that signs scopes."""
-    if not ROLE_NAME.match(role):
-        raise StorageError(f"the SQL sandbox role must be a plain lower-case name, not {role!r}")
-    if not password:
-        raise StorageError("the SQL sandbox role needs a password")
-    with owner_engine.begin() as connection:
-        if connection.scalar(text("SELECT to_regclass('sandbox_key')")) is None:
-            raise StorageError("the database has no sandbox key: migrate it first")
-        if connection.scalar(text("SELECT current_user")) == role:
-            raise StorageError(f"the SQL sandbox role {role} cannot be echod's own role")
-        _create_role(connection, role, password)
-        _refuse_privileged(connection, role)
-        _grant_reading(connection, role)
-        _set_role_defaults(connection, role)
-        return connection.scalar(text("SELECT key FROM sandbox_key"))
-
-
-def _create_role(connection: Connection, role: str, password: str) -> None:
-    """CREATE ROLE unless it exists (roles are shared by the whole server, so another database
-    may have made it), then set its password, hashed here so no log shows it."""
-    try:
-        with connection.begin_nested():
-            connection.exec_driver_sql(
-                f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION '
-                "NOBYPASSRLS NOINHERIT")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if _sqlstate(exc) not in ("42710", "23505"):     # duplicate_object, unique_violation
-            raise
-    pgconn = connection.connection.driver_connection.pgconn
-    hashed = pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256")
-    connection.exec_driver_sql(
-        _format(connection, "ALTER ROLE %I LOGIN PASSWORD %L", role, hashed.decode()))
-
-
-def _refuse_privileged(connection: Connection, role: str) -> None:
-    """A role that someone else made may hold more than the sandbox may: refuse to use it."""
-    privileged, member, owner = connection.execute(text(
-        "SELECT r.rolsuper OR r.rolcreatedb OR r.rolcreaterole OR r.rolreplication "
-        "OR r.rolbypassrls, "
-        "EXISTS (SELECT 1 FROM pg_auth_members m WHERE m.member = r.oid), "
-        "EXISTS (SELECT 1 FROM pg_shdepend d WHERE d.refclassid = 'pg_authid'::regclass "
-        "AND d.refobjid = r.oid AND d.deptype = 'o') "
-        "FROM pg_roles r WHERE r.rolname = :role"), {"role": role}).one()
-    why = [what for what, bad in (("has role attributes beyond LOGIN", privileged),
-                                  ("is a member of other roles", member),
-                                  ("owns objects", owner)) if bad]
-    if why:
-        raise StorageError(f"the SQL sandbox role {role} {' and '.join(why)}; "
-                           "drop it or configure another role name")
-
-
-def _grant_reading(connection: Connection, role: str) -> None:
-    """SELECT on exactly the ingero tables: not alembic_version, not sandbox_key, not the day
-    partitions of events, which bypass its row-level security when read directly."""
-    database = connection.scalar(text("SELECT current_database()"))
-    for statement in (
-            f'REVOKE ALL ON ALL TABLES IN SCHEMA public FROM "{role}"',
-            f'REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM "{role}"',
-            _format(connection, "GRANT CONNECT ON DATABASE %I TO %I", database, role),
-            f'GRANT USAGE ON SCHEMA public TO "{role}"',
-            f'GRANT SELECT ON {", ".join(READABLE_TABLES)} TO "{role}"'):
-        connection.exec_driver_sql(statement)
-
-
-def _set_role_defaults(connection: Connection, role: str) -> None:
-    for name, value in ROLE_DEFAULTS.items():
-        try:
-            with connection.begin_nested():
-                connection.exec_driver_sql(f"ALTER ROLE \"{role}\" SET {name} = '{value}'")
-        except sqlalchemy.exc.DBAPIError as exc:
-            if _sqlstate(exc) != "42501":                # insufficient_privilege
-                raise
-            log.info("the SQL sandbox role keeps the server's %s: echod may not set it", name)
-
-
-def _format(connection: Connection, template: str, *values: str) -> str:
-    """A statement made by the server's format(), which quotes %I names and %L literals."""
-    names = [f"v{i}" for i in range(len(values))]
-    return connection.scalar(
-        text(f"SELECT format(:template, {', '.join(f'CAST(:{n} AS text)' for n in names)})"),
-        {"template": template, **dict(zip(names, values))})
-
-
-def sandbox_url(owner_url: str | URL, role: str, password: str) -> URL:
-    """echod's database URL with the sandbox role's credentials (same host, socket, database)."""
-    return make_url(owner_url).set(username=role, password=password)
-
-
-def _sqlstate(exc: sqlalchemy.exc.DBAPIError) -> str | None:
-    return getattr(exc.orig, "sqlstate", None)
+# Tenants whose engines (one idle connection each) a Sandbox keeps; the least recently used
+# is let go past this.
+TENANT_ENGINES = 16
+CONNECT_ARGS = {"application_name": "echod-sql", "client_encoding": "utf8",  # as check_sql lexes
+                "prepare_threshold": None}
 
 
 # -- the sandbox -------------------------------------------------------------------------------
@@ -172,27 +81,58 @@ class SqlResult:
 
 
 class Sandbox:
-    """Read-only transactions as the sandbox role, scoped to a caller's clusters."""
+    """Read-only transactions as the tenant role of a caller's clusters, scoped to them.
+
+    ``url`` names the gate role that ``prepare`` made; each tenant gets an engine of its own
+    (one idle connection, up to ``pool_size`` at once), made on first use."""
 
     def __init__(self, url: str | URL, key: str, *, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  row_cap: int = DEFAULT_ROW_CAP, pool_size: int = 4):
+        self.url = make_url(url)
         self.key = key
         self.timeout_ms = timeout_ms
         self.row_cap = row_cap
-        self.engine = make_engine(url, pool_size=pool_size, max_overflow=0, connect_args={
-            "application_name": "echod-sql", "client_encoding": "utf8",  # as check_sql lexes
-            "prepare_threshold": None})
-        event.listen(self.engine, "connect", _refuse_unscoped_login)
-        event.listen(self.engine, "reset", _discard_session)
+        self.pool_size = pool_size
+        self.gate = make_engine(self.url, pool_size=1, max_overflow=0,
+                                connect_args=CONNECT_ARGS)
+        self._tenants: OrderedDict[str, Engine] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tenant(self, scope: Scope) -> Engine:
+        """The engine that logs in as ``scope``'s tenant role, made (with the role) if new."""
+        name, password = tenant_credentials(self.url.username, self.key, scope)
+        with self._lock:
+            if name in self._tenants:
+                self._tenants.move_to_end(name)
+                return self._tenants[name]
+            self._ensure(name, password)
+            engine = make_engine(self.url.set(username=name, password=password), pool_size=1,
+                                 max_overflow=max(0, self.pool_size - 1),
+                                 connect_args=CONNECT_ARGS)
+            event.listen(engine, "connect", _refuse_unscoped_login)
+            event.listen(engine, "reset", _discard_session)
+            self._tenants[name] = engine
+            while len(self._tenants) > TENANT_ENGINES:
+                self._tenants.popitem(last=False)[1].dispose()
+            return engine
+
+    def _ensure(self, name: str, password: str) -> None:
+        with self.gate.connect() as gate:
+            try:
+                ensure_tenant(gate, name, password)
+            except sqlalchemy.exc.ProgrammingError as exc:      # no such function, or refused
+                raise StorageError(f"the SQL sandbox cannot make the tenant role {name} as "
+                                   f"{self.url.username}: has prepare() made this role the "
+                                   f"sandbox's? ({exc.orig})") from exc
 
     @contextlib.contextmanager
     def reading(self, scope: Scope, timeout_ms: int | None = None) -> Iterator[Connection]:
-        """A READ ONLY transaction as the sandbox role with ``scope`` signed in and the timeouts
-        set (as parameters: no statement text shows the scope); always rolled back."""
+        """A READ ONLY transaction as ``scope``'s tenant role with ``scope`` signed in and the
+        timeouts set (as parameters: no statement text shows the scope); always rolled back."""
         if scope.clusters is not None and "*" in scope.clusters:
             raise ValueError("'*' is not a cluster name")
         limit = str(min(timeout_ms or self.timeout_ms, self.timeout_ms))
-        with self.engine.connect() as connection:
+        with self.tenant(scope).connect() as connection:
             try:
                 connection.exec_driver_sql("SET TRANSACTION READ ONLY")
                 pid, started = connection.execute(
@@ -219,7 +159,7 @@ class Sandbox:
             row_cap: int | None = None) -> SqlResult:
         """Check ``sql``, run it in ``scope`` and return at most ``row_cap`` rows. A caller may
         ask for less than the operator's row cap and timeout, never more."""
-        statement = check_sql(sql)
+        statement = check_sql(sql, scoped=scope.clusters is not None)
         cap = min(row_cap or self.row_cap, self.row_cap)
         limit = min(timeout_ms or self.timeout_ms, self.timeout_ms)
         started = time.perf_counter()
@@ -229,7 +169,11 @@ class Sandbox:
                          len(rows) > cap, round((time.perf_counter() - started) * 1000, 3))
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        with self._lock:
+            for engine in self._tenants.values():
+                engine.dispose()
+            self._tenants.clear()
+        self.gate.dispose()
 
 
 def _fetch(connection: Connection, statement: str, most: int,

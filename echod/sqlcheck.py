@@ -1,8 +1,9 @@
 """The first wall of the SQL sandbox: a tokenizer that reads SQL as PostgreSQL does (comments,
 nested comments, every kind of quoting, string continuation) and ``check_sql``, which refuses
-anything but one SELECT, WITH, VALUES, TABLE or EXPLAIN statement, any word that writes or
-changes the schema or the session, and functions that reach files, large objects, the network,
-locks, sequences, other sessions or run SQL given as a string. ``echod.sandbox`` runs what passes.
+anything but one SELECT, WITH, VALUES, TABLE or EXPLAIN statement (no EXPLAIN for a caller
+scoped to clusters), any word that writes or changes the schema or the session, and functions
+that reach files, large objects, the network, locks, sequences, other sessions, table
+statistics or run SQL given as a string. ``echod.sandbox`` runs what passes.
 
 Errors::
 
@@ -55,6 +56,8 @@ class SqlFailed(SqlError):
 # -- the lexical check -------------------------------------------------------------------------
 
 FIRST_WORDS = ("select", "with", "values", "table", "explain")
+SCOPED_EXPLAIN = ("EXPLAIN is not allowed for a token scoped to clusters: its estimates and "
+                  "filtered-row counts cover every cluster's rows")
 
 # Refused wherever they stand as unquoted words (a quoted identifier is never a keyword).
 # CLUSTER is not among them: it is every table's tenancy column, and the command can only begin
@@ -78,7 +81,7 @@ BANNED_FUNCTIONS = {
     "settings may not be changed": ("set_config",),
     "SQL inside strings is not allowed": (
         "query_to_xml*", "cursor_to_xml*", "table_to_xml*", "schema_to_xml*",
-        "database_to_xml*", "ts_stat"),
+        "database_to_xml*", "ts_stat", "ts_rewrite"),
     "file access is not allowed": (
         "pg_read_file", "pg_read_binary_file", "pg_ls_*", "pg_stat_file", "pg_file_*",
         "pg_logdir_ls"),
@@ -88,7 +91,12 @@ BANNED_FUNCTIONS = {
     "sequences are not allowed": ("nextval", "setval", "currval", "lastval"),
     "other sessions are out of reach": (
         "pg_stat_activity", "pg_stat_get_activity", "pg_stat_get_backend_*",
-        "pg_terminate_backend", "pg_cancel_backend", "pg_notify"),
+        "pg_terminate_backend", "pg_cancel_backend", "pg_notify", "pg_locks",
+        "pg_lock_status", "pg_blocking_pids", "pg_safe_snapshot_blocking_pids"),
+    "table statistics count every cluster's rows": (
+        "pg_stat_*", "pg_statio_*", "pg_class", "reltuples", "relpages", "relallvisible",
+        "pg_relation_size", "pg_table_size", "pg_indexes_size", "pg_total_relation_size",
+        "pg_database_size", "pg_tablespace_size"),
     "server control is not allowed": (
         "pg_reload_conf", "pg_rotate_logfile", "pg_switch_wal", "pg_promote",
         "pg_logical_*", "pg_replication_*", "pg_create_*", "pg_drop_*",
@@ -137,9 +145,11 @@ class Token(NamedTuple):
         return self.text.lower()
 
 
-def check_sql(sql: str) -> str:
+def check_sql(sql: str, *, scoped: bool = False) -> str:
     """The statement (without a trailing ``;``) when it is one read-only query by the rules
-    above; otherwise ``SqlRefused`` saying which rule."""
+    above; otherwise ``SqlRefused`` saying which rule. ``scoped``: the caller may see some
+    clusters only, so EXPLAIN, whose estimates and filtered-row counts cover every cluster's
+    rows, is refused."""
     if len(sql) > MAX_SQL_CHARS:
         raise SqlRefused(f"statement longer than {MAX_SQL_CHARS} characters ({len(sql)})")
     depth, first, previous, end = 0, None, None, None
@@ -155,6 +165,8 @@ def check_sql(sql: str) -> str:
             if token.kind != "word" or token.name not in FIRST_WORDS:
                 raise SqlRefused("the statement must begin with SELECT, WITH, VALUES, TABLE "
                                  f"or EXPLAIN, not {token.text[:40]}")
+            if scoped and token.name == "explain":
+                raise SqlRefused(SCOPED_EXPLAIN)
         if token.kind == "punct" and token.text in "()":
             depth += 1 if token.text == "(" else -1
         if depth < 0:

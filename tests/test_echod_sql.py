@@ -9,23 +9,26 @@ shared by the whole server, so this module prepares a role of its own.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import secrets
 import time
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy.exc
 from alembic import command
 from pytest_postgresql.janitor import DatabaseJanitor
-from sqlalchemy import select, text
+from sqlalchemy import Engine, select, text
 
 from echod.db import alembic_config, make_engine, upgrade
 from echod.errors import StorageError
 from echod.models import Base, Event
 from echod.registry import Scope
 from echod.sandbox import READABLE_TABLES, Sandbox, prepare, sandbox_url
+from echod.sandbox_roles import tenant_credentials
 from echod.sqlcheck import MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlTimeout, check_sql
 from echod.store import write_batch
 
@@ -37,7 +40,6 @@ BETA = Scope(frozenset({"beta"}))
 NONE = Scope(frozenset())
 READ_ONLY = "25006"              # read_only_sql_transaction
 DENIED = "42501"                 # insufficient_privilege
-NO_SUCH_OBJECT = "42704"
 NO_SUCH_FUNCTION = "42883"
 RUNS = "runs"                    # PostgreSQL runs the statement when the check is skipped
 ROLE = "ingero_sql_test"        # roles are server-wide: this module's own, whoever else prepares
@@ -73,12 +75,10 @@ def open_sandbox(engine, password: str = PASSWORD, **options) -> Sandbox:
     return Sandbox(sandbox_url(engine.url, ROLE, password), key, **options)
 
 
-@pytest.fixture(scope="module")
-def seeded(migrated_proc):
-    """One migrated database with the two clusters' rows, shared by the tests that only read
-    (each escape attempt still checks that it changed nothing): a fresh database for each of
-    them would cost most of this module's time."""
-    url = url_of(migrated_proc).set(database="echod_sql_tests")
+@contextlib.contextmanager
+def seeded_database(migrated_proc, name: str) -> Iterator[Engine]:
+    """A migrated database ``name`` with the two clusters' rows, dropped on leaving."""
+    url = url_of(migrated_proc).set(database=name)
     with DatabaseJanitor(user=migrated_proc.user, host=migrated_proc.host,
                          port=migrated_proc.port, password=migrated_proc.password,
                          dbname=url.database, template_dbname=migrated_proc.template_dbname):
@@ -89,17 +89,33 @@ def seeded(migrated_proc):
 
 
 @pytest.fixture(scope="module")
+def seeded(migrated_proc):
+    """One seeded database shared by the tests that only read (each escape attempt still
+    checks that it changed nothing): a fresh database for each of them would cost most of
+    this module's time."""
+    with seeded_database(migrated_proc, "echod_sql_tests") as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
 def sandbox(seeded):
     box = open_sandbox(seeded, timeout_ms=5_000, row_cap=100, pool_size=2)
     yield box
     box.dispose()
 
 
+def tenant_url(sandbox: Sandbox, scope: Scope):
+    """The login of ``scope``'s tenant role, which the sandbox makes on first use."""
+    sandbox.tenant(scope)
+    return sandbox.url.set(**dict(zip(("username", "password"),
+                                      tenant_credentials(ROLE, sandbox.key, scope))))
+
+
 @pytest.fixture
-def role_engine(seeded, sandbox):
-    """A plain connection as the sandbox role, without the Sandbox's transaction set-up: an
-    attacker who got past the lexical check and echod's own code."""
-    raw = make_engine(sandbox_url(seeded.url, ROLE, PASSWORD))
+def role_engine(sandbox):
+    """A plain connection as the unscoped tenant's role, without the Sandbox's transaction
+    set-up: an attacker who got past the lexical check and echod's own code."""
+    raw = make_engine(tenant_url(sandbox, EVERY))
     yield raw
     raw.dispose()
 
@@ -141,8 +157,8 @@ HUGE = "select 1 " + " " * MAX_SQL_CHARS
 
 # (id, statement, the lexical check's reason, what PostgreSQL does with the check skipped: the
 # SQLSTATE of its refusal, or RUNS where it runs the statement, and then the fingerprint shows
-# that the rollback or the session reset after it contained it; for some, such as ending
-# another session, the check is the only wall)
+# that the rollback or the session reset after it contained it; tests/test_sandbox_tenancy.py
+# shows that what runs cannot reach another tenant)
 ESCAPES = [
     ("insert", "insert into events (t, id, cluster, node, kind, attrs) "
                "values (now(), 'x', 'beta', 'n', 'k', '{}')",
@@ -177,11 +193,10 @@ ESCAPES = [
      "file access is not allowed: pg_stat_file", DENIED),
     ("lo-import", "select lo_import('/etc/passwd')",
      "large objects are not allowed: lo_import", DENIED),
-    ("lo-get", "select lo_get(1)", "large objects are not allowed: lo_get", NO_SUCH_OBJECT),
-    ("lo-open", "select lo_open(1, 262144)", "large objects are not allowed: lo_open",
-     NO_SUCH_OBJECT),
+    ("lo-get", "select lo_get(1)", "large objects are not allowed: lo_get", DENIED),
+    ("lo-open", "select lo_open(1, 262144)", "large objects are not allowed: lo_open", DENIED),
     ("lo-from-bytea", "select lo_from_bytea(0, 'x')",
-     "large objects are not allowed: lo_from_bytea", RUNS),
+     "large objects are not allowed: lo_from_bytea", DENIED),
     ("dblink", "select * from dblink('host=203.0.113.1', 'select 1') as t(x int)",
      "network access is not allowed: dblink", NO_SUCH_FUNCTION),
     ("two-statements", "select 1; delete from events", "only one statement", READ_ONLY),
@@ -226,19 +241,19 @@ ESCAPES = [
     ("read-write-again", "set transaction read write", "not allowed: SET", "25001"),
     ("reset-role", "reset role", "not allowed: RESET", RUNS),
     ("advisory-lock", "select pg_advisory_lock(42)", "locks are not allowed: pg_advisory_lock",
-     RUNS),
+     DENIED),
     ("nextval", "select nextval('peer_lag_id_seq')", "sequences are not allowed: nextval",
      DENIED),
     ("explain-analyze-delete", "explain analyze delete from events",
      "writes are not allowed: DELETE", READ_ONLY),
     ("sql-in-a-string", "select query_to_xml('delete from events', true, false, '')",
-     "SQL inside strings is not allowed: query_to_xml", "0A000"),
+     "SQL inside strings is not allowed: query_to_xml", DENIED),
     ("notify", "select pg_notify('ingero', 'x')",
-     "other sessions are out of reach: pg_notify", RUNS),
+     "other sessions are out of reach: pg_notify", DENIED),
     ("other-sessions", "select query from pg_stat_activity",
-     "other sessions are out of reach: pg_stat_activity", RUNS),
+     "other sessions are out of reach: pg_stat_activity", DENIED),
     ("terminate", "select pg_terminate_backend(1)",
-     "other sessions are out of reach: pg_terminate_backend", RUNS),
+     "other sessions are out of reach: pg_terminate_backend", DENIED),
     ("do-block", "do $$ begin delete from events; end $$", "not allowed: DO", READ_ONLY),
     ("prepare", "prepare p as select 1", "not allowed: PREPARE", RUNS),
     ("vacuum", "vacuum events", "maintenance commands are not allowed: VACUUM", "25001"),
@@ -359,40 +374,51 @@ def test_a_caller_may_lower_the_operators_limits_but_not_raise_them(sandbox):
 def test_what_a_statement_leaves_in_the_session_is_gone_for_the_next_caller(seeded):
     single = open_sandbox(seeded, pool_size=1)
     try:
-        with single.reading(EVERY) as connection:
+        with single.reading(BETA) as connection:
             pid = connection.scalar(text("SELECT pg_backend_pid()"))
             connection.exec_driver_sql("PREPARE leftover AS SELECT 1")
-            connection.exec_driver_sql("SELECT pg_advisory_lock(42)")
-        with single.reading(BETA) as connection:
+            connection.exec_driver_sql("SELECT set_config('work_mem', '1MB', false)")
+        with single.reading(BETA) as connection:        # the next caller of the same tenant
             assert connection.scalar(text("SELECT pg_backend_pid()")) == pid
             assert connection.scalar(text("SELECT count(*) FROM pg_prepared_statements")) == 0
-            assert connection.scalar(text(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")) == 0
+            assert connection.scalar(text("SHOW work_mem")) == "16MB"
     finally:
         single.dispose()
 
 
 # -- the role ----------------------------------------------------------------------------------
 
-def test_the_role_is_nobody_special(sandbox):
+def test_the_tenant_role_is_nobody_special(sandbox):
+    tenant, _ = tenant_credentials(ROLE, sandbox.key, EVERY)
     who = sandbox.run(
         "select current_user, session_user, r.rolsuper, r.rolbypassrls, r.rolcreaterole, "
         "(select count(*) from pg_auth_members m where m.member = r.oid), "
         "pg_has_role(current_user, 'pg_read_server_files', 'member'), "
-        "pg_has_role(current_user, 'pg_execute_server_program', 'member') "
+        "pg_has_role(current_user, 'pg_execute_server_program', 'member'), "
+        "pg_has_role(current_user, 'pg_read_all_stats', 'member'), "
+        "pg_has_role(current_user, 'pg_signal_backend', 'member') "
         "from pg_roles r where r.rolname = current_user", EVERY)
-    assert who.rows == [[ROLE, ROLE, False, False, False, 0, False, False]]
+    assert who.rows == [[tenant, tenant, False, False, False, 0, False, False, False, False]]
     with sandbox.reading(EVERY) as connection:
         connection.exec_driver_sql("RESET ROLE")
-        assert connection.scalar(text("SELECT current_user")) == ROLE
+        assert connection.scalar(text("SELECT current_user")) == tenant
 
 
-def test_the_role_may_select_the_ingero_tables_and_nothing_else(sandbox, seeded):
+def test_tenants_may_select_the_ingero_tables_and_the_gate_nothing(sandbox, seeded):
+    tenants = [tenant_credentials(ROLE, sandbox.key, scope)[0] for scope in (ALPHA, EVERY)]
+    for scope in (ALPHA, EVERY):
+        sandbox.tenant(scope)
     with seeded.connect() as connection:
         granted = connection.execute(text(
-            "SELECT table_name, privilege_type FROM information_schema.role_table_grants "
-            "WHERE grantee = :role ORDER BY 1"), {"role": ROLE}).all()
-    assert granted == [(table, "SELECT") for table in sorted(READABLE_TABLES)]
+            "SELECT grantee, table_name, privilege_type FROM information_schema.role_table_grants "
+            "WHERE grantee = ANY(:roles) ORDER BY 1, 2"), {"roles": [ROLE, *tenants]}).all()
+        callers = connection.scalar(text(
+            "SELECT array_agg(a.grantee::regrole::text ORDER BY 1) FROM pg_proc p, "
+            "aclexplode(p.proacl) a WHERE p.proname = 'ingero_sandbox_tenant' "
+            "AND a.grantee <> p.proowner"))
+    assert granted == [(tenant, table, "SELECT") for tenant in sorted(tenants)
+                       for table in sorted(READABLE_TABLES)]
+    assert callers == [ROLE]
 
 
 def test_the_transaction_is_read_only_with_the_timeout_set(sandbox):
@@ -442,15 +468,26 @@ def test_prepare_refuses_odd_names_and_privileged_roles(engine):
             connection.exec_driver_sql("DROP ROLE ingero_sql_creator")
 
 
-def test_the_sandbox_refuses_to_run_as_the_owner(engine):
-    with engine.connect() as connection:
-        key = connection.scalar(text("SELECT key FROM sandbox_key"))
-    owner = Sandbox(engine.url, key)
+def test_the_sandbox_refuses_the_owner_as_gate_and_tenants_that_bypass_rls(engine):
+    box = open_sandbox(engine)
+    owner = Sandbox(engine.url, box.key)
+    tenant, _ = tenant_credentials(ROLE, box.key, EVERY)
     try:
-        with pytest.raises(StorageError, match="row-level security does not apply"):
+        with pytest.raises(StorageError, match="cannot make the tenant role postgres_"):
             owner.run("select 1", EVERY)
+        box.tenant(EVERY)
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"ALTER ROLE {tenant} BYPASSRLS")
+        with pytest.raises(StorageError, match="row-level security does not apply"):
+            box.run("select 1", EVERY)
+        box.dispose()
+        with pytest.raises(StorageError, match="holds more than it may"):
+            box.run("select 1", EVERY)
     finally:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"ALTER ROLE {tenant} NOBYPASSRLS")
         owner.dispose()
+        box.dispose()
 
 
 # -- tenancy -----------------------------------------------------------------------------------
@@ -478,7 +515,8 @@ def test_a_star_is_not_a_cluster_name(sandbox):
 
 
 def test_the_policy_asks_for_the_scope_once_per_query(sandbox):
-    plan = "\n".join(row[0] for row in sandbox.run("explain select * from events", ALPHA).rows)
+    plan = "\n".join(row[0] for row in server_answer(sandbox, "explain select * from events",
+                                                      ALPHA))
     assert plan.count("InitPlan") == 2 and "SubPlan" not in plan
 
 
