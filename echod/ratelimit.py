@@ -1,5 +1,6 @@
 """The API's rate limit: a token bucket per caller (a token's hash, or an address that keeps
-presenting bad tokens)."""
+presenting bad tokens), kept per worker process: ``init_app`` gives each worker its share of
+the rate and burst."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .auth import AuthError
+from flask import Flask, g
+
+from .errors import RateLimited
 
 
 class RateLimiter:
@@ -47,13 +50,12 @@ class RateLimiter:
             return wait
 
     def check(self, key: str) -> None:
-        """``take``, with a refusal raised as AuthError 429 "rate_limited" and Retry-After."""
+        """``take``, with a refusal raised as RateLimited (429) with Retry-After."""
         wait = self.take(key)
         if wait > 0:
             retry_after = max(1, math.ceil(wait))
-            raise AuthError(f"rate limited: {self.rate_per_s:g} requests/s with bursts of "
-                            f"{self.burst}; retry in {retry_after} s", 429, "rate_limited",
-                            retry_after=retry_after, headers={"Retry-After": str(retry_after)})
+            raise RateLimited(f"rate limited: {self.rate_per_s:g} requests/s with bursts of "
+                              f"{self.burst}; retry in {retry_after} s", retry_after=retry_after)
 
     def _forget_idle(self, now: float) -> None:
         while self._buckets:
@@ -61,3 +63,22 @@ class RateLimiter:
             if now - at < self._full_after:
                 return
             del self._buckets[key]
+
+
+def worker_share(rate_per_s: float, burst: int, workers: int) -> RateLimiter:
+    """A worker's limiter: its share of the rate and burst (at least 1) of ``workers``."""
+    return RateLimiter(rate_per_s / workers, max(1, burst // workers))
+
+
+def init_app(app: Flask) -> None:
+    """Limit each authenticated request (``g.principal``, set by ``auth.init_app`` before)
+    to its token's rate."""
+    settings = app.config["ECHOD_SETTINGS"]
+    rate = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
+
+    @app.before_request
+    def limit():
+        principal = g.get("principal")
+        if principal is None:
+            return
+        rate.check(principal.token_sha256)
