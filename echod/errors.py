@@ -17,10 +17,12 @@
             ├── NotFound            404 not_found
             ├── MethodNotAllowed    405 method_not_allowed
             ├── TooLarge            413 too_large: the request body
-            ├── RateLimited         429 rate_limited, with Retry-After
+            ├── AnswerTooLarge      422 answer_too_large: the answer, past --api-answer-cap
+            ├── RateLimited         429 rate_limited (concurrency_limited), with Retry-After
             ├── Unavailable         503 unavailable (draining, database_unavailable)
             └── AuthError           (auth) a request is refused, with whose request it was
-                                    (Unauthorized, Forbidden, RateLimited: auth's subclasses)
+                                    (its TokenRefused is also Unauthorized, its NotAllowed
+                                    also Forbidden)
 
 Every answer of the API other than 200 is an HttpError, in one shape ``{"error": ..., "code":
 ...}``: ``echod.api.error_shape`` translates at the boundary what is not one yet (Flask's own
@@ -103,6 +105,12 @@ class TooLarge(HttpError):
     status, code = 413, "too_large"
 
 
+class AnswerTooLarge(HttpError):
+    """The answer would pass --api-answer-cap bytes: the caller should ask for less."""
+
+    status, code = 422, "answer_too_large"
+
+
 class RateLimited(HttpError):
     status, code = 429, "rate_limited"
 
@@ -112,8 +120,8 @@ class Unavailable(HttpError):
 
 
 HTTP_ERRORS = {cls.status: cls for cls in (BadRequest, Unauthorized, Forbidden, NotFound,
-                                           MethodNotAllowed, TooLarge, RateLimited,
-                                           Unavailable)}
+                                           MethodNotAllowed, TooLarge, AnswerTooLarge,
+                                           RateLimited, Unavailable)}
 
 
 def http_error(status: int, code: str, message: str, headers: dict | None = None) -> HttpError:

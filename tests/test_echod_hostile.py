@@ -3,7 +3,8 @@ embedded PostgreSQL, driven with raw http.client requests where a client library
 the input up (lone surrogates, chunked bodies, NaN).
 
 Every bad input must get a 4xx answer in the one error shape, be counted in the metrics, and
-every answer must be strict JSON. The error shape of the framework's own errors is
+every answer must be strict JSON; one answer is capped in bytes, and one token's slow
+statements must leave threads for the others. The error shape of the framework's own errors is
 checked in process, on the app ``create_app`` wires.
 """
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 from flask import abort, jsonify
@@ -21,21 +25,26 @@ from werkzeug.exceptions import default_exceptions
 from echod.api import create_app
 from echod.api.jsonio import encode
 from echod.api.settings import ApiSettings
+from echod.api.supervisor import concurrency_per_token
 from echod.auth import PUBLIC, access
 from echod.errors import HTTP_ERRORS
 from echod.registry import ToolError
 from echod.sqlcheck import SqlRefused
-from ingero.launch import KeyRing
+from ingero.launch import KeyRing, wait_for
 
 from .support import EchodApi
 
-TOKENS = {"admin": ("*", "admin")}
+ANSWER_CAP = 256 * 1024
+THREADS, PER_TOKEN = 4, 2
+TOKENS = {"admin": ("*", "admin"), "slow": ("*", "read,sql"), "fast": ("*", "read,sql")}
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     echod = EchodApi(KeyRing.create(tmp_path_factory.mktemp("keys")), "--api-workers", "1",
-                     "--rate-limit", "500", "--rate-burst", "2000", tokens=TOKENS)
+                     "--api-threads", str(THREADS), "--api-concurrency-per-token",
+                     str(PER_TOKEN), "--api-answer-cap", str(ANSWER_CAP), "--rate-limit",
+                     "500", "--rate-burst", "2000", tokens=TOKENS)
     yield echod
     assert echod.stop() == 0
 
@@ -156,6 +165,62 @@ def test_encoding_replaces_what_strict_json_cannot_carry():
                        "pair": "\U0001f600"}
 
 
+def test_an_answer_over_the_byte_cap_is_refused_and_counted(api):
+    before = counted(api, "answer_too_large")
+    big = api.request("POST", "/api/v1/sql", api.tokens["admin"], json={
+        "sql": "SELECT repeat('x', 10000) FROM generate_series(1, 100)"})      # ~1 MB
+    assert (big.status_code, big.json()["code"]) == (422, "answer_too_large"), big.text[:300]
+    assert str(ANSWER_CAP) in big.json()["error"]
+    one_wide_row = api.request("POST", "/api/v1/sql", api.tokens["admin"], json={
+        "sql": f"SELECT repeat('x', {ANSWER_CAP + 1})"})
+    assert one_wide_row.status_code == 422
+    assert counted(api, "answer_too_large") - before == 2
+    under = api.request("POST", "/api/v1/sql", api.tokens["admin"], json={
+        "sql": "SELECT repeat('x', 10000) FROM generate_series(1, 20)"})      # ~200 kB
+    assert under.status_code == 200 and len(under.json()["rows"]) == 20
+
+
+# -- per-token concurrency ---------------------------------------------------------------------
+
+def test_one_token_with_slow_statements_leaves_threads_to_the_others(api):
+    """With 4 threads and 2 per token, 'slow' sends 4 slow statements at once: 2 run, 2 get 429
+    at once, and 'fast' is answered while the 2 still run."""
+    before = counted(api, "concurrency_limited")
+    answers: list[tuple[object, float]] = []
+
+    def call():
+        answer = api.request("POST", "/api/v1/sql", api.tokens["slow"],
+                             json={"sql": "SELECT pg_sleep(3)"})
+        answers.append((answer, time.monotonic()))
+
+    callers = [threading.Thread(target=call) for _ in range(THREADS)]
+    for caller in callers:
+        caller.start()
+    assert wait_for(lambda: len(answers) >= THREADS - PER_TOKEN, 10), answers
+    quick = api.request("POST", "/api/v1/sql", api.tokens["fast"], json={"sql": "SELECT 1"})
+    quick_at = time.monotonic()
+    for caller in callers:
+        caller.join(60)
+    limited = [answer for answer, _ in answers if answer.status_code == 429]
+    slow_done = [at for answer, at in answers if answer.status_code == 200]
+    assert (len(limited), len(slow_done)) == (THREADS - PER_TOKEN, PER_TOKEN), \
+        [answer.text for answer, _ in answers]
+    assert all(answer.json()["code"] == "concurrency_limited"
+               and answer.headers["Retry-After"] == "1" for answer in limited)
+    assert quick.status_code == 200 and quick_at < min(slow_done)
+    assert counted(api, "concurrency_limited") - before == THREADS - PER_TOKEN
+    again = api.request("POST", "/api/v1/sql", api.tokens["slow"], json={"sql": "SELECT 1"})
+    assert again.status_code == 200                      # the slots were given back
+
+
+def test_the_concurrency_cap_defaults_to_half_the_threads():
+    def cap(given: int, threads: int) -> int:
+        return concurrency_per_token(SimpleNamespace(api_concurrency_per_token=given,
+                                                     api_threads=threads))
+
+    assert (cap(0, 8), cap(0, 1), cap(0, 3), cap(3, 8)) == (4, 1, 1, 3)
+
+
 # -- the app's shape: one error tree, one shape ------------------------------------------------
 
 @pytest.fixture
@@ -165,7 +230,7 @@ def app(tmp_path):
         tokens_file=str(tmp_path / "tokens.yaml"), retired_file=str(tmp_path / "retired.json"),
         token_grace=0, audit_log=str(tmp_path / "audit.jsonl"), rate_limit=1000,
         rate_burst=1000, drain_file="", drain_seconds=0, sql_timeout_ms=1000, sql_row_cap=10,
-        threads=2)
+        threads=2, answer_cap=1024, concurrency_per_token=1)
     app = create_app(settings, workers=1)
 
     @access(PUBLIC)

@@ -2,7 +2,7 @@
 
 ``create_app`` only wires. Each concern registers its own hooks with ``init_app(app)``, in the
 order a request meets them: the envelope (``X-Request-Id``, the drain check, metrics), the one
-error shape, authentication (``echod.auth``), the per-token rate limit
+error shape, authentication (``echod.auth``), the per-token rate and concurrency limits
 (``echod.ratelimit``) and the audit log (``echod.audit``: one line per request, refused or
 not). Bodies come in and answers go out as strict JSON (``jsonio``).
 

@@ -7,7 +7,9 @@ nesting (400 ``bad_json``).
 
 Out: every answer is strict JSON in UTF-8. A float that is not finite goes out as the string
 PostgreSQL spells it (``"NaN"``, ``"Infinity"``, ``"-Infinity"``), as the SQL sandbox sends
-them, and a lone surrogate in a string as U+FFFD.
+them, and a lone surrogate in a string as U+FFFD. A tool's answer is encoded piece by piece
+(each row of a list at the top of the answer on its own) and refused (422
+``answer_too_large``) as soon as it passes the byte cap, not after it is all built.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
-from flask import request
+from flask import Response, current_app, request
 from flask.json.provider import DefaultJSONProvider
 
-from ..errors import BadRequest, TooLarge
+from ..errors import AnswerTooLarge, BadRequest, TooLarge
 from ..sandbox import NON_FINITE
 
 MAX_DEPTH = 32
@@ -132,3 +135,36 @@ class StrictJSONProvider(DefaultJSONProvider):
 
     def loads(self, s: str | bytes, **kwargs: Any) -> Any:
         return loads(s if isinstance(s, bytes) else s.encode("utf-8", "surrogatepass"))
+
+
+def answer(value: Any, cap: int) -> Response:
+    """A 200 with ``value`` as strict JSON, or AnswerTooLarge as soon as it passes ``cap``
+    bytes."""
+    body = bytearray()
+    for piece in _pieces(value, levels=2):
+        body += piece
+        if len(body) > cap:
+            raise AnswerTooLarge(f"the answer is over {cap} bytes (the server's "
+                                 "--api-answer-cap); ask for fewer or narrower rows")
+    body += b"\n"
+    return current_app.response_class(bytes(body), mimetype="application/json")
+
+
+def _pieces(value: Any, levels: int) -> Iterator[bytes]:
+    """The JSON of ``value`` in pieces: the objects and arrays of its first ``levels`` levels
+    opened up, anything deeper encoded whole."""
+    if levels and isinstance(value, dict):
+        yield b"{"
+        for i, (key, item) in enumerate(value.items()):
+            yield (b"," if i else b"") + encode(str(key)) + b":"
+            yield from _pieces(item, levels - 1)
+        yield b"}"
+    elif levels and isinstance(value, (list, tuple)):
+        yield b"["
+        for i, item in enumerate(value):
+            if i:
+                yield b","
+            yield from _pieces(item, levels - 1)
+        yield b"]"
+    else:
+        yield encode(value, separators=(",", ":"))

@@ -1,7 +1,8 @@
 """The API's routes, in two blueprints: ``root`` (/api/versions, /metrics) and ``v1``.
 
 Tools answer ``POST /api/v1/tools/<name>`` with their arguments as the JSON body, checked
-against the tool's input schema before it runs. ``POST /api/v1/sql`` is the ``run_analysis`` tool under its own name.
+against the tool's input schema before it runs, and their answer is capped in bytes
+(``--api-answer-cap``). ``POST /api/v1/sql`` is the ``run_analysis`` tool under its own name.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..auth import OPTIONAL, PUBLIC, access
 from ..errors import BadRequest, NotFound
 from ..registry import REGISTRY, Scope, ToolContext
 from . import MAX_BODY_BYTES
-from .jsonio import loads, read_body
+from .jsonio import answer, loads, read_body
 from .openapi import API_VERSION, document
 
 root = Blueprint("root", __name__)
@@ -86,12 +87,12 @@ def call_tool(name: str):
     if name not in REGISTRY:
         raise NotFound(f"no tool named {name!r}; GET /api/v1/tools lists them",
                        code="unknown_tool")
-    return jsonify(run_tool(name, arguments()))
+    return answer(run_tool(name, arguments()), state().settings.answer_cap)
 
 
 @v1.post("/sql")
 def sql():
-    return jsonify(run_tool("run_analysis", arguments()))
+    return answer(run_tool("run_analysis", arguments()), state().settings.answer_cap)
 
 
 @v1.get("/openapi.json")
