@@ -1,9 +1,10 @@
 """The API's audit log: one JSON line per request, refused ones included, with the token's hash
-and name, never the token."""
+and name, never the token. ``init_app`` writes the line of each request of a Flask app."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -12,7 +13,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flask import Flask, current_app, g, request
+
 from .auth import RAW_TOKEN
+
+log = logging.getLogger("echod.api")
 
 
 class AuditLog:
@@ -57,3 +62,32 @@ class AuditLog:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def init_app(app: Flask) -> None:
+    """Write one line per request once its answer is made: its id, caller, path, status and
+    error code (``g.request_id``, ``g.started``, ``g.code``, ``g.extra``, set by the API's
+    envelope and error handler) and the token's hash and name (``g.principal`` or
+    ``g.refused``, set by ``auth.init_app``)."""
+    audit = AuditLog(app.config["ECHOD_SETTINGS"].audit_log)
+    app.extensions["echod.audit"] = audit
+
+    @app.after_request
+    def record(response):
+        principal = g.get("principal")
+        token_sha256, token = (principal.token_sha256, principal.name) if principal \
+            else g.get("refused") or (None, None)
+        started = g.get("started", time.monotonic())
+        line = dict(request_id=g.get("request_id"), remote=request.remote_addr,
+                    method=request.method, path=request.path, status=response.status_code,
+                    code=g.get("code"), duration_ms=round((time.monotonic() - started) * 1000, 3),
+                    token_sha256=token_sha256, token=token, **g.get("extra", {}))
+        try:
+            try:
+                audit.write(**line)
+            except ValueError:  # something in the request looked like a token: not in the log
+                audit.write(**{**line, "path": "(withheld: looked like a token)"})
+        except (OSError, ValueError) as exc:
+            current_app.extensions["echod"].metrics.audit_failures.inc()
+            log.error("cannot write the audit log: %s", exc)
+        return response

@@ -9,7 +9,15 @@ limit ``echod.ratelimit``.
 
     EchodError (echod.errors)
     ├── TokenFileError      --tokens-file (or the retired file) cannot be used as written
-    └── AuthError           a request is refused: ``status`` 401, 403 or 429 and ``code``
+    └── HttpError
+        └── AuthError       a request is refused, with whose request it was
+            ├── TokenRefused    401 (also Unauthorized): unauthorized, invalid_token,
+            │                   token_expired
+            └── NotAllowed      403 (also Forbidden): forbidden, forbidden_cluster
+
+``init_app`` puts authentication in front of a Flask app's views: each view says who may call it
+(``access``), and a request that presents a bad token counts against its address's rate limit,
+so that guessing is slowed down.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -33,8 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from flask import Flask, g, request
 
-from .errors import EchodError
+from .errors import EchodError, Forbidden, HttpError, Unauthorized
+from .ratelimit import worker_share
 from .registry import CAPABILITIES, Scope
 
 log = logging.getLogger("echod.auth")
@@ -47,6 +58,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
 _FIELDS = ("name", "sha256", "clusters", "capabilities", "expires")
 _CHALLENGE = 'Bearer realm="echod"'
+_BAD_TOKEN = {"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'}
 
 
 class TokenFileError(EchodError):
@@ -54,21 +66,23 @@ class TokenFileError(EchodError):
     the retired-tokens file cannot be written."""
 
 
-class AuthError(EchodError):
-    """A request is refused. ``status`` is the HTTP status, ``code`` the machine-readable reason,
-    ``headers`` the response headers it needs (WWW-Authenticate, Retry-After); ``token_sha256``
-    and ``token`` (the name) say whose request it was, where known, for the audit log."""
+class AuthError(HttpError):
+    """A request refused for who made it or what it holds; ``token_sha256`` and ``token`` (the
+    name) say whose request it was, where known, for the audit log."""
 
-    def __init__(self, message: str, status: int, code: str, *, headers: dict | None = None,
-                 retry_after: int | None = None, token_sha256: str | None = None,
-                 token: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.headers = headers or {}
-        self.retry_after = retry_after
+    def __init__(self, message: str, *, code: str | None = None, headers: dict | None = None,
+                 token_sha256: str | None = None, token: str | None = None):
+        super().__init__(message, code=code, headers=headers)
         self.token_sha256 = token_sha256
         self.token = token
+
+
+class TokenRefused(AuthError, Unauthorized):
+    """401: no token, not a bearer token, or one that is unknown, revoked or expired."""
+
+
+class NotAllowed(AuthError, Forbidden):
+    """403: a good token that may not use this capability or see this cluster."""
 
 
 def new_token() -> str:
@@ -98,13 +112,14 @@ class Principal:
 
     def require(self, capability: str) -> None:
         if not self.may(capability):
-            raise AuthError(f"token {self.name!r} may not use {capability}", 403, "forbidden",
-                            token_sha256=self.token_sha256, token=self.name)
+            raise NotAllowed(f"token {self.name!r} may not use {capability}",
+                             token_sha256=self.token_sha256, token=self.name)
 
     def require_cluster(self, cluster: str) -> None:
         if not self.scope.allows(cluster):
-            raise AuthError(f"token {self.name!r} may not see cluster {cluster!r}", 403,
-                            "forbidden_cluster", token_sha256=self.token_sha256, token=self.name)
+            raise NotAllowed(f"token {self.name!r} may not see cluster {cluster!r}",
+                             code="forbidden_cluster", token_sha256=self.token_sha256,
+                             token=self.name)
 
 
 @dataclass(frozen=True)
@@ -428,8 +443,8 @@ class TokenStore:
                 match = entry
         if match is None:
             reason = "token revoked" if digest in revoked else "unknown token"
-            raise AuthError(reason, 401, "invalid_token", token_sha256=digest,
-                            headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
+            raise TokenRefused(reason, code="invalid_token", token_sha256=digest,
+                               headers=_BAD_TOKEN)
         self._check_live(match, self.clock())
         return match.principal()
 
@@ -442,8 +457,8 @@ class TokenStore:
                       f"{format_time(entry.retiring_until)}")
         else:
             return
-        raise AuthError(reason, 401, "token_expired", token_sha256=entry.sha256, token=entry.name,
-                        headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
+        raise TokenRefused(reason, code="token_expired", token_sha256=entry.sha256,
+                           token=entry.name, headers=_BAD_TOKEN)
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -457,4 +472,51 @@ def bearer_token(authorization: str | None) -> str:
         if len(parts) == 2 and parts[0].lower() == "bearer" and _B64TOKEN.fullmatch(parts[1]):
             return parts[1]
         problem = "the Authorization header must be 'Bearer <token>'"
-    raise AuthError(problem, 401, "unauthorized", headers={"WWW-Authenticate": _CHALLENGE})
+    raise TokenRefused(problem, headers={"WWW-Authenticate": _CHALLENGE})
+
+
+# -- the API's hook ----------------------------------------------------------------------------
+
+# Who may call a view: anyone, anyone (a token, if given, must be good), or a token holder.
+PUBLIC, OPTIONAL, TOKEN = "public", "optional", "token"
+
+
+def access(level: str):
+    """Mark a view with who may call it (TOKEN when unmarked)."""
+    def mark(view):
+        view.access = level
+        return view
+    return mark
+
+
+def init_app(app: Flask) -> None:
+    """Authenticate each request its view asks it of: ``g.principal`` is the caller, None for
+    an anonymous call. A refused token counts against its client address's share of the rate
+    limit, so that an address that keeps guessing gets 429 instead of 401."""
+    settings = app.config["ECHOD_SETTINGS"]
+    tokens = TokenStore(settings.tokens_file, settings.retired_file, settings.token_grace)
+    tokens.load()
+    guessing = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
+
+    @app.before_request
+    def authenticate():
+        g.principal = None
+        view = app.view_functions.get(request.endpoint)
+        level = getattr(view, "access", TOKEN) if view else PUBLIC
+        header = request.headers.get("Authorization")
+        if level == PUBLIC or (level == OPTIONAL and header is None):
+            return
+        try:
+            g.principal = tokens.authenticate(header)
+        except AuthError as exc:
+            g.refused = (exc.token_sha256, exc.token)
+            guessing.check(f"address:{request.remote_addr}")
+            raise
+
+    @app.after_request
+    def say_retiring(response):
+        principal = g.get("principal")
+        if principal is not None and principal.retiring_until is not None:
+            response.headers["X-Token-Retiring-In"] = str(
+                max(0, math.ceil(principal.retiring_until - time.time())))
+        return response

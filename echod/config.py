@@ -52,6 +52,11 @@ SETTINGS = [
             "Requests one token may make at once before --rate-limit applies.", "REQUESTS"),
     Setting("api_workers", 2, integer(1, 64), "gunicorn worker processes.", "N"),
     Setting("api_threads", 8, integer(1, 256), "Threads per gunicorn worker.", "N"),
+    Setting("api_concurrency_per_token", 0, integer(0, 256),
+            "Requests one token may have in flight at once in each worker; more get 429. "
+            "0: half of --api-threads, at least 1.", "N"),
+    Setting("api_answer_cap", 8 * 1024 * 1024, integer(1024, 1024 * 1024 * 1024),
+            "Most bytes of one tool or SQL answer; a larger one is refused with 422.", "BYTES"),
     Setting("drain_seconds", 5.0, number(0, 600),
             "On SIGTERM, seconds the API answers 503 with Retry-After before it stops.",
             "SECONDS"),

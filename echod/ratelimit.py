@@ -1,5 +1,10 @@
-"""The API's rate limit: a token bucket per caller (a token's hash, or an address that keeps
-presenting bad tokens)."""
+"""The API's limits per caller: a token bucket of requests per key (a token's hash, or an
+address that keeps presenting bad tokens), and a cap on the requests one token has in flight at
+once, so that one token with slow statements cannot hold every thread of a worker.
+
+Both are kept per worker process: ``init_app`` gives each worker its share of the rate and
+burst, and the concurrency cap applies in each worker (``--api-concurrency-per-token``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .auth import AuthError
+from flask import Flask, g
+
+from .errors import RateLimited
 
 
 class RateLimiter:
@@ -47,13 +54,12 @@ class RateLimiter:
             return wait
 
     def check(self, key: str) -> None:
-        """``take``, with a refusal raised as AuthError 429 "rate_limited" and Retry-After."""
+        """``take``, with a refusal raised as RateLimited (429) with Retry-After."""
         wait = self.take(key)
         if wait > 0:
             retry_after = max(1, math.ceil(wait))
-            raise AuthError(f"rate limited: {self.rate_per_s:g} requests/s with bursts of "
-                            f"{self.burst}; retry in {retry_after} s", 429, "rate_limited",
-                            retry_after=retry_after, headers={"Retry-After": str(retry_after)})
+            raise RateLimited(f"rate limited: {self.rate_per_s:g} requests/s with bursts of "
+                              f"{self.burst}; retry in {retry_after} s", retry_after=retry_after)
 
     def _forget_idle(self, now: float) -> None:
         while self._buckets:
@@ -61,3 +67,59 @@ class RateLimiter:
             if now - at < self._full_after:
                 return
             del self._buckets[key]
+
+
+def worker_share(rate_per_s: float, burst: int, workers: int) -> RateLimiter:
+    """A worker's limiter: its share of the rate and burst (at least 1) of ``workers``."""
+    return RateLimiter(rate_per_s / workers, max(1, burst // workers))
+
+
+class ConcurrencyLimiter:
+    """At most ``limit`` requests of one key (a token's hash) in flight at once."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        self._in_flight: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, key: str) -> None:
+        """Count one more request of ``key``, or RateLimited "concurrency_limited" (429)."""
+        with self._lock:
+            held = self._in_flight.get(key, 0)
+            if held < self.limit:
+                self._in_flight[key] = held + 1
+                return
+        raise RateLimited(f"this token already has {self.limit} requests in flight on this "
+                          "worker; retry when one has answered", code="concurrency_limited",
+                          retry_after=1)
+
+    def leave(self, key: str) -> None:
+        with self._lock:
+            held = self._in_flight.pop(key) - 1
+            if held:
+                self._in_flight[key] = held
+
+
+def init_app(app: Flask) -> None:
+    """Limit each authenticated request (``g.principal``, set by ``auth.init_app`` before):
+    its token's rate, then its requests in flight, released when the request ends."""
+    settings = app.config["ECHOD_SETTINGS"]
+    rate = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
+    in_flight = ConcurrencyLimiter(settings.concurrency_per_token)
+
+    @app.before_request
+    def limit():
+        principal = g.get("principal")
+        if principal is None:
+            return
+        rate.check(principal.token_sha256)
+        in_flight.enter(principal.token_sha256)
+        g.in_flight_key = principal.token_sha256
+
+    @app.teardown_request
+    def release(_exc):
+        key = g.pop("in_flight_key", None)
+        if key is not None:
+            in_flight.leave(key)

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from echod import auth
 from echod.audit import AuditLog
 from echod.auth import AuthError, TokenFileError, TokenStore, new_token, token_hash
+from echod.errors import RateLimited
 from echod.ratelimit import RateLimiter
 from echod.tokens_cli import token_group
 
@@ -454,13 +455,13 @@ def test_a_refusal_is_429_with_retry_after(clock):
     limiter = RateLimiter(rate_per_s=0.25, burst=2, clock=clock)
     limiter.check("k")
     limiter.check("k")
-    with pytest.raises(AuthError) as caught:
+    with pytest.raises(RateLimited) as caught:
         limiter.check("k")
     assert (caught.value.status, caught.value.code) == (429, "rate_limited")
     assert caught.value.retry_after == 4 and caught.value.headers == {"Retry-After": "4"}
     fast = RateLimiter(rate_per_s=30, burst=1, clock=clock)
     fast.check("k")
-    with pytest.raises(AuthError) as caught:
+    with pytest.raises(RateLimited) as caught:
         fast.check("k")
     assert caught.value.headers == {"Retry-After": "1"}      # never 0
 

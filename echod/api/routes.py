@@ -1,8 +1,8 @@
 """The API's routes, in two blueprints: ``root`` (/api/versions, /metrics) and ``v1``.
 
 Tools answer ``POST /api/v1/tools/<name>`` with their arguments as the JSON body, checked
-against the tool's input schema before it runs. ``POST /api/v1/sql`` is the ``run_analysis``
-tool under its own name.
+against the tool's input schema before it runs, and their answer is capped in bytes
+(``--api-answer-cap``). ``POST /api/v1/sql`` is the ``run_analysis`` tool under its own name.
 """
 
 from __future__ import annotations
@@ -16,14 +16,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import ingero
 
 from .. import tools  # noqa: F401 (declaring the tools fills REGISTRY)
+from ..auth import OPTIONAL, PUBLIC, access
+from ..errors import BadRequest, NotFound
 from ..registry import REGISTRY, Scope, ToolContext
-from . import OPTIONAL, PUBLIC, ApiError, access
+from . import MAX_BODY_BYTES
+from .jsonio import answer, loads, read_body
 from .openapi import API_VERSION, document
 
 root = Blueprint("root", __name__)
 v1 = Blueprint("v1", __name__)
 
 NO_CLUSTERS = Scope(frozenset())
+MAX_MESSAGE = 300            # of a schema error, which may quote the caller's value
 VALIDATORS = {tool.name: Draft202012Validator(tool.input_schema) for tool in REGISTRY}
 
 
@@ -81,14 +85,14 @@ def tools():
 @v1.post("/tools/<name>")
 def call_tool(name: str):
     if name not in REGISTRY:
-        raise ApiError(404, "unknown_tool", f"no tool named {name!r}; GET /api/v1/tools "
-                       f"lists them")
-    return jsonify(run_tool(name, arguments()))
+        raise NotFound(f"no tool named {name!r}; GET /api/v1/tools lists them",
+                       code="unknown_tool")
+    return answer(run_tool(name, arguments()), state().settings.answer_cap)
 
 
 @v1.post("/sql")
 def sql():
-    return jsonify(run_tool("run_analysis", arguments()))
+    return answer(run_tool("run_analysis", arguments()), state().settings.answer_cap)
 
 
 @v1.get("/openapi.json")
@@ -99,14 +103,15 @@ def openapi():
 
 def arguments() -> dict:
     """The JSON object in the request body ({} for an empty body)."""
-    if not request.get_data(cache=True):
+    raw = read_body(MAX_BODY_BYTES)
+    if not raw:
         return {}
-    body = request.get_json(silent=True)
-    if body is None:
-        raise ApiError(400, "bad_json", "the body must be a JSON object "
-                       "(Content-Type: application/json)")
+    if not request.is_json:
+        raise BadRequest("the body must be a JSON object (Content-Type: application/json)",
+                         code="bad_json")
+    body = loads(raw)
     if not isinstance(body, dict):
-        raise ApiError(400, "bad_arguments", "the body must be a JSON object of arguments")
+        raise BadRequest("the body must be a JSON object of arguments", code="bad_arguments")
     return body
 
 
@@ -118,7 +123,7 @@ def run_tool(name: str, args: dict) -> dict:
     if errors:
         first = errors[0]
         where = "/".join(map(str, first.absolute_path)) or "arguments"
-        raise ApiError(400, "bad_arguments", f"{name}: {where}: {first.message}")
+        raise BadRequest(f"{name}: {where}: {first.message[:MAX_MESSAGE]}", code="bad_arguments")
     args = whole_numbers(args, tool.input_schema)
     cluster = args.get("cluster")
     if isinstance(cluster, str):

@@ -31,6 +31,8 @@ class ApiSettings:
     sql_timeout_ms: int
     sql_row_cap: int
     threads: int
+    answer_cap: int              # most bytes of a tool's answer
+    concurrency_per_token: int   # most requests of one token in flight, per worker
     schema_revision: str | None = None
 
     def write(self, path: Path) -> Path:

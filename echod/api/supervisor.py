@@ -67,6 +67,11 @@ def role_password(state_dir: Path) -> str:
     return path.read_text().strip()
 
 
+def concurrency_per_token(cfg) -> int:
+    """--api-concurrency-per-token, where 0 means half of --api-threads (at least 1)."""
+    return cfg.api_concurrency_per_token or max(1, cfg.api_threads // 2)
+
+
 class ApiProcess:
     def __init__(self, cfg, tls: tuple[str, str] | None, engine: Engine, revision: str | None):
         """``tls``: (certificate, key) from ``check_tls``, or None for plain HTTP."""
@@ -87,7 +92,8 @@ class ApiProcess:
             rate_limit=cfg.rate_limit, rate_burst=cfg.rate_burst,
             drain_file=str(self.runtime / "draining"), drain_seconds=cfg.drain_seconds,
             sql_timeout_ms=int(cfg.sql_timeout * 1000), sql_row_cap=cfg.sql_row_cap,
-            threads=cfg.api_threads, schema_revision=revision)
+            threads=cfg.api_threads, answer_cap=cfg.api_answer_cap,
+            concurrency_per_token=concurrency_per_token(cfg), schema_revision=revision)
         self.settings.write(self.runtime / "api.json")
         self.process: subprocess.Popen | None = None
 
