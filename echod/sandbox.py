@@ -53,7 +53,7 @@ from .errors import StorageError
 from .registry import Scope
 from .sandbox_roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, ensure_tenant,
                             prepare, sandbox_url, tenant_credentials)
-from .sqlcheck import SqlFailed, SqlRefused, SqlTimeout, check_sql, tokens
+from .sqlcheck import SqlFailed, SqlRefused, SqlTimeout, SqlTooLarge, check_sql, tokens
 
 __all__ = ["DEFAULT_ROLE", "DEFAULT_ROW_CAP", "DEFAULT_TIMEOUT_MS", "READABLE_TABLES", "Sandbox",
            "SqlResult", "json_ready", "prepare", "sandbox_url"]
@@ -61,6 +61,7 @@ __all__ = ["DEFAULT_ROLE", "DEFAULT_ROW_CAP", "DEFAULT_TIMEOUT_MS", "READABLE_TA
 log = logging.getLogger("echod.sandbox")
 
 DEFAULT_ROW_CAP = 10_000
+FETCH_ROWS = 200                # rows per fetch from the server-side cursor
 # Tenants whose engines (one idle connection each) a Sandbox keeps; the least recently used
 # is let go past this.
 TENANT_ENGINES = 16
@@ -87,11 +88,13 @@ class Sandbox:
     (one idle connection, up to ``pool_size`` at once), made on first use."""
 
     def __init__(self, url: str | URL, key: str, *, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 row_cap: int = DEFAULT_ROW_CAP, pool_size: int = 4):
+                 row_cap: int = DEFAULT_ROW_CAP, pool_size: int = 4,
+                 byte_cap: int | None = None):
         self.url = make_url(url)
         self.key = key
         self.timeout_ms = timeout_ms
         self.row_cap = row_cap
+        self.byte_cap = byte_cap
         self.pool_size = pool_size
         self.gate = make_engine(self.url, pool_size=1, max_overflow=0,
                                 connect_args=CONNECT_ARGS)
@@ -164,7 +167,7 @@ class Sandbox:
         limit = min(timeout_ms or self.timeout_ms, self.timeout_ms)
         started = time.perf_counter()
         with self.reading(scope, limit) as connection:
-            columns, rows = _fetch(connection, statement, cap + 1, limit)
+            columns, rows = _fetch(connection, statement, cap + 1, limit, self.byte_cap)
         return SqlResult(columns, [[json_ready(v) for v in row] for row in rows[:cap]],
                          len(rows) > cap, round((time.perf_counter() - started) * 1000, 3))
 
@@ -176,11 +179,13 @@ class Sandbox:
         self.gate.dispose()
 
 
-def _fetch(connection: Connection, statement: str, most: int,
-           limit_ms: int) -> tuple[list[str], list[tuple]]:
+def _fetch(connection: Connection, statement: str, most: int, limit_ms: int,
+           byte_cap: int | None = None) -> tuple[list[str], list[tuple]]:
     """At most ``most`` rows of ``statement``, sent by the extended protocol (one statement only;
     ``%`` and ``:`` left alone). A query runs in a server-side cursor, so no more rows than
-    fetched are made or sent; EXPLAIN, which no cursor takes, is streamed."""
+    fetched are made or sent; EXPLAIN, which no cursor takes, is streamed. Rows come
+    ``FETCH_ROWS`` at a time, and past ``byte_cap`` (as text) the fetching stops with
+    SqlTooLarge: a worker never holds much more than the answer it may send."""
     driver = connection.connection.driver_connection
     explain = next(tokens(statement)).name == "explain"
     cursor = driver.cursor() if explain else driver.cursor(name="ingero_sql_result")
@@ -190,13 +195,27 @@ def _fetch(connection: Connection, statement: str, most: int,
                 rows = list(islice(stream, most))
         else:
             cursor.execute(statement)
-            rows = cursor.fetchmany(most)
+            rows, size = [], 0
+            while len(rows) < most:
+                wanted = min(FETCH_ROWS, most - len(rows))
+                batch = cursor.fetchmany(wanted)
+                rows += batch
+                size += sum(_text_size(v) for row in batch for v in row)
+                if byte_cap is not None and size > byte_cap:
+                    raise SqlTooLarge(f"the answer is over {byte_cap} bytes (the server's "
+                                      "answer cap): ask for fewer rows or columns")
+                if len(batch) < wanted:
+                    break
         return [column.name for column in cursor.description or ()], rows
     except psycopg.Error as exc:
         raise _translate(connection, statement, exc, limit_ms) from exc
     finally:
         if not connection.invalidated:
             cursor.close()
+
+
+def _text_size(value) -> int:
+    return len(value) if isinstance(value, (str, bytes)) else len(str(value))
 
 
 def _translate(connection: Connection, statement: str, exc: psycopg.Error,

@@ -47,6 +47,13 @@ class SqlTimeout(SqlError):
     code = "sql_timeout"
 
 
+class SqlTooLarge(SqlError):
+    """The rows would pass the answer's byte cap: stopped while fetching, not after."""
+
+    status = 422
+    code = "answer_too_large"
+
+
 class SqlFailed(SqlError):
     """PostgreSQL rejected or failed the statement (syntax, types, division by zero …)."""
 

@@ -29,7 +29,8 @@ from echod.models import Base, Event
 from echod.registry import Scope
 from echod.sandbox import READABLE_TABLES, Sandbox, prepare, sandbox_url
 from echod.sandbox_roles import tenant_credentials
-from echod.sqlcheck import MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlTimeout, check_sql
+from echod.sqlcheck import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlTimeout, SqlTooLarge,
+                             check_sql)
 from echod.store import write_batch
 
 from .pg import url_of
@@ -362,6 +363,19 @@ def test_rows_past_the_cap_are_cut_and_marked(sandbox):
     assert result.truncated is True
     assert len(result.rows) == 100 and result.rows[-1] == [100]
     assert sandbox.run("select generate_series(1, 100)", EVERY).truncated is False
+
+
+def test_fetching_stops_at_the_byte_cap_not_after_the_row_cap(seeded):
+    """10,000 rows of 10 kB are 100 MB; with a 1 MB cap the sandbox stops after the fetch that
+    passes it, having fetched a few hundred rows, and says why (the API answers 422)."""
+    box = open_sandbox(seeded, row_cap=10_000, pool_size=1, byte_cap=1 << 20)
+    try:
+        with pytest.raises(SqlTooLarge, match="over 1048576 bytes"):
+            box.run("select repeat('x', 10000) from generate_series(1, 10000)", EVERY)
+        done = box.run("select repeat('x', 1000) from generate_series(1, 500)", EVERY)
+        assert len(done.rows) == 500 and not done.truncated
+    finally:
+        box.dispose()
 
 
 def test_a_caller_may_lower_the_operators_limits_but_not_raise_them(sandbox):
