@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -277,3 +278,57 @@ def test_every_error_class_the_api_answers_with_is_an_http_error():
         assert issubclass(cls, HttpError)
         assert isinstance(cls.status, int) and isinstance(cls.code, str)
     assert (TokenRefused.status, NotAllowed.status) == (401, 403)
+
+
+# -- slow and idle clients ---------------------------------------------------------------------
+
+# The first bytes of a TLS ClientHello record: a client that starts the handshake and stops.
+HALF_A_HANDSHAKE = bytes.fromhex("160301020001000200")
+
+
+def test_200_half_open_tls_connections_do_not_stop_a_normal_request(api):
+    """gunicorn's threaded workers would each be held by one of these (4 threads here); the
+    front does the handshakes without tying up anything but a descriptor. Also idle TCP
+    connections that send nothing, and a client trickling its headers."""
+    idle = []
+    try:
+        for i in range(200):
+            sock = socket.create_connection(("127.0.0.1", api.port), timeout=5)
+            if i % 2 == 0:
+                sock.sendall(HALF_A_HANDSHAKE)
+            idle.append(sock)
+        trickle = ssl.create_default_context(cafile=str(api.cert)).wrap_socket(
+            socket.create_connection(("127.0.0.1", api.port), timeout=5),
+            server_hostname="127.0.0.1")
+        trickle.sendall(b"GET /api/versions HTTP/1.1\r\nHost: x\r\n")
+        idle.append(trickle)
+        time.sleep(0.5)
+        started = time.monotonic()
+        answer = raw(api, "POST", "/api/v1/sql", json.dumps({"sql": "SELECT 1"}).encode(),
+                     token="fast")
+        took = time.monotonic() - started
+        assert answer.status == 200 and answer.json()["rows"] == [[1]], answer.body
+        assert took < 1.0, took
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_client_that_never_finishes_its_headers_is_answered_408_and_let_go(api):
+    context = ssl.create_default_context(cafile=str(api.cert))
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", api.port), timeout=30),
+                             server_hostname="127.0.0.1") as sock:
+        sock.sendall(b"GET /api/versions HTTP/1.1\r\nHost: x\r\n")
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["code"] == "timeout"
+
+
+def test_the_front_replaces_a_forged_forwarded_address(api):
+    """The rate limit for bad tokens goes by address: a client cannot pick its own."""
+    forged = raw(api, "GET", "/api/v1/tools", token=None,
+                 headers={"X-Forwarded-For": "203.0.113.9", "X-Ingero-Refused": "too_large",
+                          "Authorization": "Bearer not-a-token"})
+    assert forged.status == 401, forged.body     # not the 413 the forged header asks for
+    assert wait_for(lambda: api.audit() and api.audit()[-1]["status"] == 401, 5), api.audit()[-2:]
+    assert api.audit()[-1]["remote"] == "127.0.0.1", api.audit()[-1]

@@ -28,6 +28,7 @@ MAX_BODY_BYTES = 1024 * 1024
 # client still sending it reads the answer instead of a reset connection; past it, the
 # connection is closed on the sender.
 DRAIN_LIMIT_BYTES = 16 * MAX_BODY_BYTES
+FRONT = "ECHOD_API_FRONT"     # "1": the app serves behind echod's front (``front``)
 
 
 class ApiState:
@@ -52,7 +53,8 @@ def create_app(settings: ApiSettings | None = None, workers: int | None = None) 
     app.json = StrictJSONProvider(app)
     app.config.update(ECHOD_SETTINGS=settings or ApiSettings.from_environment(),
                       ECHOD_WORKERS=workers or int(os.environ.get("ECHOD_API_WORKERS", "1")),
-                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
+                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+                      ECHOD_BEHIND_FRONT=os.environ.get(FRONT) == "1")
     app.extensions["echod"] = ApiState(app.config["ECHOD_SETTINGS"])
     envelope.init_app(app)
     error_shape.init_app(app, DRAIN_LIMIT_BYTES)

@@ -1,8 +1,9 @@
 """echod's main process runs the API as a gunicorn child and steers it.
 
 Start: check TLS and the tokens file, make the sandbox role, hand the workers their settings
-(``settings.ApiSettings``, a 0600 file in a private runtime directory), start gunicorn and wait
-until it listens. SIGHUP: rotate the tokens (the retired ones keep working for the grace window,
+(``settings.ApiSettings``, a 0600 file in a private runtime directory), start gunicorn on a
+unix socket there and wait until it answers, then put the front (``front``: TLS and whole
+requests, so that slow clients hold no worker thread) on --api-bind. SIGHUP: rotate the tokens (the retired ones keep working for the grace window,
 recorded in a file the new workers read) and HUP gunicorn, which replaces its workers
 gracefully. SIGTERM: create the drain file (every request now gets 503 with Retry-After), wait
 ``--drain-seconds``, then stop gunicorn, which finishes the requests in flight.
@@ -16,7 +17,7 @@ import os
 import secrets
 import shutil
 import signal
-import ssl
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ from sqlalchemy import Engine
 
 from .. import auth, sandbox
 from ..errors import EchodError
+from . import DRAIN_LIMIT_BYTES, FRONT, MAX_BODY_BYTES
+from .front import Front, tls_context
 from .settings import ENVIRONMENT, ApiSettings
 
 log = logging.getLogger("echod")
@@ -96,18 +99,20 @@ class ApiProcess:
             concurrency_per_token=concurrency_per_token(cfg), schema_revision=revision)
         self.settings.write(self.runtime / "api.json")
         self.process: subprocess.Popen | None = None
+        self.front: Front | None = None
+
+    @property
+    def upstream(self) -> Path:
+        """gunicorn's unix socket, behind the front: in the private runtime directory (0700)."""
+        return self.runtime / "api.sock"
 
     def argv(self) -> list[str]:
-        host, port = self.cfg.api_bind
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         argv = [sys.executable, "-m", "gunicorn", "--config", "python:echod.api.gunicorn_hooks",
-                "--bind", bind, "--workers", str(self.cfg.api_workers),
+                "--bind", f"unix:{self.upstream}", "--workers", str(self.cfg.api_workers),
                 "--threads", str(self.cfg.api_threads), "--worker-class", "gthread",
                 "--graceful-timeout", str(int(STOP_GRACE_S)), "--log-level",
                 self.cfg.log_level, "--error-logfile", "-", "--name", "echod-api",
                 "--no-control-socket"]
-        if self.tls:
-            argv += ["--certfile", self.tls[0], "--keyfile", self.tls[1]]
         return [*argv, "echod.api:create_app()"]
 
     def start(self) -> None:
@@ -115,29 +120,37 @@ class ApiProcess:
         env = {**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
                ENVIRONMENT: str(self.runtime / "api.json"),
                "ECHOD_API_WORKERS": str(self.cfg.api_workers), "ECHOD_PID": str(os.getpid()),
-               "PROMETHEUS_MULTIPROC_DIR": str(self.runtime / "metrics")}
+               "PROMETHEUS_MULTIPROC_DIR": str(self.runtime / "metrics"), FRONT: "1"}
         # its own session: a Ctrl-C or a signal to echod's process group reaches echod only,
         # which drains before it stops gunicorn
         self.process = subprocess.Popen(self.argv(), env=env, stdin=subprocess.DEVNULL,
                                         start_new_session=True)
         host, port = self.cfg.api_bind
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        while not answering_unix(self.upstream):
             if self.process.poll() is not None:
                 raise ApiStartError(f"the API (gunicorn) exited with status {self.process.returncode}"
                                f" while starting; its messages are above")
-            if answering("127.0.0.1" if host in ("0.0.0.0", "::") else host, port,
-                         self.tls is not None):
-                log.info("API listening on %s:%d (%s)", host, port,
-                         "TLS" if self.tls else "plain HTTP")
-                return
+            if time.monotonic() >= deadline:
+                raise ApiStartError(f"the API's gunicorn did not answer within "
+                                    f"{START_TIMEOUT_S:.0f} s")
             time.sleep(0.1)
-        raise ApiStartError(f"the API did not listen on {host}:{port} within {START_TIMEOUT_S:.0f} s")
+        self.front = Front(host, port, str(self.upstream),
+                           tls_context(*self.tls) if self.tls else None,
+                           MAX_BODY_BYTES, DRAIN_LIMIT_BYTES)
+        try:
+            self.front.start()
+        except OSError as exc:
+            raise ApiStartError(f"the API cannot listen on {host}:{port}: {exc.strerror or exc}") \
+                from None
+        log.info("API listening on %s:%d (%s)", host, port, "TLS" if self.tls else "plain HTTP")
 
     def check(self, _now: float = 0.0) -> None:
         """Called from the main loop: the API must still be running."""
         if self.process is not None and self.process.poll() is not None:
             raise ApiStartError(f"the API (gunicorn) exited with status {self.process.returncode}")
+        if self.front is not None and not self.front.alive():
+            raise ApiStartError("the API's front stopped")
 
     def reload(self) -> None:
         """SIGHUP: rotate the tokens, then let gunicorn replace its workers."""
@@ -166,18 +179,25 @@ class ApiProcess:
                 self.process.kill()
                 return self.process.wait()
         finally:
+            if self.front is not None:
+                self.front.stop()
             shutil.rmtree(self.runtime, ignore_errors=True)
 
 
-def answering(host: str, port: int, tls: bool) -> bool:
-    """Whether a worker answers GET /api/versions (the certificate is ours: not checked here)."""
-    if tls:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        connection = http.client.HTTPSConnection(host, port, timeout=2, context=context)
-    else:
-        connection = http.client.HTTPConnection(host, port, timeout=2)
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.path))
+
+
+def answering_unix(path: Path) -> bool:
+    """Whether gunicorn answers GET /api/versions on its unix socket."""
+    connection = UnixHTTPConnection(path, 2)
     try:
         connection.request("GET", "/api/versions")
         return connection.getresponse().status == 200
