@@ -28,7 +28,7 @@ log = logging.getLogger("echod")
 
 POLL_MS = 100
 HOUSEKEEPING_S = 3600.0
-BACKOFF_START, BACKOFF_MAX = 0.1, 5.0
+BACKOFF_START, BACKOFF_MAX = 0.1, 1.0   # a store that comes back is used within a second
 
 
 class IngestServer:

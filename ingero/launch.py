@@ -101,14 +101,17 @@ class Daemon:
                                         stdin=subprocess.DEVNULL, env=clean_environment(env))
 
     @classmethod
-    def module(cls, name: str, module: str, args: list[str], log_dir: Path, **kw) -> "Daemon":
-        """``python -m module args``; what a daemon keeps on disk goes under ``log_dir`` unless
-        the arguments say where, never into the host's /var/lib/ingero."""
+    def module(cls, name: str, module: str, args: list[str], log_dir: Path,
+               prefix: tuple[str, ...] = (), **kw) -> "Daemon":
+        """``python -m module args`` (behind ``prefix``, such as ``ip netns exec NS``); what a
+        daemon keeps on disk goes under ``log_dir`` unless the arguments say where, never into
+        the host's /var/lib/ingero."""
         for daemon, flag in KEPT_STATE:
             subcommand = args[:1] and not args[0].startswith("-")
             if module == daemon and flag not in args and not subcommand:
                 args = [*args, flag, str(log_dir / f"{name}-{flag.removeprefix('--')}")]
-        return cls(name, [sys.executable, "-m", module, *args], log_dir, module=module, **kw)
+        return cls(name, [*prefix, sys.executable, "-m", module, *args], log_dir, module=module,
+                   **kw)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -87,26 +87,30 @@ class Echod:
 class Stack:
     """echod, fleetd and ``nodes`` node-wide ingerods (as the shipped unit runs them: no
     --job), the agents told apart by the sim's SLURM_NODEID, each with a job spool and control
-    socket of its own under ``root`` (``agent_flags`` come after, and may name others). ``skew`` puts a node's wall clock
-    that many seconds ahead (faketime), as a real host's may be. echod's directory
-    (``echod_root``, by default under ``root``) must be reachable by the postgres user."""
+    socket of its own under ``root`` (``agent_flags`` come after, and may name others).
+    ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
+    be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
+    fleetd listens on ``fleet_host``. echod's directory (``echod_root``, by default under
+    ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
                  hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
                  gpu: tuple[str, str] = ("H100-80GB", "lambda"), echod_flags: tuple = (),
                  agent_flags: tuple = (), fleet_flags: tuple = (),
-                 echod_root: Path | None = None,
+                 echod_root: Path | None = None, fleet_host: str = "127.0.0.1",
+                 agent_prefix: dict[int, tuple[str, ...]] | None = None,
                  say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
+        self.agent_prefix = agent_prefix or {}
         self.keys = KeyRing.create(root / "keys")
         self.daemons: list[Daemon] = []
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
         self.echod = Echod(echod_root or root / "echod", self.keys, *echod_flags,
                            tokens={"ops": ("*", "admin")})
         try:
-            self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+            self.endpoint = f"tcp://{fleet_host}:{free_port()}"
             self.fleet_port = free_port()
             say(f"starting fleetd on {self.endpoint} (CURVE), forwarding to echod")
             self.fleetd = self._start("fleetd", "fleetd", [
@@ -128,8 +132,9 @@ class Stack:
             self.stop()
             raise
 
-    def _start(self, name: str, module: str, args: list[str], env: dict | None = None):
-        daemon = Daemon.module(name, module, args, self.root, env=env)
+    def _start(self, name: str, module: str, args: list[str], env: dict | None = None,
+               prefix: tuple[str, ...] = ()):
+        daemon = Daemon.module(name, module, args, self.root, prefix, env=env)
         self.daemons.append(daemon)
         return daemon
 
@@ -145,7 +150,8 @@ class Stack:
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),
             "--queue-dir", str(self.root / "queue"),
-            *self.keys.ingerod_flags(), *self.agent_flags], env)
+            *self.keys.ingerod_flags(), *self.agent_flags], env,
+            self.agent_prefix.get(node, ()))
 
     @property
     def token(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 from fleetd.limits import HEADROOM, raise_nofile
 from ingero.launch import free_port, wait_for
@@ -61,3 +62,55 @@ def test_fleetd_under_a_low_hard_limit_raises_its_soft_one_and_warns(tmp_path):
     text = log.read_text()
     assert "soft limit 4096 (raised from 512)" in text
     assert "may serve 10000 agents" in text and "LimitNOFILE=" in text
+
+
+AGENTS, PROCESSES = 10_000, 4
+
+
+def test_fleetd_holds_10000_connected_agents_and_still_answers(tmp_path, keys):
+    """fleetd started with the usual soft limit of 1024 (and the hard limit this machine allows,
+    as LimitNOFILE= sets it) raises its own limit, welcomes 10,000 CURVE agents (four client
+    processes of 2,500 sockets) holding their connections open, and a push from one more is
+    still answered."""
+    from .support import Producer
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    hard = 65536 if hard == resource.RLIM_INFINITY else hard
+    assert hard >= AGENTS + HEADROOM + 64, f"this machine's hard limit {hard} is too low"
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "fleetd.log"
+    with open(log, "wb") as out:
+        fleetd = subprocess.Popen(
+            ["prlimit", f"--nofile=1024:{hard}", sys.executable, "-m", "fleetd", "--config",
+             "/dev/null", "--bind", endpoint, "--metrics-addr", "none", "--log-level",
+             "warning", "--max-nodes", str(AGENTS + 100), *keys.fleetd_flags()],
+            stdout=out, stderr=subprocess.STDOUT)
+    clients = []
+    try:
+        for _ in range(PROCESSES):
+            clients.append(subprocess.Popen(
+                ["prlimit", f"--nofile={hard}:{hard}", sys.executable, "-m", "tests.many_agents",
+                 endpoint, str(keys.agent_secret), str(keys.fleet_public),
+                 str(AGENTS // PROCESSES)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True))
+        welcomed = sum(int(client.stdout.readline() or 0) for client in clients)
+        assert welcomed == AGENTS, log.read_text()[-3000:]
+        assert fleetd.poll() is None, log.read_text()[-3000:]
+        descriptors = len(list(Path(f"/proc/{fleetd.pid}/fd").iterdir()))
+        assert descriptors > AGENTS, descriptors
+        one_more = Producer(endpoint, keys, "one-more")
+        try:
+            one_more.push(5)
+            assert one_more.collect_acks(30) == 1
+        finally:
+            one_more.close()
+        assert "Too many open files" not in log.read_text()
+        print(f"drill: {AGENTS} agents connected | fleetd descriptors {descriptors} | "
+              f"welcomed {welcomed} | one more push answered")
+    finally:
+        for client in clients:
+            client.stdin.close()
+            client.wait(60)
+        fleetd.terminate()
+        assert fleetd.wait(60) == 0, log.read_text()[-3000:]

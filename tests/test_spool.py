@@ -95,3 +95,8 @@ def test_a_full_filesystem_drops_events_by_priority_and_keeps_verdicts(tiny_file
     assert any(e.cls == EVENTS for e in spool.entries.values()), "only as many as needed"
     for entry in spool.entries.values():
         assert wire.decode(spool.frames(entry)).seq == entry.seq
+    events = [e for e in spool.entries.values() if e.cls == EVENTS]
+    print(f"drill: spool on a full 256 KiB filesystem | produced {300 * 20} event rows, "
+          f"{len(verdicts) * 20} verdict rows | kept {sum(e.rows for e in events)} event rows, "
+          f"{len(verdicts) * 20} verdict rows | dropped {dropped(metrics, 'events', 'disk_full'):.0f}"
+          f" event rows (disk_full), 0 verdict rows")
