@@ -146,3 +146,34 @@ def test_an_unknown_fleetd_key_is_refused(pipeline, keys, tmp_path):
     socket.close()
     context.term()
     assert "intruder" not in per_node(pipeline["engine"])
+
+
+def test_an_agent_killed_with_pushes_unacknowledged_sends_them_after_its_restart(
+        pipeline, spawn, keys, tmp_path):
+    """fleetd is away; the agent queues its pushes (on disk) and is killed -9; fleetd comes back
+    and so does the agent, on the same queue: the pushes of its first life reach echod, each
+    score once, the stream's numbers running on without a gap."""
+    fleetd = pipeline["fleetd"]
+    fleetd.stop()
+    args = ["--source", "synthetic", "--fleet", pipeline["fleet"], "--node", "restarted",
+            "--push-interval", "0.2", "--metrics-addr", "none", "--queue-dir",
+            str(tmp_path / "queue"), *keys.ingerod_flags()]
+    first = spawn("ingerod-1", "ingerod", args)
+    queue = tmp_path / "queue" / "restarted" / "node"
+    assert wait_for(lambda: len(list(queue.glob("push-*"))) >= 10, 30), first.log()
+    first.process.kill()
+    first.process.wait()
+    kept = len(list(queue.glob("push-*")))
+    spawn("fleetd-2", "fleetd", fleetd.argv[3:])
+    second = spawn("ingerod-2", "ingerod", args)
+    assert wait_for(lambda: f"queue: {kept} push(es)" in second.log(), 30), second.log()
+
+    def scores():
+        with pipeline["engine"].connect() as c:
+            return c.execute(text("SELECT boot_id, seq FROM health_scores "
+                                  "WHERE node = 'restarted' ORDER BY seq")).all()
+    assert wait_for(lambda: len(scores()) >= kept + 5, 60), (kept, scores())
+    rows = scores()
+    assert len({boot for boot, _ in rows}) == 1, "one stream across the restart"
+    assert [seq for _, seq in rows] == list(range(len(rows))), "every push once, none missing"
+    assert second.stop() == 0
