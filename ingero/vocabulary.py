@@ -8,8 +8,9 @@ from __future__ import annotations
 TRACED_KINDS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
 # What its host did to it, from tracepoints and /proc.
 HOST_KINDS = ("preempted", "blockio", "process_exit")
-# What the agent concluded: its own score against its bar, and fleetd's word on its ranks.
-AGENT_KINDS = ("straggler", "resolved", "rank_straggler", "rank_resolved")
+# What the agent concluded: its own score against its bar, and fleetd's word on its ranks; and
+# that it restarted (nothing was traced between its last push and its restart).
+AGENT_KINDS = ("straggler", "resolved", "rank_straggler", "rank_resolved", "agent_restart")
 KINDS = TRACED_KINDS + HOST_KINDS + AGENT_KINDS
 
 # The health score's signals, each in [0, 1].

@@ -64,6 +64,7 @@ class Agent:
         self.link = FleetLink(cfg, hello, self.metrics, queue, unacked, clock)
         self.seq = max(identity["seq"], max(unacked, default=-1) + 1)
         self.event_seq = identity["event_seq"]
+        self.restarted_from = identity.get("t")   # the last run's last push: untraced since
         self.pending_events: deque[dict] = deque()
         self.mode = "none"
         self.state = "calibrating"
@@ -80,6 +81,8 @@ class Agent:
         self.listen()
         log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
                  self.boot_id, self.cfg.fleet, self.cfg.push_interval, self.cfg.source)
+        if self.restarted_from is not None:
+            self.say_restarted(time.time())
         self.link.tick(self.clock())
         self.notifier.ready(f"pushing to {self.cfg.fleet}")
         next_push = self.clock()
@@ -131,7 +134,7 @@ class Agent:
                           verdict.straggler, self.link.reachable(now))
         push = self.build_push(assessment)
         self.link.push(push, {"boot_id": self.boot_id, "seq": self.seq,
-                              "event_seq": self.event_seq})
+                              "event_seq": self.event_seq, "t": push.sent_at})
         self.metrics.pushed.inc()
 
     def build_push(self, assessment) -> wire.Push:
@@ -181,6 +184,16 @@ class Agent:
                                          f"node {self.cfg.node}, pid {os.getpid()}", self.metrics)
         except (IngeroError, OSError) as exc:
             log.warning("not listening for the Slurm hooks: %s", exc)
+
+    def say_restarted(self, now: float) -> None:
+        """The same stream goes on after a restart; what the node did between the last run's
+        last push and now was not traced (what the last run gathered after that push died with
+        it). The gap goes to fleetd and echod as an event, so no timeline hides it."""
+        untraced = max(0.0, now - self.restarted_from)
+        log.warning("restarted: nothing traced for %.1f s, since the last run's last push",
+                    untraced)
+        self.add_events([{"kind": "agent_restart", "t": now, "attrs": {
+            "untraced_from": self.restarted_from, "untraced_s": round(untraced, 3)}}])
 
     def read_spool_now(self) -> None:
         """A hook called, or SIGHUP: the job records go with the next push, not a cycle later.

@@ -176,4 +176,8 @@ def test_an_agent_killed_with_pushes_unacknowledged_sends_them_after_its_restart
     rows = scores()
     assert len({boot for boot, _ in rows}) == 1, "one stream across the restart"
     assert [seq for _, seq in rows] == list(range(len(rows))), "every push once, none missing"
+    with pipeline["engine"].connect() as c:
+        gap = c.execute(text("SELECT attrs FROM events WHERE node = 'restarted' "
+                             "AND kind = 'agent_restart'")).scalar_one()
+    assert 0 < gap["untraced_s"] < 60, gap
     assert second.stop() == 0
