@@ -64,6 +64,12 @@ SETTINGS = [
             "Statement timeout of the SQL sandbox and the tools, in seconds.", "SECONDS"),
     Setting("sql_row_cap", 10_000, integer(1, 1_000_000),
             "Most rows one SQL query returns; the answer says when it was cut.", "ROWS"),
+    Setting("sql_scoped_without_closed_catalog", False, boolean,
+            "Serve SQL to tenant-scoped tokens even where echod's database role is no "
+            "superuser and so cannot close the catalog to tenants: a tenant who gets past the "
+            "lexical check could then count other tenants' rows and sessions. Off, such tokens "
+            "get 403 from the SQL endpoint there (the tools still answer them).",
+            is_flag=True),
     Setting("sql_role", "ingero_sql", text,
             "PostgreSQL role the SQL sandbox and the tools read as (echod creates it; its "
             "password is kept under --state-dir).", "ROLE"),

@@ -51,12 +51,13 @@ from sqlalchemy import URL, Connection, Engine, event, make_url, text
 from .db import make_engine
 from .errors import StorageError
 from .registry import Scope
-from .sandbox_roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, ensure_tenant,
-                            prepare, sandbox_url, tenant_credentials)
-from .sqlcheck import SqlFailed, SqlRefused, SqlTimeout, SqlTooLarge, check_sql, tokens
+from .sandbox_roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, catalog_closed,
+                            ensure_tenant, prepare, sandbox_url, tenant_credentials)
+from .sqlcheck import (SqlFailed, SqlRefused, SqlScopedUnavailable, SqlTimeout, SqlTooLarge,
+                       check_sql, tokens)
 
 __all__ = ["DEFAULT_ROLE", "DEFAULT_ROW_CAP", "DEFAULT_TIMEOUT_MS", "READABLE_TABLES", "Sandbox",
-           "SqlResult", "json_ready", "prepare", "sandbox_url"]
+           "SqlResult", "catalog_closed", "json_ready", "prepare", "sandbox_url"]
 
 log = logging.getLogger("echod.sandbox")
 
@@ -89,12 +90,15 @@ class Sandbox:
 
     def __init__(self, url: str | URL, key: str, *, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  row_cap: int = DEFAULT_ROW_CAP, pool_size: int = 4,
-                 byte_cap: int | None = None):
+                 byte_cap: int | None = None, scoped: bool = True):
+        """``scoped``: whether tenant-scoped callers may run SQL at all (off where the catalog
+        stays open to tenants, see ``sandbox_roles.catalog_closed``)."""
         self.url = make_url(url)
         self.key = key
         self.timeout_ms = timeout_ms
         self.row_cap = row_cap
         self.byte_cap = byte_cap
+        self.scoped = scoped
         self.pool_size = pool_size
         self.gate = make_engine(self.url, pool_size=1, max_overflow=0,
                                 connect_args=CONNECT_ARGS)
@@ -162,6 +166,11 @@ class Sandbox:
             row_cap: int | None = None) -> SqlResult:
         """Check ``sql``, run it in ``scope`` and return at most ``row_cap`` rows. A caller may
         ask for less than the operator's row cap and timeout, never more."""
+        if scope.clusters is not None and not self.scoped:
+            raise SqlScopedUnavailable(
+                "SQL is not served to tenant-scoped tokens here: echod's database role is no "
+                "superuser, so the catalog stays open to tenants (an operator may accept that "
+                "with --sql-scoped-without-closed-catalog); the tools still answer")
         statement = check_sql(sql, scoped=scope.clusters is not None)
         cap = min(row_cap or self.row_cap, self.row_cap)
         limit = min(timeout_ms or self.timeout_ms, self.timeout_ms)

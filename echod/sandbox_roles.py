@@ -215,6 +215,13 @@ def _set_role_defaults(connection: Connection, role: str) -> None:
             log.info("the SQL sandbox role keeps the server's %s: echod may not set it", name)
 
 
+def catalog_closed(owner_engine: Engine) -> bool:
+    """Whether ``prepare`` could close the catalog to tenants: echod's role is a superuser."""
+    with owner_engine.connect() as connection:
+        return bool(connection.scalar(text(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user")))
+
+
 def _close_catalog(connection: Connection) -> None:
     """Take ``CLOSED_FUNCTIONS``, ``CLOSED_VIEWS`` and pg_class's ``COUNTING_COLUMNS`` from
     PUBLIC in this database, where echod's role may (a superuser)."""

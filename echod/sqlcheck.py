@@ -47,6 +47,13 @@ class SqlTimeout(SqlError):
     code = "sql_timeout"
 
 
+class SqlScopedUnavailable(SqlError):
+    """Scoped SQL is off: the database cannot keep tenants from counting each other's rows."""
+
+    status = 403
+    code = "sql_scoped_unavailable"
+
+
 class SqlTooLarge(SqlError):
     """The rows would pass the answer's byte cap: stopped while fetching, not after."""
 

@@ -27,10 +27,10 @@ from echod.db import alembic_config, make_engine, upgrade
 from echod.errors import StorageError
 from echod.models import Base, Event
 from echod.registry import Scope
-from echod.sandbox import READABLE_TABLES, Sandbox, prepare, sandbox_url
+from echod.sandbox import READABLE_TABLES, Sandbox, catalog_closed, prepare, sandbox_url
 from echod.sandbox_roles import tenant_credentials
-from echod.sqlcheck import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlTimeout, SqlTooLarge,
-                             check_sql)
+from echod.sqlcheck import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlScopedUnavailable,
+                             SqlTimeout, SqlTooLarge, check_sql)
 from echod.store import write_batch
 
 from .pg import url_of
@@ -374,6 +374,28 @@ def test_fetching_stops_at_the_byte_cap_not_after_the_row_cap(seeded):
             box.run("select repeat('x', 10000) from generate_series(1, 10000)", EVERY)
         done = box.run("select repeat('x', 1000) from generate_series(1, 500)", EVERY)
         assert len(done.rows) == 500 and not done.truncated
+    finally:
+        box.dispose()
+
+
+def test_where_the_catalog_stays_open_scoped_sql_is_refused_and_unscoped_runs(seeded):
+    """A non-superuser echod role cannot close the catalog; by default the sandbox then serves
+    no SQL to scoped tokens (403), only to unscoped ones."""
+    with seeded.begin() as c:
+        c.exec_driver_sql("DROP ROLE IF EXISTS echod_plain")
+        c.exec_driver_sql("CREATE ROLE echod_plain LOGIN PASSWORD 'plain'")
+    plain = make_engine(seeded.url.set(username="echod_plain", password="plain"))
+    try:
+        assert catalog_closed(seeded) and not catalog_closed(plain)
+    finally:
+        plain.dispose()
+        with seeded.begin() as c:
+            c.exec_driver_sql("DROP ROLE echod_plain")
+    box = open_sandbox(seeded, pool_size=1, scoped=False)
+    try:
+        with pytest.raises(SqlScopedUnavailable, match="sql-scoped-without-closed-catalog"):
+            box.run("select 1", ALPHA)
+        assert box.run("select 1", EVERY).rows == [[1]]
     finally:
         box.dispose()
 

@@ -38,7 +38,8 @@ class ApiState:
         self.settings = settings
         self.sandbox = Sandbox(settings.sandbox_url, settings.sandbox_key,
                                timeout_ms=settings.sql_timeout_ms, row_cap=settings.sql_row_cap,
-                               pool_size=settings.threads, byte_cap=settings.answer_cap)
+                               pool_size=settings.threads, byte_cap=settings.answer_cap,
+                               scoped=settings.sql_scoped)
         self.metrics = ApiMetrics()
 
     def draining(self) -> bool:

@@ -33,6 +33,7 @@ class ApiSettings:
     threads: int
     answer_cap: int              # most bytes of a tool's answer
     concurrency_per_token: int   # most requests of one token in flight, per worker
+    sql_scoped: bool = True      # scoped tokens may run SQL (the catalog is closed to them)
     schema_revision: str | None = None
 
     def write(self, path: Path) -> Path:

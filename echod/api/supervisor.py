@@ -85,6 +85,12 @@ class ApiProcess:
         self.tokens.load()
         password = role_password(cfg.state_dir)
         key = sandbox.prepare(engine, cfg.sql_role, password)
+        closed = sandbox.catalog_closed(engine)
+        if not closed:
+            log.warning("SQL for tenant-scoped tokens is %s: echod's database role is no "
+                        "superuser, so the catalog stays open to tenants",
+                        "served anyway (--sql-scoped-without-closed-catalog)"
+                        if cfg.sql_scoped_without_closed_catalog else "refused (403)")
         url = sandbox.sandbox_url(engine.url, cfg.sql_role, password)
         self.runtime = Path(tempfile.mkdtemp(prefix="echod-api-"))
         (self.runtime / "metrics").mkdir()
@@ -96,7 +102,8 @@ class ApiProcess:
             drain_file=str(self.runtime / "draining"), drain_seconds=cfg.drain_seconds,
             sql_timeout_ms=int(cfg.sql_timeout * 1000), sql_row_cap=cfg.sql_row_cap,
             threads=cfg.api_threads, answer_cap=cfg.api_answer_cap,
-            concurrency_per_token=concurrency_per_token(cfg), schema_revision=revision)
+            concurrency_per_token=concurrency_per_token(cfg), schema_revision=revision,
+            sql_scoped=closed or cfg.sql_scoped_without_closed_catalog)
         self.settings.write(self.runtime / "api.json")
         self.process: subprocess.Popen | None = None
         self.front: Front | None = None
