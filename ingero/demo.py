@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import IngeroError
+from .errors import ApiCallError, IngeroError
 from .report import report_table
 from .words import describe_verdict, verdict_summary
 
@@ -91,6 +91,10 @@ def run(scenario_name: str, keep: bool, say) -> dict:
                 found = watch(stack, scenario, say)
             except SimError as exc:
                 raise DemoError(f"the sim job did not run: {exc}") from None
+            except ApiCallError as exc:      # echod's log goes with the directory: show its end
+                say(stack.echod.daemon.log()[-4000:])
+                raise DemoError(f"echod did not answer: {exc} (the end of its log is above)") \
+                    from None
         if keep:
             found["kept"] = kept(stack, found["job"])
             stack = None

@@ -123,8 +123,9 @@ class Agent:
         self.state = assessment.state
         self._mode_change(verdict.mode)
         if verdict.edge is not None:
-            log.warning("%s: score %.3f, bar %.3f (%s mode)", verdict.edge, assessment.score,
-                        verdict.bar, verdict.mode)
+            bar = "none" if verdict.bar is None else f"{verdict.bar:.3f}"   # no bar: resolved
+            log.warning("%s: score %.3f, bar %s (%s mode)", verdict.edge, assessment.score, bar,
+                        verdict.mode)
             self.add_events([{"kind": verdict.edge, "t": time.time(), "attrs": {
                 "score": assessment.score, "threshold": verdict.bar, "mode": verdict.mode}}])
         self.add_events(sample.events)
