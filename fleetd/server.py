@@ -135,20 +135,23 @@ class FleetServer:
     # -- messages ------------------------------------------------------------------------------
 
     def drain(self) -> int:
-        """Handle what is waiting, at most DRAIN_BATCH messages, without blocking."""
-        handled = 0
-        while handled < DRAIN_BATCH:
+        """Handle what is waiting, at most DRAIN_BATCH messages, without blocking. All are
+        read first, each stamped as it leaves the socket: a push's receive time must not include
+        the handling of the pushes ahead of it (half of that would go into its node's clock
+        offset)."""
+        waiting = []
+        while len(waiting) < DRAIN_BATCH:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
-            handled += 1
-            self.handle(frames[0], frames[1:])
-        return handled
+            waiting.append((frames, time.time()))
+        for frames, recv_at in waiting:
+            self.handle(frames[0], frames[1:], recv_at)
+        return len(waiting)
 
-    def handle(self, identity: bytes, frames: list[bytes]) -> None:
+    def handle(self, identity: bytes, frames: list[bytes], recv_at: float) -> None:
         self.metrics.frames.inc()
-        recv_at = time.time()
         try:
             message = wire.decode(frames, self.cfg.max_frame_bytes)
             handler = self.HANDLERS.get(type(message))

@@ -68,7 +68,6 @@ class Agent:
         self.pending_events: deque[dict] = deque()
         self.mode = "none"
         self.state = "calibrating"
-        self.exchange: list[float] | None = None   # the last push/reply times, for fleetd
         self.straggler_ranks: list[int] = []
         self.spool = JobSpool(cfg.jobs_dir, cfg.job, self.metrics)
         self.spooled: dict[int, list[str]] = {}    # push seq → job records it carries
@@ -147,7 +146,7 @@ class Agent:
         push = wire.Push(self.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
                          self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
-                         self.exchange)
+                         self.link.exchange)
         self.seq += 1
         return push
 
@@ -166,8 +165,6 @@ class Agent:
 
     def on_message(self, message: wire.Message) -> None:
         if isinstance(message, wire.Reply):
-            self.exchange = [message.agent_sent_at, message.recv_at, message.sent_at,
-                             time.time()]
             self.records_acked(message.ack)
             self.detector.heard(message.threshold, message.quorum_met, message.cohort,
                                 self.clock())

@@ -49,6 +49,8 @@ class FleetLink:
         self.poller = None
         self.last_heard = None
         self.last_sent = 0.0
+        self.first_sent: dict[int, float] = {}     # push seq → when it was sent, sent once only
+        self.exchange: list[float] | None = None   # the last push/reply times, for fleetd
         self.backoff = cfg.heartbeat_interval * cfg.liveness
         self.next_reconnect = 0.0
         self.complaints = RateLimitedLog(log, 30.0)
@@ -73,6 +75,7 @@ class FleetLink:
         self.poller.register(socket, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         self._send(wire.encode(self.hello))
+        self.first_sent.clear()    # a reply to a push sent twice cannot say which copy it had
         for frames in self.unacked.values():
             self._send(frames)
         self.metrics.resent.inc(len(self.unacked))
@@ -105,15 +108,20 @@ class FleetLink:
             self.queue.forget(seq)
             self.metrics.dropped.inc()
         self.metrics.queue_depth.set(len(self.unacked))
-        self._send(frames)
+        if self._send(frames):
+            self.first_sent[push.seq] = time.time()
+        while len(self.first_sent) > self.cfg.max_unacked:
+            self.first_sent.pop(next(iter(self.first_sent)))
 
-    def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list[bytes]) -> bool:
         try:
             self.socket.send_multipart(frames, zmq.NOBLOCK)
-            self.last_sent = self.clock()
         except zmq.Again:
             self.complaints.warning("send", "fleetd link is backed up; the batch waits for "
                                     "the next reconnect")
+            return False
+        self.last_sent = self.clock()
+        return True
 
     def poll(self, timeout: float) -> list[wire.Message]:
         """Messages from fleetd within ``timeout`` seconds; acks drop batches from the queue."""
@@ -127,12 +135,12 @@ class FleetLink:
                     frames = self.socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                message = self._decode(frames)
+                message = self._decode(frames, time.time())
                 if message is not None:
                     received.append(message)
         return received
 
-    def _decode(self, frames: list[bytes]) -> wire.Message | None:
+    def _decode(self, frames: list[bytes], received_at: float) -> wire.Message | None:
         try:
             message = wire.decode(frames)
         except FrameError as exc:
@@ -141,11 +149,22 @@ class FleetLink:
             return None
         self.last_heard = self.clock()
         self.backoff = self.cfg.heartbeat_interval * self.cfg.liveness
+        if isinstance(message, wire.Reply):
+            self._timed(message, received_at)
         if isinstance(message, wire.Reply) and message.ack in self.unacked:
             del self.unacked[message.ack]
             self.queue.forget(message.ack)
             self.metrics.queue_depth.set(len(self.unacked))
         return message
+
+    def _timed(self, reply: wire.Reply, received_at: float) -> None:
+        """The exchange's four times, taken as close to the socket as this side can: the push's
+        own send (not when it was built, before its encoding and its queue file), the reply's
+        arrival (not when the agent's loop got to it). Each delay left in would be a one-sided
+        leg, and half of it an error in the node's clock offset."""
+        sent_at = self.first_sent.pop(reply.ack, None)
+        if sent_at is not None and not reply.duplicate:
+            self.exchange = [sent_at, reply.recv_at, reply.sent_at, received_at]
 
     def _on_monitor_event(self) -> None:
         try:

@@ -49,7 +49,7 @@ def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     named = {v["rank"]: v for v in result["verdicts"]}
-    assert set(named) == {rank}, result["verdicts"]
+    assert set(named) == {rank}, json.dumps(result, indent=1) + done.stderr[-4000:]
     verdict = named[rank]
     if kind:
         assert verdict["kind"] == kind, verdict
@@ -105,7 +105,7 @@ def test_demo_keep_leaves_a_stack_the_cli_can_query_and_a_script_that_stops_it()
                                  "-P", "-n", "-o", "jobid,ranks,stragglers"],
                                 capture_output=True, text=True, timeout=120, cwd=REPO,
                                 env={**os.environ, **env})
-        assert report.stdout == "4242|8|1\n", report.stderr
+        assert report.stdout == "4242|8|1\n", report.stderr + done.stdout
     finally:
         subprocess.run([kept["stop"]], timeout=120, check=True)
     assert leftovers() == before
