@@ -169,7 +169,7 @@ class RankAnalysis:
         ranks = self._ranks(job, comm, window.nranks)
         named = frozenset(column for column, rank in enumerate(ranks)
                           if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None)
-        judgement = judge(entries, self.policy, named)
+        judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks))
         found = {}
         for f in judgement.findings:
             rank = ranks[f.column]
@@ -189,6 +189,12 @@ class RankAnalysis:
             self._clock_caveat(verdict)
             found[(rank, "lag")] = verdict
         return found
+
+    def _clock_slack(self, job: JobState, ranks: list[int]) -> np.ndarray:
+        """Per column, how far its node's clock estimate may be off (0 until one is known)."""
+        known = (self.clocks.offsets.get(facts.node) if (facts := job.facts.get(rank)) else None
+                 for rank in ranks)
+        return np.array([offset.uncertainty if offset else 0.0 for offset in known])
 
     def _clock_caveat(self, verdict: Verdict) -> None:
         """Say what the node's clock estimate is, and when it is too loose for this lag."""

@@ -114,6 +114,17 @@ def test_irregular_rare_lateness_is_not_named():
     assert judge(entries).findings == []
 
 
+def test_a_lag_within_its_clocks_uncertainty_names_no_one():
+    entries = job(40, 8)
+    entries[:, 6:] += 0.02      # node3's two ranks, 20 ms behind: late, or a clock 20 ms off
+    assert kinds(judge(entries)) == {6: "persistent", 7: "persistent"}
+    slack = np.zeros(8)
+    slack[6:] = 0.025           # node3's clock known to ±25 ms: the lag may be the clock's
+    assert judge(entries, slack=slack).findings == []
+    slack[6:] = 0.005           # known to ±5 ms: 20 ms is lateness all the same
+    assert kinds(judge(entries, slack=slack)) == {6: "persistent", 7: "persistent"}
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(5, 32), st.floats(0.0, 0.4), st.integers(0, 2**32 - 1),
        st.floats(0.005, 2.0))

@@ -98,10 +98,20 @@ def test_a_skewed_node_s_clock_is_corrected_before_ranks_are_compared():
 def test_a_loose_clock_estimate_lowers_the_confidence_and_says_why():
     ra = analysis()
     ra.clocks.observe("n1", [100.0, 100.0, 100.0, 100.05])      # a 50 ms round trip
-    feed(ra, late=lambda r, s: 0.02 if r == 5 else 0.0)
+    feed(ra, late=lambda r, s: 0.04 if r == 5 else 0.0)
     (verdict,) = ra.active()
     assert verdict.confidence == "low" and verdict.evidence["clock_uncertainty_ms"] == 25.0
     assert "known only to ±25.0 ms" in verdict.findings[-1]
+
+
+def test_a_lag_its_clock_could_explain_is_not_named():
+    ra = analysis()
+    ra.clocks.observe("n1", [100.0, 100.0, 100.0, 100.05])      # n1 known to ±25 ms
+    feed(ra, late=lambda r, s: 0.02 if r == 5 else 0.0)
+    assert ra.active() == []
+    ra = analysis()                                              # n1's clock never measured
+    feed(ra, late=lambda r, s: 0.02 if r == 5 else 0.0)
+    assert [v.rank for v in ra.active()] == [5]
 
 
 def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits():

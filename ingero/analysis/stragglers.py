@@ -127,9 +127,11 @@ def period(late: np.ndarray, policy: LagPolicy) -> int | None:
 
 
 def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
-          named: frozenset[int] = frozenset()) -> Judgement:
+          named: frozenset[int] = frozenset(), slack: np.ndarray | None = None) -> Judgement:
     """Every straggler among the columns of ``entries``, by the rules above; ``named`` are the
-    columns already under a verdict."""
+    columns already under a verdict. ``slack`` (seconds, per column) is how far a column's
+    times may be off, its node's clock uncertainty: an instance counts as late only when its
+    lag is over the bar by more than that, so a lag its clock could explain names no one."""
     entries = np.atleast_2d(np.asarray(entries, float))
     lag = peer_lag(entries)
     step = step_interval(entries)
@@ -146,7 +148,7 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     spread = upper_bar(median_lag[known], policy.k, policy.mad_floor_s).bar \
         if known.sum() > 2 else -np.inf
     bar = max(spread, floor)
-    late = lag > bar
+    late = lag - (0.0 if slack is None else np.asarray(slack, float)) > bar
     idle, last = idle_caused(entries), last_share(entries)
     recent = recent_instances(entries, policy)
     findings = []
