@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .client import EchodClient
+from .errors import ApiCallError
 from .launch import Daemon, KeyRing, free_port, stop_all, wait_for
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -161,7 +162,14 @@ class Stack:
         return self.echod.client("ops")
 
     def tool(self, name: str, **args) -> dict:
-        return self.client().call(name, args)
+        """A tool's answer; a server error comes with the end of echod's log, which says why."""
+        try:
+            return self.client().call(name, args)
+        except ApiCallError as exc:
+            if exc.status is None or exc.status < 500:
+                raise
+            raise ApiCallError(f"{exc}\n--- echod's log\n{self.echod.daemon.log()[-6000:]}",
+                               exc.code, exc.status, exc.retry_after) from exc
 
     def logs(self) -> str:
         return "\n".join(f"--- {d.name}\n{d.log()[-4000:]}" for d in self.daemons)
