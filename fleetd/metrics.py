@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .cohorts import CohortState
 
@@ -72,6 +72,11 @@ class FleetMetrics:
         self.rank_verdicts_raised = Counter("ingero_fleet_rank_verdicts_raised", "Rank straggler "
                                             "verdicts raised, by kind and cause",
                                             ["kind", "cause"], registry=r)
+        self.recompute_seconds = Histogram(
+            "ingero_fleet_recompute_seconds", "Time of one recompute (cohort thresholds and the "
+            "rank analysis's tick over every job), during which no push is answered",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=r)
         self.unaligned = Gauge("ingero_fleet_unaligned_collectives", "Collectives on "
                                "communicators their agent did not see created (kept out of "
                                "alignment)", registry=r)

@@ -105,7 +105,8 @@ class FleetServer:
             while not self.flags.stop:
                 now = self.clock()
                 if now >= next_recompute:
-                    self.recompute(now)
+                    with self.metrics.recompute_seconds.time():
+                        self.recompute(now)
                     next_recompute = now + self.cfg.recompute_interval
                 wait = min(POLL_MS, max(0, int((next_recompute - now) * 1000)))
                 ready = dict(self.poller.poll(wait))
