@@ -70,6 +70,12 @@ CLOSED_VIEWS = (r"^pg_stat(io)?_", r"^pg_locks$")
 # pg_class columns that count a table's rows, all clusters' together.
 COUNTING_COLUMNS = ("reltuples", "relpages", "relallvisible")
 
+# A tenant's GRANTs rewrite the catalog rows of echod's database, the schema and each table,
+# and PostgreSQL fails a GRANT whose row another transaction is rewriting ("tuple concurrently
+# updated"): another tenant's setup (in another API worker), or the writer making the first
+# partition of events, which holds events locked until it commits. So tenants are set up one
+# at a time, each once it holds the tables locked against such changes: the lock waits for the
+# writer to commit, and the GRANT then rewrites the rows the writer left.
 TENANT_FUNCTION_SQL = """
 CREATE OR REPLACE FUNCTION public.{function}(tenant text, verifier text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -80,7 +86,8 @@ BEGIN
     IF tenant !~ '^{prefix}_[0-9a-f]{{{digits}}}$' OR verifier !~ '^SCRAM-SHA-256\\$' THEN
         RAISE EXCEPTION 'not a sandbox tenant: %', tenant USING ERRCODE = '42501';
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('{function}'), hashtext(tenant));
+    PERFORM pg_advisory_xact_lock(hashtext('{function}'), 0);
+    LOCK TABLE {only_tables} IN ACCESS SHARE MODE;
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = tenant) THEN
         EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE '
                        'NOREPLICATION NOBYPASSRLS NOINHERIT', tenant);
@@ -192,6 +199,7 @@ def _open_gate(connection: Connection, role: str) -> None:
         function=TENANT_FUNCTION, prefix=role[:TENANT_PREFIX], digits=TENANT_DIGITS,
         privileged=PRIVILEGED, member=MEMBER, owner=OWNER,
         tables=", ".join(f"public.{table}" for table in READABLE_TABLES),
+        only_tables=", ".join(f"ONLY public.{table}" for table in READABLE_TABLES),
         defaults="ARRAY[" + ", ".join(f"['{name}', '{value}']"
                                       for name, value in ROLE_DEFAULTS.items()) + "]"))
     for statement in (
