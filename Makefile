@@ -4,7 +4,7 @@
 VENV   ?= $(CURDIR)/.venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup sim demo test install lint-man clean
+.PHONY: setup sim demo test bench install lint-man clean
 
 setup:
 	@bash scripts/setup-debian.sh
@@ -19,6 +19,11 @@ demo: setup
 
 test: setup
 	$(PYTHON) -m pytest -ra $(PYTEST_ARGS)
+
+# Every benchmark at full size (tens of minutes), then docs/benchmarks.md and the README's
+# figures from the results; BENCH_ARGS="--only quality", "--docs-only" or "--smoke --out DIR".
+bench: setup
+	$(PYTHON) bench/all.py $(BENCH_ARGS)
 
 # The wheel into /opt/ingero/venv, the units, the Slurm hooks and the man pages (ROOT=DIR for a
 # staging tree). The Ansible roles in ansible/ do the same across a cluster.

@@ -5,12 +5,11 @@ over the real protocol, each waiting for fleetd's ack before sending more than `
 pushes ahead. fleetd forwards to echod, which runs its embedded PostgreSQL (durable settings).
 The rate is events stored over the time from the first push until the last event is in the
 database; loss is checked by count. Needs root (echod's embedded cluster runs as postgres).
-Run: ``.venv/bin/python bench/ingest_rate.py``.
+Run: ``.venv/bin/python bench/ingest_rate.py [--smoke]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import shutil
 import sys
@@ -23,11 +22,15 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import text  # noqa: E402
 
-from bench.report import run_and_report  # noqa: E402
+from bench import harness  # noqa: E402
 from echod.db import make_engine  # noqa: E402
 from echod.embedded import EmbeddedPostgres  # noqa: E402
 from ingero.launch import Daemon, KeyRing, free_port, stop_all, wait_for  # noqa: E402
 from tests.support import Producer  # noqa: E402
+
+NAME = "ingest_rate"
+ROOT_BECAUSE = "echod's embedded PostgreSQL runs as postgres"
+TARGET_PER_S = 100_000
 
 
 def produce(endpoint: str, keys: KeyRing, node: str, pushes: int, per_push: int,
@@ -47,6 +50,8 @@ def stored(engine) -> int:
 
 
 def run(args) -> dict:
+    if args.smoke:
+        args.producers, args.pushes = 2, 5
     root = Path(tempfile.mkdtemp(prefix="ingero-ingest-bench-"))
     root.chmod(0o755)
     keys = KeyRing.create(root / "keys")
@@ -86,17 +91,36 @@ def run(args) -> dict:
             "events_per_second": round(count / elapsed)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--pushes", type=int, default=50, help="pushes per producer")
     parser.add_argument("--events-per-push", type=int, default=500)
     parser.add_argument("--window", type=int, default=4, help="unacked pushes per producer")
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    args = parser.parse_args()
-    run_and_report(__file__, "echod's embedded PostgreSQL runs as postgres", run, args)
+
+
+def summary(result: dict) -> str:
+    return (f"{result['events_per_second']:,} events/s stored from {result['producers']} "
+            f"producers through fleetd into PostgreSQL, {result['lost']} lost "
+            f"(target {TARGET_PER_S:,})")
+
+
+def section(result: dict) -> str:
+    return "\n\n".join([
+        "## Sustained ingest: `ingest_rate.py`",
+        f"{result['producers']} producer processes push batches of events over the real "
+        "protocol (CURVE, acks, a few pushes ahead each) to fleetd, which spools them and "
+        "forwards them to echod on its embedded PostgreSQL (durable settings). The rate is "
+        "events stored over the time from the first push until the last event is in the "
+        "database; loss is checked by counting rows. Producers, fleetd, echod and PostgreSQL "
+        "share the machine.",
+        harness.table(["events sent", "stored", "lost", "seconds", "events/s", "target"], [[
+            f"{result['events_sent']:,}", f"{result['events_stored']:,}", result["lost"],
+            result["seconds"], f"{result['events_per_second']:,}", f"{TARGET_PER_S:,}"]]),
+        harness.against("sustained ingest", result["events_per_second"], TARGET_PER_S,
+                        "events/s", True),
+        harness.measured_line(result)])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.main(sys.modules[__name__]))

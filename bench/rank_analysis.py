@@ -12,7 +12,6 @@ Run: ``.venv/bin/python bench/rank_analysis.py [--json bench/results/rank-analys
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -22,11 +21,13 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.report import run_and_report  # noqa: E402
+from bench import harness  # noqa: E402
 from fleetd.config import SETTINGS  # noqa: E402
 from fleetd.ranks import RankAnalysis  # noqa: E402
 from ingero import wire  # noqa: E402
 
+NAME = "rank_analysis"
+ROOT_BECAUSE = None
 STEPS_PER_S = 50
 RANKS_PER_NODE = 8
 
@@ -82,18 +83,44 @@ def measure(ranks: int, seconds: int) -> dict:
 
 
 def run(args) -> dict:
+    if args.smoke:
+        args.ranks, args.seconds = [8, 64], 2
     return {"steps_per_s": STEPS_PER_S, "seconds": args.seconds,
             "jobs": [measure(ranks, args.seconds) for ranks in args.ranks]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512])
     parser.add_argument("--seconds", type=int, default=6)
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    run_and_report(__file__, "it shares bench/'s entry point, which runs as root",
-                   run, parser.parse_args())
+
+
+def summary(result: dict) -> str:
+    largest = result["jobs"][-1]
+    return (f"at {largest['ranks']} ranks a tick takes {largest['tick_ms_median']} ms, "
+            f"{largest['tick_over_one_second_of_decode']}× the decoding of a second's pushes; "
+            f"taking events in costs {largest['observe_over_decode']}× their decoding; late "
+            f"rank named in {sum(3 in j['named'] for j in result['jobs'])} of "
+            f"{len(result['jobs'])} jobs")
+
+
+def section(result: dict) -> str:
+    rows = [[j["ranks"], f"{j['observe_over_decode']}× ({j['observe_us_per_event']} µs an "
+             "event)", f"{j['tick_ms_median']} ms", f"{j['tick_over_one_second_of_decode']}×",
+             ", ".join(map(str, j["named"])) or "none"] for j in result["jobs"]]
+    return "\n\n".join([
+        "## fleetd's online rank analysis: `rank_analysis.py`",
+        "What the analysis adds to fleetd, against what fleetd pays anyway for every push "
+        "(checking it off the wire, `wire.decode`), on the same pushes in one run: jobs of "
+        f"several sizes (8 ranks a node), each node pushing a second's worth of its ranks' "
+        f"collectives and syncs ({result['steps_per_s']} steps a second), rank 3 5 ms late so "
+        "that the rules run through to a verdict.",
+        harness.table(["ranks", "taking a push's events in, over decoding them",
+                       "a tick (settle, judge, verdicts)", "tick over one second of decoding",
+                       "named"], rows),
+        "The tick runs once per recompute (1 s by default) in fleetd's loop; most of it is "
+        "numpy over the last 256 instances of each communicator.",
+        harness.measured_line(result)])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -1,0 +1,181 @@
+"""fleetd at scale: N agents over the real protocol (CURVE on), one push a second each.
+
+For each N, a fresh fleetd (no echod behind it: this measures fleetd's own path, from a push
+off the wire through its checks, the cohort and the rank analysis, to the reply; the ingest
+benchmark measures the rest) and a load generator of several processes (``fleet_load.py``),
+each holding its share of the agents and pushing on a schedule spread over the second. An
+agent is a node of a 64-rank job (8 nodes of 8 ranks): its push carries its ranks' collective
+entries and syncs, which fleetd aligns per job. Measured: reply time from send to reply at
+the agents (p50, p99), fleetd's CPU share and memory, its recompute time per job, and
+whether the generator kept its schedule (it must not be what is measured).
+
+    .venv/bin/python bench/fleet_scale.py [--agents 1000 5000 10000 20000] [--smoke]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from bench import harness  # noqa: E402
+from ingero.launch import Daemon, KeyRing, free_port, wait_for  # noqa: E402
+
+NAME = "fleet_scale"
+ROOT_BECAUSE = "tens of thousands of sockets need the hard descriptor limit raised"
+TARGET_AGENTS, TARGET_P99_MS = 10_000, 10.0
+RANKS_PER_JOB = 64
+DESCRIPTOR_MARGIN = 64           # fleetd's own files, sockets and metrics server
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match[1]) if match else float("nan")
+
+
+def generators(endpoint: str, keys: KeyRing, agents: int, processes: int, seconds: float,
+               events: int) -> list[subprocess.Popen]:
+    shares = np.array_split(np.arange(agents), processes)
+    return [subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "fleet_load.py"), endpoint, str(keys.agent_secret),
+         str(keys.fleet_public), str(len(share)), str(share[0]), str(agents), str(seconds),
+         str(events), str(RANKS_PER_JOB)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        for share in shares if len(share)]
+
+
+def measure(root: Path, agents: int, args) -> dict:
+    keys = KeyRing.create(root / f"keys-{agents}")
+    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    fleetd = Daemon.module(f"fleetd-{agents}", "fleetd", [
+        "--config", "/dev/null", "--bind", endpoint, "--metrics-addr", f"127.0.0.1:{port}",
+        *keys.fleetd_flags()], root)
+    try:
+        if not wait_for(lambda: "listening" in fleetd.log(), 60):
+            raise RuntimeError(fleetd.log())
+        load = generators(endpoint, keys, agents, args.processes, args.seconds, args.events)
+        for process in load:
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a generator stopped before its agents were welcomed:\n"
+                                   f"{fleetd.log()[-2000:]}")
+        rss_before = harness.peak_rss_mib(fleetd.process.pid)
+        cpu_before, began = harness.cpu_seconds(fleetd.process.pid), time.monotonic()
+        recompute_before = (metric(port, "ingero_fleet_recompute_seconds_sum"),
+                            metric(port, "ingero_fleet_recompute_seconds_count"))
+        for process in load:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        reports = [json.loads(process.communicate(timeout=args.seconds + 120)[0])
+                   for process in load]
+        wall = time.monotonic() - began
+        cpu = harness.cpu_seconds(fleetd.process.pid) - cpu_before
+        recompute = (metric(port, "ingero_fleet_recompute_seconds_sum") - recompute_before[0],
+                     metric(port, "ingero_fleet_recompute_seconds_count") - recompute_before[1])
+        peak_rss = harness.peak_rss_mib(fleetd.process.pid)
+        events_accepted = metric(port, "ingero_fleet_events_accepted_total")
+    finally:
+        fleetd.stop(30)
+    latencies = np.concatenate([r["latencies_ms"] for r in reports])
+    pushed = sum(r["pushed"] for r in reports)
+    jobs = -(-agents // (RANKS_PER_JOB // 8))
+    row = {"agents": agents, "jobs": jobs, "events_per_push": args.events,
+           "pushed": pushed, "answered": int(len(latencies)),
+           "reply_ms_p50": round(float(np.percentile(latencies, 50)), 2),
+           "reply_ms_p99": round(float(np.percentile(latencies, 99)), 2),
+           "reply_ms_max": round(float(latencies.max()), 2),
+           "fleetd_cpu_share": round(cpu / wall, 3),
+           "fleetd_rss_mib": {"connected": round(rss_before), "peak": round(peak_rss)},
+           "events_accepted": int(events_accepted),
+           "recompute_ms_mean": round(recompute[0] / max(recompute[1], 1) * 1e3, 2),
+           "recompute_us_per_job": round(recompute[0] / max(recompute[1], 1) / jobs * 1e6, 1),
+           "generator_cpu_share": round(sum(r["cpu_s"] for r in reports) / wall, 3),
+           "generator_behind_ms_p99": max(r["behind_ms_p99"] for r in reports)}
+    print(f"{agents} agents: reply p50 {row['reply_ms_p50']} ms, p99 {row['reply_ms_p99']} ms,"
+          f" fleetd {row['fleetd_cpu_share']:.2f} CPU, {row['answered']}/{pushed} answered",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def run(args) -> dict:
+    if args.smoke:
+        args.agents, args.seconds, args.processes = [200], 5.0, 2
+    hard = descriptors()
+    fits = [n for n in args.agents if n + DESCRIPTOR_MARGIN <= hard]
+    skipped = {n: f"fleetd would need more than {n:,} descriptors; the hard limit here is "
+               f"{hard:,} and cannot be raised" for n in args.agents if n not in fits}
+    with tempfile.TemporaryDirectory(prefix="ingero-fleet-scale-") as tmp:
+        return {"seconds": args.seconds, "processes": args.processes, "skipped": skipped,
+                "rows": [measure(Path(tmp), n, args) for n in fits]}
+
+
+def descriptors() -> int:
+    """The hard limit on open files fleetd will get, raised as far as this process may."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = int(Path("/proc/sys/fs/nr_open").read_text())
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, wanted))
+        return wanted
+    except (ValueError, OSError):
+        return hard
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--agents", type=int, nargs="+", default=[1000, 5000, 10000, 20000])
+    parser.add_argument("--seconds", type=float, default=20.0, help="pushing time per size")
+    parser.add_argument("--processes", type=int, default=4, help="generator processes")
+    parser.add_argument("--events", type=int, default=16,
+                        help="events per push (8 ranks: an all-reduce entry and a sync each)")
+
+
+def at_target(result: dict) -> dict | None:
+    return next((r for r in result["rows"] if r["agents"] == TARGET_AGENTS), None)
+
+
+def summary(result: dict) -> str:
+    row = at_target(result) or result["rows"][-1]
+    return (f"{row['agents']:,} agents at a push a second: reply p99 {row['reply_ms_p99']} ms "
+            f"(target {TARGET_P99_MS:g} ms at {TARGET_AGENTS:,}), fleetd "
+            f"{row['fleetd_cpu_share']:.2f} CPU, {row['fleetd_rss_mib']['peak']} MiB")
+
+
+def section(result: dict) -> str:
+    rows = [[f"{r['agents']:,}", f"{r['reply_ms_p50']} ms", f"{r['reply_ms_p99']} ms",
+             f"{r['answered']:,} of {r['pushed']:,}", f"{r['fleetd_cpu_share']:.2f}",
+             f"{r['fleetd_rss_mib']['peak']} MiB", f"{r['recompute_us_per_job']} µs",
+             f"{r['generator_cpu_share']:.2f} CPU, p99 {r['generator_behind_ms_p99']} ms late"]
+            for r in result["rows"]]
+    return "\n\n".join([
+        "## fleetd at scale: `fleet_scale.py`",
+        "For each size a fresh fleetd (CURVE on, no echod behind it: its own path from a push "
+        "off the wire to the reply) serves agents from a load generator of "
+        f"{result['processes']} processes (`fleet_load.py`), each agent a DEALER socket with "
+        "CURVE pushing once a second at its own phase, for "
+        f"{result['seconds']:g} s. Each agent is a node of a {RANKS_PER_JOB}-rank job (8 "
+        "nodes of 8 ranks); its push carries its ranks' all-reduce entries and syncs, which "
+        "fleetd aligns per job. Reply time is measured at the agents, send to reply.",
+        harness.table(["agents", "reply p50", "reply p99", "answered", "fleetd CPU",
+                       "fleetd peak RSS", "recompute per job", "generator"], rows),
+        f"Target: {TARGET_AGENTS:,} agents with a reply p99 under {TARGET_P99_MS:g} ms. The "
+        "generator shares the machine with fleetd; its CPU and how late it ran behind its "
+        "schedule are in the last column.",
+        *([harness.against(f"reply p99 at {TARGET_AGENTS:,} agents", row["reply_ms_p99"],
+                           TARGET_P99_MS, "ms", False)] if (row := at_target(result)) else []),
+        *[f"Not measured: {n} agents, because {why}." for n, why in result["skipped"].items()],
+        harness.measured_line(result)])
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(sys.modules[__name__]))
