@@ -7,13 +7,15 @@ instances: a rank late persistently or periodically, a rank whose own kernels ar
 missing from a collective its peers entered (hung, or dead when its process exited). The job's
 ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
 rank's host and GPU facts, a severity, a fix and what it cost; verdicts and per-rank lag
-summaries are forwarded to echod. Nothing here touches a socket or reads a clock.
+summaries are forwarded to echod. Nothing here touches a socket or reads the wall clock.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,6 +34,7 @@ log = logging.getLogger("fleetd")
 
 UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
+SERVE_EVERY_S = 0.005                # judging between two chances for fleetd to answer pushes
 
 
 class RankAnalysis:
@@ -117,10 +120,19 @@ class RankAnalysis:
 
     # -- the tick ------------------------------------------------------------------------------
 
-    def tick(self, now: float) -> list[Verdict]:
-        """Settle, judge every job, expire idle ones; returns the verdicts that changed."""
+    def tick(self, now: float, between: Callable[[], None] | None = None,
+             every_s: float = SERVE_EVERY_S) -> list[Verdict]:
+        """Settle, judge every job, expire idle ones; returns the verdicts that changed.
+        ``between`` is called between two jobs once ``every_s`` of judging has passed since
+        it last ran: fleetd answers the pushes waiting meanwhile, so a tick over thousands of
+        jobs does not hold every reply up (a push it handles then may add to a job already
+        judged, or not yet: either way it is judged next tick)."""
         changed: list[Verdict] = []
+        served = time.perf_counter()
         for key, job in list(self.jobs.items()):
+            if between is not None and time.perf_counter() - served >= every_s:
+                between()
+                served = time.perf_counter()
             job.peers = None
             found: dict[tuple[int, str], Verdict] = {}
             for comm, window in job.comms.items():
@@ -167,8 +179,11 @@ class RankAnalysis:
             return {}
         entries, steps = window.entries[rows], window.step[rows]
         ranks = self._ranks(job, comm, window.nranks)
+        # Hysteresis for a persistent verdict only: a rank named periodic, late one instance
+        # in five, would otherwise pass the kept share and be renamed persistent.
         named = frozenset(column for column, rank in enumerate(ranks)
-                          if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None)
+                          if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
+                          and v.kind == "persistent")
         judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks))
         found = {}
         for f in judgement.findings:

@@ -135,6 +135,11 @@ class FleetServer:
 
     # -- messages ------------------------------------------------------------------------------
 
+    def serve_waiting(self) -> None:
+        """Answer what arrived while a long computation ran (called from inside it)."""
+        if self.drain():
+            self.answer()
+
     def drain(self) -> int:
         """Handle what is waiting, at most DRAIN_BATCH messages, without blocking. All are
         read first, each stamped as it leaves the socket: a push's receive time must not include
@@ -264,7 +269,7 @@ class FleetServer:
 
     def judge_ranks(self) -> None:
         """The rank analysis's tick: verdicts raised, updated or cleared go to echod."""
-        changed = self.ranks.tick(time.time())
+        changed = self.ranks.tick(time.time(), between=self.serve_waiting)
         self.metrics.publish_ranks(self.ranks, self.clocks, changed)
         verdicts, peer_lag = self.ranks.take_rows()
         if self.forwarder is not None:

@@ -249,3 +249,28 @@ def test_clock_book_keeps_the_best_round_trips():
     book.observe("n", [101.25, 101.3, 101.301, 101.302])        # a slow, lopsided leg
     assert book.offset("n") == pytest.approx(0.25, abs=0.03)
     assert book.offset("unknown") == 0.0
+
+
+def test_a_tick_over_many_jobs_lets_fleetd_serve_between_them():
+    ra = analysis()
+    late = lambda r, s: 0.05 if r == 5 else 0.0       # noqa: E731
+    for job in ("1", "2", "3"):
+        ra.observe(push("n0", steps(range(8), 0, 30, late, job=job)), 0.0, T0 + 2)
+    served = []
+
+    def between():            # fleetd answers a push meanwhile, which names a fourth job
+        served.append(len(served))
+        if len(served) == 1:
+            ra.observe(push("n1", steps(range(8), 0, 30, late, job="4")), 0.0, T0 + 2)
+
+    changed = ra.tick(T0 + 2, between=between, every_s=0.0)
+    assert len(served) == 3 and {v.job for v in changed} == {"1", "2", "3"}
+    assert {v.job for v in ra.tick(T0 + 2.5)} == {"4"}, "the job that came meanwhile, next tick"
+
+
+def test_a_rank_named_periodic_is_not_renamed_persistent_by_two_stray_late_steps():
+    ra = analysis()
+    stalls = lambda r, s: 0.08 if r == 5 and (s % 5 == 3 or s in (47, 51)) else 0.0   # noqa: E731
+    changed = feed(ra, late=stalls, until=60)
+    assert {(v.rank, v.kind) for v in changed} == {(5, "periodic")}, \
+        [(v.rank, v.kind, v.step) for v in changed]

@@ -37,7 +37,7 @@ class LagPolicy:
     recent: int = 16                  # instances a persistent verdict looks at, at most
     recent_s: float = 1.5             # ... or those of the last seconds, when steps are slow
     min_recent: int = 4               # ... but never fewer than this
-    keep_share: float = 0.25          # of them still late, for a rank already named
+    keep_share: float = 0.25          # of them still late, for a rank already named persistent
     min_instances: int = 8            # before anything is judged
     min_occurrences: int = 3          # late instances before a period is named
     regular_share: float = 0.6        # of the gaps that must equal the period
@@ -129,9 +129,10 @@ def period(late: np.ndarray, policy: LagPolicy) -> int | None:
 def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
           named: frozenset[int] = frozenset(), slack: np.ndarray | None = None) -> Judgement:
     """Every straggler among the columns of ``entries``, by the rules above; ``named`` are the
-    columns already under a verdict. ``slack`` (seconds, per column) is how far a column's
-    times may be off, its node's clock uncertainty: an instance counts as late only when its
-    lag is over the bar by more than that, so a lag its clock could explain names no one."""
+    columns already under a persistent verdict. ``slack`` (seconds, per column) is how far a
+    column's times may be off, its node's clock uncertainty: an instance counts as late only
+    when its lag is over the bar by more than that, so a lag its clock could explain names no
+    one."""
     entries = np.atleast_2d(np.asarray(entries, float))
     lag = peer_lag(entries)
     step = step_interval(entries)
