@@ -29,7 +29,7 @@ from bench.harness import RESULTS  # noqa: E402
 
 # In the order they run and appear: the cheap ones first, so a failure shows early.
 BENCHMARKS = ["rank_analysis", "trace_overhead", "ingest_rate", "fleet_scale", "tool_latency",
-              "drills"]
+              "quality", "drills"]
 DOCS = REPO / "docs" / "benchmarks.md"
 README = REPO / "README.md"
 QUOTE = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)

@@ -1,0 +1,347 @@
+"""Detection quality: does ingero name the right ranks, for the right reason, and how soon?
+Scored over sim scenarios against two baselines that read the same stored events.
+
+One stack of the real product runs for the whole benchmark (``ingero.stack``: echod on its own
+PostgreSQL, fleetd, node-wide ingerods with bcc uprobes on the sim's libraries). Each scenario
+is a sim job with its own Slurm job id; fleetd's verdicts are read with the ``find_stragglers``
+tool once a push interval while it runs (every revision is seen: the store keeps the newest)
+and after it ends, and the job's collective entries and its nodes' health scores with SQL over
+echod's API, for the baselines (``quality_scoring``). The truth is the scenario's injected
+stragglers; their onset times come from the ranks' own records. The stack has one agent more
+than the widest job, its clock 250 ms ahead (faketime): the clock-skew scenarios run one of
+their nodes on it. ``--smoke`` runs two 8-rank jobs, one late rank (on the skewed node) and
+one healthy. The tables and notes of the section are ``quality_report``'s.
+
+    .venv/bin/python bench/quality.py [--smoke] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import harness, quality_report  # noqa: E402
+from bench.quality_scoring import (HEALTH_K, LAG_SIGMAS, METHODS, Entry, Tally,  # noqa: E402
+                                   diagnosed, health_mad, lag_mean_sigma, ranks_of_nodes,
+                                   rounded, spread)
+from sim import scenario as scenarios  # noqa: E402
+from sim.cluster import Cluster, ClusterResult  # noqa: E402
+from sim.records import read_record  # noqa: E402
+
+NAME = "quality"
+ROOT_BECAUSE = "the agents load eBPF probes (CAP_BPF, CAP_PERFMON)"
+summary, section = quality_report.summary, quality_report.section   # the one line, the docs
+
+PUSH_S = 1.0
+HANG_TIMEOUT_S = 4.0
+SKEW_S = 0.25
+SETTLE_S = 3 * PUSH_S + 2          # the last pushes, fleetd's tick and echod's commit
+PAGE_ROWS = 10_000                 # the SQL endpoint's largest row cap
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """A scenario, and which of its nodes (if any) runs on the agent whose clock is ahead."""
+
+    scenario: scenarios.Scenario
+    skewed_node: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+
+def case(name: str, what: str, nodes: int, ranks_per_node: int, stragglers=(),
+         skewed_node: int | None = None, **job) -> Case:
+    base = {"nodes": nodes, "ranks_per_node": ranks_per_node, "steps": 60, "step_ms": 50,
+            "allreduce_bytes": 1 << 20, "timeout_s": 30}
+    return Case(scenarios.parse({"name": name, "description": what, "job": base | job,
+                                 "stragglers": list(stragglers)}), skewed_node)
+
+
+def delay(rank: int, ms: float, from_step: int = 0) -> dict:
+    return {"rank": rank, "kind": "host_delay", "delay_ms": ms, "from_step": from_step}
+
+
+FORTY_PERCENT = [delay(rank, 20 + 5 * i) for i, rank in
+                 enumerate([1, 3, 6, 8, 10, 13, 17, 20, 22, 25, 28, 31])]
+
+FULL = [
+    case("late-onset", "rank 11 turns 60 ms late on the host at step 30", 2, 8,
+         [delay(11, 60, 30)]),
+    case("slow-from-start", "rank 3 is 30 ms late from step 0", 2, 4, [delay(3, 30)]),
+    case("periodic", "rank 1 stalls 80 ms every 5th step", 2, 4,
+         [{"rank": 1, "kind": "hiccup", "delay_ms": 80, "every": 5}]),
+    case("slow-gpu", "rank 6's GPU runs kernels 1.5× slower", 4, 4,
+         [{"rank": 6, "kind": "slow_gpu", "factor": 1.5}]),
+    case("cpu-contention", "rank 2 shares its CPU with three busy loops at nice -10", 2, 4,
+         [{"rank": 2, "kind": "cpu_contention", "hogs": 3, "nice": -10}], host_work_ms=2),
+    case("rank-dies", "rank 6 exits at step 30", 2, 4,
+         [{"rank": 6, "kind": "die", "at_step": 30}], timeout_s=12),
+    case("rank-hangs", "rank 9 stops calling anything at step 30", 2, 8,
+         [{"rank": 9, "kind": "hang", "at_step": 30}], timeout_s=12),
+    case("three-at-once", "3 of 8 slow at once: host delay, slow GPU, CPU contention", 2, 4,
+         [delay(1, 60), {"rank": 4, "kind": "slow_gpu", "factor": 2.0},
+          {"rank": 6, "kind": "cpu_contention", "hogs": 3, "nice": -10}], host_work_ms=1),
+    case("forty-percent", "12 of 32 ranks late by 20 to 75 ms", 4, 8, FORTY_PERCENT),
+    case("clock-skew-healthy", "no straggler; node 5's agent clock is 250 ms ahead", 8, 2,
+         skewed_node=5, jitter_ms=2),
+    case("clock-skew-straggler", "rank 10 late by 50 ms; node 1's agent clock 250 ms ahead",
+         4, 4, [delay(10, 50, 20)], skewed_node=1),
+    case("healthy-jitter-64", "no straggler; every rank 0 to 4 ms of random host time a step",
+         8, 8, jitter_ms=4, step_ms=200, steps=40),
+    case("late-rank-64", "rank 45 turns 40 ms late at step 20", 8, 8, [delay(45, 40, 20)],
+         step_ms=200, steps=40),
+    case("slow-gpu-64", "rank 30's GPU runs kernels 1.5× slower", 8, 8,
+         [{"rank": 30, "kind": "slow_gpu", "factor": 1.5}], step_ms=200, steps=40),
+]
+
+SMOKE = [
+    case("late-rank", "rank 5 turns 60 ms late at step 10; node 1's agent clock 250 ms ahead",
+         2, 4, [delay(5, 60, 10)], skewed_node=1, steps=30, step_ms=40),
+    case("healthy", "no straggler; 0 to 2 ms of random host time a step", 2, 4, steps=30,
+         step_ms=40, jitter_ms=2),
+]
+
+
+class Placed(Cluster):
+    """A sim job whose node ``n`` is traced by the agent of node ``placement[n]``: the agents
+    tell their ranks apart by SLURM_NODEID (``--match-env``), so that is all that changes."""
+
+    def __init__(self, scenario, workdir: Path, placement: list[int]):
+        super().__init__(scenario, workdir)
+        self.placement = placement
+
+    def _launcher_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
+        return {**super()._launcher_env(rank, node, local_rank),
+                "SLURM_NODEID": str(self.placement[node])}
+
+
+# -- running -----------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        choices=[c.name for c in FULL + SMOKE],
+                        help="run only these scenarios (names as in the section's table)")
+
+
+def run(args) -> dict:
+    import sim
+    from ingero.stack import Stack
+
+    cases = SMOKE if args.smoke else FULL
+    if args.only:
+        cases = [c for c in FULL + SMOKE if c.name in args.only]
+    sim.build()
+    skewed_agent = max(c.scenario.job.nodes for c in cases)
+    skewed = any(c.skewed_node is not None for c in cases)
+    agents = skewed_agent + 1 if skewed else skewed_agent
+    root = Path(tempfile.mkdtemp(prefix="ingero-quality-"))
+    root.chmod(0o755)                         # the embedded PostgreSQL runs as postgres
+    began = time.monotonic()
+    try:
+        stack = Stack(root, agents, push_s=PUSH_S, hang_timeout_s=HANG_TIMEOUT_S,
+                      skew={skewed_agent: SKEW_S} if skewed else None,
+                      echod_flags=("--drain-seconds", "0", "--rate-limit", "500",
+                                   "--rate-burst", "2000"))
+        try:
+            rows = [run_case(stack, c, 5100 + i, skewed_agent) for i, c in enumerate(cases)]
+        finally:
+            stopped = stack.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"scenarios": rows, "methods": totals(rows),
+            "seconds": round(time.monotonic() - began),
+            "settings": {"push_s": PUSH_S, "hang_timeout_s": HANG_TIMEOUT_S, "skew_s": SKEW_S,
+                         "skewed_agent": f"node{skewed_agent}" if skewed else None,
+                         "agents": agents, "lag_sigmas": LAG_SIGMAS, "health_k": HEALTH_K},
+            "stack_exit_statuses": stopped}
+
+
+def run_case(stack, c: Case, job_id: int, skewed_agent: int) -> dict:
+    """Run one scenario as a sim job, then score what each method names."""
+    scenario = scenarios.with_job(c.scenario, job_id=str(job_id))
+    job = scenario.job
+    placement = [skewed_agent if n == c.skewed_node else n for n in range(job.nodes)]
+    print(f"{c.name}: job {job_id}, {job.world_size} ranks", file=sys.stderr, flush=True)
+    cpu_before, started = cpu_times(), time.time()
+    with Placed(scenario, stack.root / f"job-{job_id}", placement) as cluster:
+        result, seen = watch(stack, cluster, str(job_id))
+    cpu_after, ended = cpu_times(), time.time()
+    time.sleep(SETTLE_S)
+    verdicts = seen + stack.tool("find_stragglers", job=str(job_id))["verdicts"]
+    entries, node_of_rank = read_entries(stack, str(job_id))
+    scores = read_scores(stack, set(node_of_rank.values()), started, ended + PUSH_S)
+    truth = {s.rank: s.kind for s in scenario.stragglers}
+    onsets = onset_times(scenario, result)
+    expected_failure = any(kind in ("die", "hang") for kind in truth.values())
+    row = {"name": c.name, "what": scenario.description, "ranks": job.world_size,
+           "nodes": job.nodes, "skewed_node": c.skewed_node,
+           "job_ok": result.ok or expected_failure, "seconds": round(ended - started, 1),
+           "cpu_busy": round((cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1]), 2),
+           "truth": [{"rank": rank, "kind": kind} for rank, kind in sorted(truth.items())],
+           "ingero": score_ingero(truth, verdicts, onsets, started),
+           "lag_mean_2sigma": score_named(truth, lag_mean_sigma(entries)),
+           "health_mad": score_nodes(truth, health_mad(scores), node_of_rank)}
+    print(f"{c.name}: {row['seconds']} s; ingero {row['ingero']['tally']}", file=sys.stderr,
+          flush=True)
+    return row
+
+
+def watch(stack, cluster: Cluster, job: str) -> tuple[ClusterResult, list[dict]]:
+    """Wait for the job to end while reading fleetd's verdicts once a push interval, as
+    ``ingero demo`` tells them: the store keeps a verdict's newest revision only (a hang
+    becomes died once the launcher kills the hung rank), so each revision is seen as it
+    comes."""
+    seen = []
+    with ThreadPoolExecutor(1) as pool:
+        ending = pool.submit(cluster.wait)
+        while not futures.wait([ending], timeout=PUSH_S).done:
+            seen += stack.tool("find_stragglers", job=job)["verdicts"]
+        return ending.result(), seen
+
+
+def cpu_times() -> tuple[int, int]:
+    """This machine's busy and total CPU time so far (clock ticks, all CPUs), from /proc/stat."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = ticks[3] + ticks[4]                    # idle, iowait
+    return sum(ticks[:8]) - idle, sum(ticks[:8])  # guest time is counted in user already
+
+
+# -- reading back what echod stored ------------------------------------------------------------
+
+ENTRIES = """SELECT comm_hash, seq, rank, node, extract(epoch FROM t) FROM events
+WHERE cluster = 'sim' AND job = {job} AND kind = 'collective' AND rank IS NOT NULL
+  AND seq IS NOT NULL AND comm_hash IS NOT NULL
+ORDER BY comm_hash, seq, rank, t LIMIT {limit} OFFSET {offset}"""
+
+SCORES = """SELECT node, score FROM health_scores
+WHERE cluster = 'sim' AND state <> 'idle' AND t >= {since} AND t <= {until}"""
+
+
+def literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def timestamp(seconds: float) -> str:
+    return "TIMESTAMPTZ " + literal(datetime.fromtimestamp(seconds, timezone.utc).isoformat())
+
+
+def read_entries(stack, job: str) -> tuple[list[Entry], dict[int, str]]:
+    """The job's collective entries as stored (each node's own clock), and each rank's node."""
+    entries, node_of_rank = [], {}
+    while True:
+        answer = stack.client().sql(ENTRIES.format(job=literal(job), limit=PAGE_ROWS,
+                                                   offset=len(entries)), row_cap=PAGE_ROWS)
+        for comm_hash, seq, rank, node, t in answer["rows"]:
+            entries.append(Entry(comm_hash, int(seq), int(rank), float(t)))
+            node_of_rank[int(rank)] = node
+        if len(answer["rows"]) < PAGE_ROWS:
+            return entries, node_of_rank
+
+
+def read_scores(stack, nodes: set[str], since: float, until: float) -> dict[str, list[float]]:
+    """The health scores fleetd received from the job's nodes while it ran, per node."""
+    answer = stack.client().sql(SCORES.format(since=timestamp(since), until=timestamp(until)),
+                                row_cap=PAGE_ROWS)
+    scores: dict[str, list[float]] = {node: [] for node in nodes}
+    for node, score in answer["rows"]:
+        if node in scores:
+            scores[node].append(float(score))
+    return scores
+
+
+def onset_times(scenario, result: ClusterResult) -> dict[int, float]:
+    """Each straggler's onset on the wall clock, from the ranks' records: its first late entry
+    (the first delayed step, or step 0 for a slow GPU or a contended CPU); for a rank that
+    dies or hangs, when its peers entered the collective it never reached."""
+    wall_minus_monotonic = time.time() - time.monotonic()
+    onsets = {}
+    for s in scenario.stragglers:
+        if s.kind in ("die", "hang"):
+            entries = [read_record(r.record_path).at_step(s.at_step) for r in result.ranks
+                       if r.rank != s.rank]
+            times = [e["entry_ns"] for e in entries if e]
+            entry_ns = statistics.median(times) if times else None
+        else:
+            step = s.from_step if s.kind in ("host_delay", "hiccup") else 0
+            entry = read_record(result.rank(s.rank).record_path).at_step(step)
+            entry_ns = entry["entry_ns"] if entry else None
+        if entry_ns is not None:
+            onsets[s.rank] = entry_ns / 1e9 + wall_minus_monotonic
+    return onsets
+
+
+# -- scoring each method -----------------------------------------------------------------------
+
+def raised_at(verdict: dict) -> float:
+    return datetime.fromisoformat(verdict["raised"]).timestamp()
+
+
+def score_ingero(truth: dict[int, str], verdicts: list[dict], onsets: dict[int, float],
+                 started: float) -> dict:
+    """fleetd's verdicts (every revision seen): who was named, with what diagnosis, how long
+    after the onset."""
+    by_rank: dict[int, list[dict]] = {}
+    for v in sorted(verdicts, key=raised_at):
+        said = by_rank.setdefault(v["rank"], [])
+        if (v["kind"], v["cause"]) not in [(w["kind"], w["cause"]) for w in said]:
+            said.append(v)
+    right = sorted(rank for rank in set(by_rank) & set(truth)
+                   if diagnosed(truth[rank], by_rank[rank]))
+    after = {rank: round(raised_at(by_rank[rank][0]) - onsets[rank], 2)
+             for rank in set(by_rank) & set(truth) if rank in onsets}
+    return {"named": sorted(by_rank), "tally": Tally.of(set(truth), set(by_rank)).to_json(),
+            "diagnosed": right,
+            "verdicts": [{"rank": v["rank"], "kind": v["kind"], "cause": v["cause"],
+                          "lag_p50_ms": v["lag_p50_ms"],
+                          "raised_s": round(raised_at(v) - started, 2)}
+                         for rank in sorted(by_rank) for v in by_rank[rank]],
+            "time_to_verdict_s": {str(rank): s for rank, s in sorted(after.items())}}
+
+
+def score_named(truth: dict[int, str], named: set[int]) -> dict:
+    return {"named": sorted(named), "tally": Tally.of(set(truth), named).to_json()}
+
+
+def score_nodes(truth: dict[int, str], nodes: set[str], node_of_rank: dict[int, str]) -> dict:
+    return {"nodes": sorted(nodes),
+            **score_named(truth, ranks_of_nodes(nodes, node_of_rank))}
+
+
+def tally_of(row: dict, method: str) -> Tally:
+    t = row[method]["tally"]
+    return Tally(t["tp"], t["fp"], t["fn"])
+
+
+def totals(rows: list[dict]) -> dict:
+    """Per method, the counts over every scenario; for ingero also the diagnoses and the time
+    from onset to verdict."""
+    out = {}
+    for method in METHODS:
+        total = sum((tally_of(row, method) for row in rows), Tally())
+        out[method] = total.to_json()
+    found = out["ingero"]["tp"]
+    right = sum(len(row["ingero"]["diagnosed"]) for row in rows)
+    out["ingero"]["cause_accuracy"] = rounded(right / found if found else None)
+    out["ingero"]["diagnosed"] = right
+    out["ingero"]["time_to_verdict"] = spread(
+        [s for row in rows for s in row["ingero"]["time_to_verdict_s"].values()])
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(sys.modules[__name__]))
