@@ -54,6 +54,7 @@ class RankAnalysis:
         self.heard: dict[str, tuple[float, float]] = {}   # node → (last push, its interval)
         self.pending_rows: list[dict] = []
         self.pending_lag: list[dict] = []
+        self.live_by_node: dict[str | None, set[int]] = {}    # node → ranks under a verdict
 
     # -- intake --------------------------------------------------------------------------------
 
@@ -146,6 +147,9 @@ class RankAnalysis:
                 del self.jobs[key]
         changed = list({id(v): v for v in changed}.values())   # a verdict once, as it is now
         self.pending_rows += [v.row() for v in changed]
+        self.live_by_node = defaultdict(set)
+        for verdict in self.active():
+            self.live_by_node[verdict.node].add(verdict.rank)
         return changed
 
     def _settle(self, job: JobState, comm: str, window: CommWindow) -> None:
@@ -403,9 +407,9 @@ class RankAnalysis:
         return sum(w.incomplete for job in self.jobs.values() for w in job.comms.values())
 
     def straggler_ranks(self, node: str) -> list[int]:
-        """The ranks on ``node`` under a live verdict, for the push reply."""
-        return sorted({v.rank for job in self.jobs.values() for v in job.verdicts.values()
-                       if v.node == node and v.cleared is None})
+        """The ranks on ``node`` under a live verdict as of the last tick, for the push reply
+        (asked once a push: an index, not a walk over every job's verdicts)."""
+        return sorted(self.live_by_node.get(node, ()))
 
     def active(self) -> list[Verdict]:
         return [v for job in self.jobs.values() for v in job.verdicts.values()

@@ -265,6 +265,7 @@ def test_a_tick_over_many_jobs_lets_fleetd_serve_between_them():
 
     changed = ra.tick(T0 + 2, between=between, every_s=0.0)
     assert len(served) == 3 and {v.job for v in changed} == {"1", "2", "3"}
+    assert ra.straggler_ranks("n0") == [5] and ra.straggler_ranks("n1") == []
     assert {v.job for v in ra.tick(T0 + 2.5)} == {"4"}, "the job that came meanwhile, next tick"
 
 
