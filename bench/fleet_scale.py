@@ -15,13 +15,11 @@ whether the generator kept its schedule (it must not be what is measured).
 from __future__ import annotations
 
 import json
-import re
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,18 +29,13 @@ import numpy as np  # noqa: E402
 
 from bench import harness  # noqa: E402
 from ingero.launch import Daemon, KeyRing, free_port, wait_for  # noqa: E402
+from tests.support import metric  # noqa: E402
 
 NAME = "fleet_scale"
 ROOT_BECAUSE = "tens of thousands of sockets need the hard descriptor limit raised"
 TARGET_AGENTS, TARGET_P99_MS = 10_000, 10.0
 RANKS_PER_JOB = 64
 DESCRIPTOR_MARGIN = 64           # fleetd's own files, sockets and metrics server
-
-
-def metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(match[1]) if match else float("nan")
 
 
 def generators(endpoint: str, keys: KeyRing, agents: int, processes: int, seconds: float,
