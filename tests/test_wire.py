@@ -137,3 +137,43 @@ def test_mutated_bodies_raise_only_frame_errors(message, changes):
     except FrameError:
         return
     assert type(decoded) is type(message)
+
+
+def _edge_text(limit: int):
+    """Text mostly within ``limit`` characters and not empty, sometimes just past either end."""
+    fits = st.text(min_size=1, max_size=limit)
+    return st.one_of(fits, fits, fits, fits, st.just(""),
+                     st.text(min_size=limit + 1, max_size=limit + 1))
+
+
+attr_values = st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=20),
+                        st.floats(allow_nan=False, allow_infinity=False), scalars)
+times = st.one_of(st.floats(min_value=0.0, allow_infinity=False), st.floats())
+events = st.one_of(
+    st.fixed_dictionaries(
+        {"id": _edge_text(128), "kind": _edge_text(64), "t": times},
+        optional={"attrs": st.dictionaries(_edge_text(64), attr_values, max_size=4)}),
+    st.fixed_dictionaries({}, optional={
+        "id": st.one_of(st.text(max_size=3), st.integers()),
+        "t": st.one_of(st.floats(), st.integers(-5, 5), st.text(max_size=3)),
+        "kind": st.one_of(st.text(max_size=3), st.none()),
+        "attrs": st.one_of(st.dictionaries(st.integers(), values, max_size=2),
+                           st.lists(scalars, max_size=2)),
+        "extra": scalars}))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(events)
+def test_event_fast_path_agrees_with_the_named_checks(event):
+    """fleetd takes well-formed events without naming each field; whatever it takes that way
+    must be exactly what the field-by-field checks take, and what they refuse it refuses."""
+    try:
+        slow = wire.check_event_fields("e", event)
+    except BadSchema:
+        slow = None
+    assert wire._plain_event(event) == (slow is not None and type(event.get("t")) is float)
+    try:
+        fast = wire.check_event("e", event)
+    except BadSchema:
+        fast = None
+    assert fast == slow
