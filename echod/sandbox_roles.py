@@ -21,6 +21,7 @@ lexical check alone (logged at start).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -146,7 +147,7 @@ def prepare(owner_engine: Engine, role: str, password: str) -> str:
         raise StorageError(f"the SQL sandbox role must be a plain lower-case name, not {role!r}")
     if not password:
         raise StorageError("the SQL sandbox role needs a password")
-    with owner_engine.begin() as connection:
+    with owner_engine.begin() as connection, _role_privileges_needed(owner_engine.url):
         if connection.scalar(text("SELECT to_regclass('sandbox_key')")) is None:
             raise StorageError("the database has no sandbox key: migrate it first")
         if connection.scalar(text("SELECT current_user")) == role:
@@ -157,6 +158,22 @@ def prepare(owner_engine: Engine, role: str, password: str) -> str:
         _open_gate(connection, role)
         _close_catalog(connection)
         return connection.scalar(text("SELECT key FROM sandbox_key"))
+
+
+@contextlib.contextmanager
+def _role_privileges_needed(owner_url: URL):
+    """PostgreSQL's refusal to let echod's role make the sandbox's roles, said as what that
+    role lacks: on a server of the operator's (--dsn), CREATEROLE or the database's CONNECT."""
+    try:
+        yield
+    except sqlalchemy.exc.DBAPIError as exc:
+        if _sqlstate(exc) != "42501":                    # insufficient_privilege
+            raise
+        reason = str(exc.orig).strip().splitlines()[0]
+        raise StorageError(
+            f"echod's database role {owner_url.username} may not set up the SQL sandbox's "
+            f"roles ({reason}): it needs the CREATEROLE attribute and the right to grant "
+            "CONNECT on its database (as its owner)") from None
 
 
 def _create_role(connection: Connection, role: str, password: str) -> None:
