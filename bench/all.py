@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import scale_model  # noqa: E402
 from bench.harness import RESULTS  # noqa: E402
 
 # In the order they run and appear: the cheap ones first, so a failure shows early.
@@ -68,7 +69,7 @@ def run_one(name: str, smoke: bool, out: Path | None) -> tuple[bool, str]:
 
 def documents(results: Path) -> tuple[str, list[str]]:
     """docs/benchmarks.md and the README's summary lines, from the results in ``results``."""
-    sections, lines = [INTRO.strip()], []
+    sections, lines, found = [INTRO.strip()], [], {}
     for name in BENCHMARKS:
         path = results / f"{name}.json"
         if not path.exists():
@@ -76,8 +77,10 @@ def documents(results: Path) -> tuple[str, list[str]]:
                             f"--only {name}`.")
             continue
         result = json.loads(path.read_text())
+        found[name] = result
         sections.append(module(name).section(result))
         lines.append(f"- {name}: {module(name).summary(result)}")
+    sections.append(scale_model.section(found))
     return "\n\n".join(sections) + "\n", lines
 
 

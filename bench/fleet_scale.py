@@ -71,6 +71,8 @@ def measure(root: Path, agents: int, args) -> dict:
         for process in load:
             process.stdin.write("go\n")
             process.stdin.flush()
+        profiler = (harness.profile(fleetd.process.pid, args.seconds / 2, root / "profile.txt")
+                    if agents == args.profile_at else None)
         reports = [json.loads(process.communicate(timeout=args.seconds + 120)[0])
                    for process in load]
         wall = time.monotonic() - began
@@ -79,6 +81,8 @@ def measure(root: Path, agents: int, args) -> dict:
                      metric(port, "ingero_fleet_recompute_seconds_count") - recompute_before[1])
         peak_rss = harness.peak_rss_mib(fleetd.process.pid)
         events_accepted = metric(port, "ingero_fleet_events_accepted_total")
+        if profiler is not None and profiler.wait(60):
+            raise RuntimeError(f"py-spy failed: {profiler.stderr.read()}")
     finally:
         fleetd.stop(30)
     latencies = np.concatenate([r["latencies_ms"] for r in reports])
@@ -90,12 +94,15 @@ def measure(root: Path, agents: int, args) -> dict:
            "reply_ms_p99": round(float(np.percentile(latencies, 99)), 2),
            "reply_ms_max": round(float(latencies.max()), 2),
            "fleetd_cpu_share": round(cpu / wall, 3),
+           "fleetd_cpu_us_per_push": round(cpu / max(events_accepted / args.events, 1) * 1e6),
            "fleetd_rss_mib": {"connected": round(rss_before), "peak": round(peak_rss)},
            "events_accepted": int(events_accepted),
            "recompute_ms_mean": round(recompute[0] / max(recompute[1], 1) * 1e3, 2),
            "recompute_us_per_job": round(recompute[0] / max(recompute[1], 1) / jobs * 1e6, 1),
            "generator_cpu_share": round(sum(r["cpu_s"] for r in reports) / wall, 3),
            "generator_behind_ms_p99": max(r["behind_ms_p99"] for r in reports)}
+    if profiler is not None:
+        row["profile"] = harness.profile_shares(root / "profile.txt")
     print(f"{agents} agents: reply p50 {row['reply_ms_p50']} ms, p99 {row['reply_ms_p99']} ms,"
           f" fleetd {row['fleetd_cpu_share']:.2f} CPU, {row['answered']}/{pushed} answered",
           file=sys.stderr, flush=True)
@@ -104,7 +111,7 @@ def measure(root: Path, agents: int, args) -> dict:
 
 def run(args) -> dict:
     if args.smoke:
-        args.agents, args.seconds, args.processes = [200], 5.0, 2
+        args.agents, args.seconds, args.processes, args.profile_at = [200], 5.0, 2, 200
     hard = descriptors()
     fits = [n for n in args.agents if n + DESCRIPTOR_MARGIN <= hard]
     skipped = {n: f"fleetd would need more than {n:,} descriptors; the hard limit here is "
@@ -129,6 +136,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--agents", type=int, nargs="+", default=[1000, 5000, 10000, 20000])
     parser.add_argument("--seconds", type=float, default=20.0, help="pushing time per size")
     parser.add_argument("--processes", type=int, default=4, help="generator processes")
+    parser.add_argument("--profile-at", type=int, default=5000, metavar="AGENTS",
+                        help="sample fleetd's stacks with py-spy for half the run at this size")
     parser.add_argument("--events", type=int, default=16,
                         help="events per push (8 ranks: an all-reduce entry and a sync each)")
 
@@ -147,6 +156,7 @@ def summary(result: dict) -> str:
 def section(result: dict) -> str:
     rows = [[f"{r['agents']:,}", f"{r['reply_ms_p50']} ms", f"{r['reply_ms_p99']} ms",
              f"{r['answered']:,} of {r['pushed']:,}", f"{r['fleetd_cpu_share']:.2f}",
+             f"{r['fleetd_cpu_us_per_push']} µs",
              f"{r['fleetd_rss_mib']['peak']} MiB", f"{r['recompute_us_per_job']} µs",
              f"{r['generator_cpu_share']:.2f} CPU, p99 {r['generator_behind_ms_p99']} ms late"]
             for r in result["rows"]]
@@ -160,14 +170,52 @@ def section(result: dict) -> str:
         "nodes of 8 ranks); its push carries its ranks' all-reduce entries and syncs, which "
         "fleetd aligns per job. Reply time is measured at the agents, send to reply.",
         harness.table(["agents", "reply p50", "reply p99", "answered", "fleetd CPU",
-                       "fleetd peak RSS", "recompute per job", "generator"], rows),
+                       "fleetd CPU per push", "fleetd peak RSS", "recompute per job", "generator"], rows),
         f"Target: {TARGET_AGENTS:,} agents with a reply p99 under {TARGET_P99_MS:g} ms. The "
         "generator shares the machine with fleetd; its CPU and how late it ran behind its "
         "schedule are in the last column.",
         *([harness.against(f"reply p99 at {TARGET_AGENTS:,} agents", row["reply_ms_p99"],
                            TARGET_P99_MS, "ms", False)] if (row := at_target(result)) else []),
         *[f"Not measured: {n} agents, because {why}." for n, why in result["skipped"].items()],
+        *bounds(result),
         harness.measured_line(result)])
+
+
+def bounds(result: dict) -> list[str]:
+    """What one fleetd can serve, from its CPU per push below saturation, and its profile."""
+    easy = answered_all(result)
+    out = []
+    if easy:
+        per_push = easy["fleetd_cpu_us_per_push"]
+        out.append(
+            f"What bounds it: fleetd is one Python process, so one CPU, and here it shares two "
+            f"with the generator. At {easy['agents']:,} agents, the most it answered in full, "
+            f"it spent {per_push} µs of CPU on a push (checking it, the cohort, the rank "
+            f"analysis and its tick, CURVE, the reply): one CPU of its own would carry about "
+            f"{1e6 / per_push:,.0f} agents pushing once a second, and {TARGET_AGENTS:,} agents "
+            f"need {TARGET_AGENTS * per_push / 1e6:.1f} CPUs. Past saturation replies queue and "
+            "the p99 is the queue. Splitting jobs across several fleetd processes (the model at "
+            "the end of this page) is what closes it.")
+    profiled = next((r for r in result["rows"] if r.get("profile")), None)
+    if profiled:
+        out += [f"Where fleetd's CPU went at {profiled['agents']:,} agents (py-spy, sampling "
+                "half the run; a function's share of the busy samples includes what it called):",
+                harness.table(["function", "share of samples"], [
+                    [f"`{p['function']}`", f"{p['share']:.0%}"] for p in profiled["profile"]])]
+        shares = {p["function"].split(" ")[0]: p["share"] for p in profiled["profile"]}
+        if "RankAnalysis.tick" in shares and "FleetServer.serve_waiting" in shares:
+            out.append(
+                "The tick answers the pushes that arrive while it judges "
+                "(`serve_waiting`), so its own work, judging the jobs, is "
+                f"{shares['RankAnalysis.tick'] - shares['FleetServer.serve_waiting']:.0%} of "
+                "the samples; the rest is the path of a push.")
+    return out
+
+
+def answered_all(result: dict) -> dict | None:
+    """The largest size at which fleetd answered every push."""
+    full = [r for r in result["rows"] if r["answered"] == r["pushed"]]
+    return full[-1] if full else None
 
 
 if __name__ == "__main__":

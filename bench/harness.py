@@ -22,6 +22,8 @@ import datetime
 import json
 import os
 import platform
+import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -69,6 +71,65 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int, leave_out: int | None = None) -> float:
+    """CPU time of a process and all its descendants, living or reaped (reaped children count
+    through the parent's cutime and cstime), less the subtree of ``leave_out``."""
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue            # gone meanwhile
+            parents[int(entry.name)], stats[int(entry.name)] = int(fields[1]), fields
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        if current == leave_out or current not in stats:
+            continue
+        fields = stats[current]
+        total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick
+        todo += [child for child, parent in parents.items() if parent == current]
+    return total
+
+
+def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
+    """Start sampling a Python process's stacks with py-spy (without pausing it) for ``seconds``
+    into ``out``; ``profile_shares`` reads the file once the returned process has exited."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--format",
+         "raw", "--duration", str(max(1, round(seconds))), "--pid", str(pid), "--output",
+         str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def profile_shares(out: Path, top: int = 12, idle: str = "poll") -> list[dict]:
+    """The functions a profile spent most of its busy samples in (with what they called),
+    largest first, leaving out the wrappers that are on nearly every stack (the main loop).
+    A sample waiting in a function named ``idle`` (a poller) is not busy: py-spy, told not to
+    pause the process, cannot always tell a thread waiting in C from one working there."""
+    samples, inclusive = 0, {}
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or stack.rsplit(";", 1)[-1].split(" ")[0].split(".")[-1] == idle:
+            continue
+        samples += int(count)
+        for frame in set(map(_frame, stack.split(";"))):
+            inclusive[frame] = inclusive.get(frame, 0) + int(count)
+    shares = sorted(((n / samples, frame) for frame, n in inclusive.items()), reverse=True)
+    return [{"function": frame, "share": round(share, 3)}
+            for share, frame in shares if share < 0.9][:top]
+
+
+def _frame(frame: str) -> str:
+    """``tick (/work/main/fleetd/ranks.py:134)`` → ``tick (fleetd/ranks.py)``."""
+    match = re.fullmatch(r"(.*) \((.*?)(?::\d+)?\)", frame)
+    if not match:
+        return frame
+    return f"{match[1]} ({'/'.join(match[2].split('/')[-2:])})"
 
 
 def peak_rss_mib(pid: int) -> float:

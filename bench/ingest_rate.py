@@ -11,6 +11,7 @@ Run: ``.venv/bin/python bench/ingest_rate.py [--smoke]``.
 from __future__ import annotations
 
 import multiprocessing
+import resource
 import shutil
 import sys
 import tempfile
@@ -51,7 +52,7 @@ def stored(engine) -> int:
 
 def run(args) -> dict:
     if args.smoke:
-        args.producers, args.pushes = 2, 5
+        args.producers, args.pushes, args.profile_s = 2, 5, 1.0
     root = Path(tempfile.mkdtemp(prefix="ingero-ingest-bench-"))
     root.chmod(0o755)
     keys = KeyRing.create(root / "keys")
@@ -72,15 +73,28 @@ def run(args) -> dict:
         workers = [multiprocessing.Process(target=produce, args=(
             fleet, keys, f"node{i}", args.pushes, args.events_per_push, args.window))
             for i in range(args.producers)]
+        postmaster = int((database.data_dir / "postmaster.pid").read_text().split()[0])
+        cpu_before = cpu_by_part(daemons, postmaster)
         started = time.monotonic()
         for worker in workers:
             worker.start()
+        profilers = {name: harness.profile(daemon.process.pid, args.profile_s,
+                                           root / f"profile-{name}.txt")
+                     for name, daemon in zip(("echod", "fleetd"), daemons)}
         wait_for(lambda: stored(engine) >= total, args.timeout, 0.2)
         elapsed = time.monotonic() - started
+        cpu = {part: round(after - cpu_before[part], 2)
+               for part, after in cpu_by_part(daemons, postmaster).items()}
         for worker in workers:
             worker.join(60)
+        cpu["producers"] = round(children_cpu_seconds() - cpu_before["producers"], 2)
         count = stored(engine)
         engine.dispose()
+        profiles = {}
+        for name, profiler in profilers.items():
+            if profiler.wait(60):
+                raise RuntimeError(f"py-spy failed on {name}: {profiler.stderr.read()}")
+            profiles[name] = harness.profile_shares(root / f"profile-{name}.txt", top=8)
     finally:
         stop_all(daemons[1:])
         stop_all(daemons[:1])
@@ -88,7 +102,26 @@ def run(args) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     return {"producers": args.producers, "events_sent": total, "events_stored": count,
             "lost": total - count, "seconds": round(elapsed, 2),
-            "events_per_second": round(count / elapsed)}
+            "events_per_second": round(count / elapsed), "cpu_seconds": cpu,
+            "profile_s": args.profile_s, "profiles": profiles,
+            "cpu_us_per_event": {part: round(seconds / count * 1e6, 2)
+                                 for part, seconds in cpu.items()}}
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process's children reaped so far (the producers, once joined)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def cpu_by_part(daemons: list[Daemon], postmaster: int) -> dict[str, float]:
+    """CPU seconds so far of echod (without PostgreSQL, should echod be its parent),
+    PostgreSQL (the postmaster and every backend), fleetd, and the producers reaped so far."""
+    echod, fleetd = daemons
+    return {"echod": harness.tree_cpu_seconds(echod.process.pid, leave_out=postmaster),
+            "postgres": harness.tree_cpu_seconds(postmaster),
+            "fleetd": harness.tree_cpu_seconds(fleetd.process.pid),
+            "producers": children_cpu_seconds()}
 
 
 def add_arguments(parser) -> None:
@@ -97,6 +130,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--events-per-push", type=int, default=500)
     parser.add_argument("--window", type=int, default=4, help="unacked pushes per producer")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--profile-s", type=float, default=4.0,
+                        help="sample fleetd's and echod's stacks with py-spy this long")
 
 
 def summary(result: dict) -> str:
@@ -119,7 +154,55 @@ def section(result: dict) -> str:
             result["seconds"], f"{result['events_per_second']:,}", f"{TARGET_PER_S:,}"]]),
         harness.against("sustained ingest", result["events_per_second"], TARGET_PER_S,
                         "events/s", True),
+        *bounds(result),
         harness.measured_line(result)])
+
+
+PARTS = (("producers", "producers (the agents' side: encoding, CURVE)"),
+         ("fleetd", "fleetd (checking, spooling, forwarding)"),
+         ("echod", "echod (checking rows, binary COPY)"),
+         ("postgres", "PostgreSQL (staging, insert, indexes, WAL)"))
+
+
+def waiting(result: dict, busy: float, cpus: int) -> list[str]:
+    """When the CPUs were not all busy, the rest of the bound is waiting: say on what."""
+    if busy >= 0.8 * cpus:
+        return []
+    waits = [p["share"] for p in result.get("profiles", {}).get("echod", ())
+             if p["function"].startswith("Connection.wait")]
+    return [f"With {cpus - busy:.2f} CPUs idle, the rest of the bound is waiting, not work: "
+            "echod checks a batch, COPYs it and waits for PostgreSQL to commit it before it "
+            "takes the next" + (f" ({waits[0]:.0%} of its samples are in that wait)"
+                                if waits else "") + ". Checking the next batch while the "
+            "last one commits "
+            "would put the idle CPU to work; cutting the µs above is what lifts the ceiling."]
+
+
+def bounds(result: dict) -> list[str]:
+    """What the rate is made of: each part's CPU per stored event, and the rate those allow."""
+    per_event = result.get("cpu_us_per_event")
+    if not per_event:
+        return []
+    total = sum(per_event.values())
+    cpus = result["measured"]["cpus"]
+    busy = sum(result["cpu_seconds"].values()) / result["seconds"]
+    return [
+        "CPU time each part spent per stored event, over the whole run:",
+        harness.table(["part", "µs of CPU per event", "share"], [
+            [label, per_event[part], f"{per_event[part] / total:.0%}"] for part, label in PARTS
+        ] + [["all", round(total, 2), "100%"]]),
+        f"The run kept {busy:.2f} of the {cpus} CPUs busy. At {total:.1f} µs of CPU per event "
+        f"the {cpus} CPUs allow at most {cpus / total * 1e6:,.0f} events/s whatever the "
+        f"pipeline's shape; {TARGET_PER_S:,} events/s on this machine needs "
+        f"{cpus / TARGET_PER_S * 1e6:.0f} µs an event for everything, agents included. On a "
+        "head node the agents' share is on the compute nodes, and PostgreSQL and echod can "
+        "have cores of their own (the model at the end of this page).",
+        *waiting(result, busy, cpus),
+        *[part for name, shares in result.get("profiles", {}).items() if shares for part in (
+            f"Where {name}'s CPU went in the first {result['profile_s']:g} s (py-spy; a "
+            "function's share of the busy samples includes what it called):",
+            harness.table(["function", "share"], [[f"`{p['function']}`", f"{p['share']:.0%}"]
+                                                  for p in shares]))]]
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sqlalchemy import Float, Integer, Text, bindparam, text  # noqa: E402
+from sqlalchemy import Float, Integer, Text, bindparam, event, text  # noqa: E402
+from sqlalchemy.engine import Engine  # noqa: E402
 
 from bench import harness  # noqa: E402
 from echod import tools  # noqa: E402
@@ -215,21 +216,48 @@ def case(name: str, args: dict, ctx_of, database: EmbeddedPostgres, warm: int) -
             "exact_first_rank_lag_median_ms": exact_answer["ranks"][0]["lag_median_ms"]}
 
 
-def other_tools(ctx: ToolContext, hour: dict) -> dict:
+class SqlClock:
+    """Time spent waiting on PostgreSQL, statement by statement, on every engine (the sandbox
+    makes one per tenant): what part of a tool's time is the database's."""
+
+    def __init__(self):
+        self.spent: list[tuple[float, str]] = []
+        event.listen(Engine, "before_cursor_execute", self._before)
+        event.listen(Engine, "after_cursor_execute", self._after)
+
+    def _before(self, conn, _cursor, _statement, _parameters, _context, _many) -> None:
+        conn.info.setdefault("ingero_bench_started", []).append(time.perf_counter())
+
+    def _after(self, conn, _cursor, statement, _parameters, _context, _many) -> None:
+        began = conn.info["ingero_bench_started"].pop()
+        self.spent.append((time.perf_counter() - began, " ".join(statement.split())))
+
+    def call(self, tool: str, ctx: ToolContext, args: dict) -> dict:
+        """One call: its time, the part spent in PostgreSQL, and its slowest statement."""
+        self.spent = []
+        started = time.perf_counter()
+        REGISTRY[tool].run(ctx, args)
+        took = time.perf_counter() - started
+        slowest = max(self.spent, default=(0.0, ""))
+        return {"s": round(took, 3), "sql_s": round(sum(s for s, _ in self.spent), 3),
+                "statements": len(self.spent), "slowest_sql_s": round(slowest[0], 3),
+                "slowest_sql": slowest[1][:160]}
+
+
+def other_tools(ctx: ToolContext, hour: dict, clock: SqlClock) -> dict:
     """The other job-level tools on the same data: one warm call each (after one to warm up)."""
     calls = {"explain": {"job": JOB, "rank": 37}, "job_report": {"job": JOB},
              "get_cost": {"job": JOB}, "collective_stats": {"job": JOB},
              "collective_stats_one_hour": {**hour},
              "anomalies_one_hour": {**hour}, "memcpy_bandwidth_one_hour": {**hour}}
-    seconds = {}
+    found = {}
     for name, args in calls.items():
-        tool = REGISTRY[name.removesuffix("_one_hour")]
-        tool.run(ctx, args)
-        started = time.perf_counter()
-        tool.run(ctx, args)
-        seconds[name] = round(time.perf_counter() - started, 3)
-    print(f"  other tools, warm: {seconds}", flush=True)
-    return seconds
+        tool = name.removesuffix("_one_hour")
+        REGISTRY[tool].run(ctx, args)
+        found[name] = clock.call(tool, ctx, args)
+    print("  other tools, warm: " + ", ".join(f"{n} {c['s']} s (SQL {c['sql_s']} s)"
+                                              for n, c in found.items()), flush=True)
+    return found
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -306,7 +334,11 @@ def run(args) -> dict:
         results = {name: case(name, case_args, ctx_of, database, args.warm)
                    for name, case_args in cases.items()}
         plan = entries_plan(ctx_of(), cases["whole_job"])
-        others = other_tools(ctx_of(), cases["one_hour"])
+        clock = SqlClock()
+        ctx = ctx_of()
+        REGISTRY["find_stragglers"].run(ctx, cases["whole_job"])     # this context's first
+        others = {"find_stragglers": clock.call("find_stragglers", ctx, cases["whole_job"]),
+                  **other_tools(ctx, cases["one_hour"], clock)}
     finally:
         if sandbox is not None:
             sandbox.dispose()
@@ -318,7 +350,7 @@ def run(args) -> dict:
             "events_table_bytes": int(table_bytes), "events_indexes_bytes": int(index_bytes),
             "collective_index_bytes": int(seq_index_bytes),
             "default_max_entries": tools.DEFAULT_MAX_ENTRIES, "entries_plan": plan,
-            "cases": results, "other_tools_warm_s": others}
+            "cases": results, "tools_warm": others}
 
 
 def add_arguments(parser) -> None:
@@ -332,12 +364,31 @@ def add_arguments(parser) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary database")
 
 
+def missed(result: dict, slow: list[str], tools_run: int) -> str:
+    """By how much the slow tools miss, and what bounds them."""
+    if not slow:
+        return f"Target met: every tool under {TARGET_S} s."
+    calls = [result["tools_warm"][tool] for tool in slow]
+    worst = max(calls, key=lambda c: c["s"])
+    in_sql = min(c["sql_s"] / c["s"] for c in calls)
+    return (f"Target missed by {len(slow)} of {tools_run} calls "
+            f"({'; '.join(t.replace('_one_hour', ', one hour') for t in slow)}), the slowest "
+            f"{worst['s'] / TARGET_S:.1f}× over. Each of them spends at least {in_sql:.0%} of "
+            "its time waiting on PostgreSQL, and most of that in one statement that reads the "
+            "job's raw events (sync durations per rank for explain and job_report, every "
+            "call's result for anomalies, every collective for collective_stats): the bound is "
+            "the rows read, not Python. What closes it is reading fewer: summaries made as "
+            "events are stored (per rank and minute: sync counts and duration quantiles, "
+            "collective counts and bytes), and an index over failed calls only, so that a tool "
+            "reads thousands of rows instead of millions.")
+
+
 def summary(result: dict) -> str:
     whole = result["cases"]["whole_job"]
-    slowest = max(result["other_tools_warm_s"].items(), key=lambda kv: kv[1])
+    tool, slowest = max(result["tools_warm"].items(), key=lambda kv: kv[1]["s"])
     return (f"over {result['events']:,} events find_stragglers answers in "
-            f"{whole['warm_p50_s']} s warm (p50, whole job), the slowest other tool "
-            f"{slowest[0]} in {slowest[1]} s (target {TARGET_S} s)")
+            f"{whole['warm_p50_s']} s warm (p50, whole job), the slowest tool "
+            f"{tool} in {slowest['s']} s (target {TARGET_S} s)")
 
 
 def section(result: dict) -> str:
@@ -347,9 +398,12 @@ def section(result: dict) -> str:
         rows.append([name.replace("_", " "), f"{coverage['instances_total']:,} collectives",
                      f"{case['cold_s']} s", f"{case['warm_p50_s']} s", f"{case['warm_p95_s']} s",
                      f"{case['exact_s']} s"])
-    others = [[tool, f"{seconds} s", "yes" if seconds <= TARGET_S else
-               f"no, {seconds / TARGET_S:.1f}× over"]
-              for tool, seconds in result["other_tools_warm_s"].items()]
+    others = [[tool.replace("_one_hour", ", one hour"), f"{c['s']} s",
+               "yes" if c["s"] <= TARGET_S else f"no, {c['s'] / TARGET_S:.1f}× over",
+               f"{c['sql_s'] / c['s']:.0%} in {c['statements']} statements",
+               f"{c['slowest_sql_s']} s: `{c['slowest_sql'][:70]}…`"]
+              for tool, c in result["tools_warm"].items()]
+    slow = [tool for tool, c in result["tools_warm"].items() if c["s"] > TARGET_S]
     return "\n\n".join([
         "## Query latency over stored events: `tool_latency.py`",
         f"A private embedded PostgreSQL (echod's, migrated) holds {result['events']:,} events "
@@ -361,8 +415,11 @@ def section(result: dict) -> str:
         "and one call that reads every collective.",
         harness.table(["find_stragglers", "job", "cold", "warm p50", "warm p95",
                        "every collective"], rows),
-        "The other job-level tools, one warm call each over the one-hour window:",
-        harness.table(["tool", "warm", f"under {TARGET_S} s"], others),
+        "Each job-level tool, one warm call (the whole job unless marked), with the part of "
+        "its time spent waiting on PostgreSQL and its slowest statement:",
+        harness.table(["tool", "warm", f"under {TARGET_S} s", "in PostgreSQL",
+                       "slowest statement"], others),
+        missed(result, slow, len(others)),
         harness.measured_line(result)])
 
 

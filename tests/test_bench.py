@@ -34,6 +34,15 @@ def test_every_benchmark_runs_at_smoke_size_and_documents_itself(tmp_path):
         assert result["measured"]["smoke"] is True
         assert f"`{name}.py`" in docs and "Not run yet" not in docs
     assert "(smoke size: not a measurement)" in docs
+    # What bounds each figure ran too: the profiles, the CPU split, the SQL clock, the model.
+    ingest = json.loads((tmp_path / "ingest_rate.json").read_text())
+    assert set(ingest["cpu_us_per_event"]) == {"producers", "fleetd", "echod", "postgres"}
+    assert set(ingest["profiles"]) == {"echod", "fleetd"}
+    tools = json.loads((tmp_path / "tool_latency.json").read_text())["tools_warm"]
+    assert all(0 < call["sql_s"] <= call["s"] and call["slowest_sql"] for call in tools.values())
+    assert "µs of CPU per event" in docs and "in PostgreSQL" in docs
+    model = docs[docs.index("## Beyond one head node"):]
+    assert "CPUs at 10,000 GPUs" in model and "Needs the full results" not in model
 
 
 def test_the_stored_documents_are_what_the_stored_results_make():
