@@ -374,13 +374,13 @@ def missed(result: dict, slow: list[str], tools_run: int) -> str:
     return (f"Target missed by {len(slow)} of {tools_run} calls "
             f"({'; '.join(t.replace('_one_hour', ', one hour') for t in slow)}), the slowest "
             f"{worst['s'] / TARGET_S:.1f}× over. Each of them spends at least {in_sql:.0%} of "
-            "its time waiting on PostgreSQL, and most of that in one statement that reads the "
-            "job's raw events (sync durations per rank for explain and job_report, every "
-            "call's result for anomalies, every collective for collective_stats): the bound is "
-            "the rows read, not Python. What closes it is reading fewer: summaries made as "
-            "events are stored (per rank and minute: sync counts and duration quantiles, "
-            "collective counts and bytes), and an index over failed calls only, so that a tool "
-            "reads thousands of rows instead of millions.")
+            "its time waiting on PostgreSQL, most of it in the statement shown, which "
+            "aggregates the job's raw events (counts and duration percentiles per rank over "
+            "every sync, call or collective in the window): the bound is the rows read, not "
+            "Python. What closes it is reading fewer: summaries made as events are stored (per "
+            "rank and minute: call counts and duration quantiles, collective counts and bytes), "
+            "so that a tool reads thousands of rows instead of millions. The failed calls "
+            "anomalies lists already come from a partial index of their own (migration 0007).")
 
 
 def summary(result: dict) -> str:

@@ -41,6 +41,9 @@ class Event(Base):
         Index(None, "kind", "t"),
         Index("ix_events_collective_seq", "cluster", "job", "comm_hash", "seq",
               postgresql_include=["rank", "t"], postgresql_where=text("kind = 'collective'")),
+        Index("ix_events_failed_calls", "cluster", "t", postgresql_where=text(
+            "kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(attrs -> 'result') = 'number' "
+            "AND attrs -> 'result' <> '0'::jsonb")),
         {"postgresql_partition_by": "RANGE (t)"},
     )
 

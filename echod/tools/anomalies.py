@@ -57,7 +57,7 @@ FAILED_CALLS = """
 SELECT e.t, e.cluster, e.node, e.job, e.rank, e.kind, e.op, (e.attrs ->> 'result')::numeric
 FROM events e
 WHERE e.kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(e.attrs -> 'result') = 'number'
-  AND (e.attrs ->> 'result')::numeric <> 0 AND {where}
+  AND e.attrs -> 'result' <> '0'::jsonb AND {where}
 ORDER BY e.t DESC LIMIT :limit
 """
 ANOMALY_OUT = closed({
