@@ -25,6 +25,7 @@ from echod.embedded import EmbeddedPostgres, find_bindir
 from echod.errors import EmbeddedDatabaseError, SchemaTooNew
 from echod.models import Base, Event, HealthScore, Node, Threshold
 from echod.store import write_batch
+from echod.tools.anomalies import FAILED_CALLS
 
 from .pg import FAST_BUT_UNSAFE, state_dir
 
@@ -296,3 +297,25 @@ def test_peer_lag_rows_are_stored_once(engine):
            "lag_median_ns": -87, "lag_p95_ns": 573_183, "lag_max_ns": 681_748}
     assert write_batch(engine, {"peer_lag": [row]}).stored == 1
     assert write_batch(engine, {"peer_lag": [row]}).duplicates == 1
+
+
+def test_failed_calls_are_found_through_their_partial_index_and_no_result_breaks_a_write(
+        engine):
+    """Migration 0007's index holds calls whose result is a number other than 0: a result of
+    any other shape (a string, null, a float zero) must neither fail the write nor count."""
+    now = time.time()
+    results = [0, 0.0, -1, 2.5, "oops", None, True, 719]
+    events = [{**event("node01", i, now - 10 + i, result=value), "kind": "sync"}
+              for i, value in enumerate(results)]
+    assert write_batch(engine, {"events": events}).stored == len(results)
+    failed = FAILED_CALLS.format(where="e.cluster = :cluster")
+    with engine.connect() as connection:
+        found = connection.execute(text(failed), {"cluster": CLUSTER, "limit": 50}).all()
+        connection.execute(text("SET enable_seqscan = off"))
+        plan = "\n".join(r[0] for r in connection.execute(
+            text("EXPLAIN " + failed), {"cluster": CLUSTER, "limit": 50}))
+        children = connection.scalars(text(
+            "SELECT inhrelid::regclass::text FROM pg_inherits "
+            "WHERE inhparent = 'ix_events_failed_calls'::regclass")).all()
+    assert sorted(float(row[-1]) for row in found) == [-1.0, 2.5, 719.0]
+    assert children and any(f"using {child} " in plan for child in children), plan
