@@ -256,6 +256,12 @@ class RankAnalysis:
         ranks = self._ranks(job, comm, window.nranks)
         found = {}
         waiting = now - float(np.nanmin(window.open[seq % len(window.open_seq)]))
+        missing = {int(c) for c in columns}
+        entered = [ranks[c] for c in range(window.nranks) if c not in missing]
+        # Ranks that entered and have since exited wait on no one: the instance completed and
+        # the missing entry was lost, or the whole job went. A rank whose own exit is known
+        # is still named dead below; one never heard of again is no hang.
+        nobody_waits = all(job.facts[rank].exited_at is not None for rank in entered)
         for column in columns:
             rank = ranks[column]
             facts = job.facts[rank]
@@ -263,6 +269,11 @@ class RankAnalysis:
             if silent and waiting < 2 * self.hang_timeout:
                 continue    # its node may only be late to tell: give it the time of two
             gone = facts.exited_at is not None or facts.aborted_at is not None
+            if nobody_waits and not gone:
+                current = job.verdicts.get((rank, "missing"))
+                if current is not None and current.cleared is None:
+                    found[(rank, "missing")] = current    # named while its peers waited
+                continue
             kind = "died" if gone else "hang"
             diagnosis = causes.Diagnosis(kind, "high", causes.FIXES[kind].format(
                 node=facts.node or "its node"), [

@@ -130,6 +130,34 @@ def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits(
     assert [(v.rank, v.kind, v.cause) for v in dead if v.cleared is None] == [(3, "died", "died")]
 
 
+def exits(ranks, t: float) -> list[dict]:
+    return [{"id": f"n:x{r}", "t": t, "kind": "process_exit",
+             "attrs": {"rank": r, "job": "42", "pid": 1000 + r}} for r in ranks]
+
+
+def test_a_lost_last_entry_is_no_hang_once_every_rank_that_entered_has_exited():
+    """The job ended: its last all-reduce lacks rank 3's entry (lost on the way), and every
+    other rank has exited since. No one waits on rank 3, whose own exit was not heard."""
+    ra = analysis()
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
+    ra.observe(push("n0", events + exits([r for r in range(8) if r != 3], T0 + 0.6)), 0.0, T0)
+    for late in (2.5, 5.0, 9.0):
+        ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + late - 0.5)
+        assert ra.tick(T0 + 10 * STEP + late) == []
+
+
+def test_a_hang_named_while_its_peers_waited_stays_named_after_they_exit():
+    ra = analysis()
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
+    ra.observe(push("n0", events), 0.0, T0)
+    ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + 2.0)
+    (hung,) = ra.tick(T0 + 10 * STEP + 2.5)
+    ra.observe(push("n0", exits([r for r in range(8) if r != 3], T0 + 3.2)), 0.0, T0 + 3.3)
+    for late in (3.5, 4.5, 5.5, 6.5):
+        ra.tick(T0 + 10 * STEP + late)
+    assert (hung.kind, hung.cleared) == ("hang", None) and hung in ra.active()
+
+
 def test_a_missing_rank_that_aborted_its_communicator_is_named_dead():
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 6], 10, 11)
