@@ -225,23 +225,29 @@ def scalar(value: Any) -> Any:
 
 # -- jobs --------------------------------------------------------------------------------------
 
+# A job's clusters: those whose nodes ran it or whose jobs table lists it, and those fleetd
+# judged it in (verdicts are kept when a full spool drops the events and scores before them).
 JOB_CLUSTERS = """
-SELECT c.cluster FROM (SELECT DISTINCT n.cluster FROM nodes n WHERE {where}) c
+SELECT c.cluster FROM (SELECT DISTINCT n.cluster FROM nodes n WHERE {nodes}) c
 CROSS JOIN LATERAL (
     SELECT (SELECT 1 FROM events e WHERE e.cluster = c.cluster AND e.job = :job LIMIT 1) AS ran,
            (SELECT 1 FROM jobs j WHERE j.cluster = c.cluster AND j.id = :job) AS listed) found
 WHERE found.ran IS NOT NULL OR found.listed IS NOT NULL
+UNION
+SELECT DISTINCT v.cluster FROM straggler_verdicts v WHERE v.job = :job AND {verdicts}
 ORDER BY 1
 """
 
 
 def clusters_of_job(conn: Connection, job: str, cluster: str | None = None) -> list[str]:
-    """The visible clusters that ran ``job`` (or list it in the jobs table)."""
+    """The visible clusters that ran ``job``, list it in the jobs table, or judged it."""
     if not storable(job):
         return []
-    where = Where().equal("n.cluster", "cluster", cluster)
-    return [c for (c,) in rows(conn, JOB_CLUSTERS.format(where=where.sql()),
-                               {**where.params, "job": job})]
+    nodes = Where().equal("n.cluster", "cluster", cluster)
+    verdicts = Where().equal("v.cluster", "cluster", cluster)
+    return [c for (c,) in rows(conn, JOB_CLUSTERS.format(nodes=nodes.sql(),
+                                                         verdicts=verdicts.sql()),
+                               {**nodes.params, **verdicts.params, "job": job})]
 
 
 def pinned(conn: Connection, sel: Selection) -> Selection:
