@@ -6,7 +6,9 @@ the second) for DURATION seconds, and times each push from its send to fleetd's 
 pushes are what a node of an 8-rank job pushes each second (``--events`` of them: collective
 entries with the communicator and sequence fleetd aligns, and syncs); their messages are
 built as msgpack maps directly, the same bytes ``wire.encode`` makes, without its dataclass
-copy, so that the generator is not what is measured. Prints one JSON line at the end:
+copy, so that the generator is not what is measured. ENDPOINT may list several fleetd
+shards, comma-separated in shard order: each agent then pushes to its job's owner
+(``ingero.shards``), as ingerod does. Prints one JSON line at the end:
 latencies (ms), pushes sent and answered, how late the sends ran behind their schedule, and
 the process's CPU seconds.
 
@@ -30,7 +32,7 @@ import zmq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ingero import __version__, curve, wire  # noqa: E402
+from ingero import __version__, curve, shards, wire  # noqa: E402
 
 RANKS_PER_NODE = 8
 SIGNALS = dict.fromkeys(wire.SIGNALS, 0.9)
@@ -40,8 +42,8 @@ PUSH_HEADER = wire.encode(wire.Push(0, "n", "c", "b", 0.9, SIGNALS, "active", 0.
 class Agent:
     """One node: its socket, its job (``ranks_per_job`` ranks, 8 a node) and its counters."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, keys, index: int, events: int,
-                 ranks_per_job: int):
+    def __init__(self, context: zmq.Context, endpoints: list[str], keys, index: int,
+                 events: int, ranks_per_job: int):
         self.node = f"load-{index:05d}"
         self.boot = uuid.uuid4().hex[:16]
         nodes_per_job = max(1, ranks_per_job // RANKS_PER_NODE)
@@ -54,7 +56,7 @@ class Agent:
         self.socket = context.socket(zmq.DEALER)
         self.socket.linger = 0
         curve.connect_curve(self.socket, *keys)
-        self.socket.connect(endpoint)
+        self.socket.connect(endpoints[shards.owner("load", self.job, len(endpoints))])
         self.sent: dict[int, float] = {}
 
     def hello(self) -> None:
@@ -101,7 +103,7 @@ def main(endpoint: str, secret: str, public: str, count: int, first: int, total:
     context = zmq.Context(io_threads=2)
     context.max_sockets = count + 16
     keys = (curve.load_keypair(Path(secret)), curve.load_public(Path(public)))
-    agents = [Agent(context, endpoint, keys, first + i, events, ranks_per_job)
+    agents = [Agent(context, endpoint.split(","), keys, first + i, events, ranks_per_job)
               for i in range(count)]
     poller = zmq.Poller()
     by_socket = {}

@@ -49,76 +49,98 @@ def generators(endpoint: str, keys: KeyRing, agents: int, processes: int, second
         for share in shares if len(share)]
 
 
-def measure(root: Path, agents: int, args) -> dict:
-    keys = KeyRing.create(root / f"keys-{agents}")
-    endpoint, port = f"tcp://127.0.0.1:{free_port()}", free_port()
-    fleetd = Daemon.module(f"fleetd-{agents}", "fleetd", [
-        "--config", "/dev/null", "--bind", endpoint, "--metrics-addr", f"127.0.0.1:{port}",
-        *keys.fleetd_flags()], root)
+def measure(root: Path, agents: int, args, shards: int = 1) -> dict:
+    """One size: ``shards`` fleetds (``--shard K/N``), each agent pushing to its job's owner."""
+    keys = KeyRing.create(root / f"keys-{agents}-{shards}")
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(shards)]
+    ports = [free_port() for _ in range(shards)]
+    fleetds = [Daemon.module(f"fleetd-{agents}-{k}of{shards}", "fleetd", [
+        "--config", "/dev/null", "--bind", endpoint, "--shard", f"{k}/{shards}",
+        "--metrics-addr", f"127.0.0.1:{port}", *keys.fleetd_flags()], root)
+        for k, (endpoint, port) in enumerate(zip(endpoints, ports))]
     try:
-        if not wait_for(lambda: "listening" in fleetd.log(), 60):
-            raise RuntimeError(fleetd.log())
-        load = generators(endpoint, keys, agents, args.processes, args.seconds, args.events)
+        for fleetd in fleetds:
+            if not wait_for(lambda: "listening" in fleetd.log(), 60):
+                raise RuntimeError(fleetd.log())
+        load = generators(",".join(endpoints), keys, agents, args.processes, args.seconds,
+                          args.events)
         for process in load:
             line = process.stdout.readline()
             if not line:
                 raise RuntimeError(f"a generator stopped before its agents were welcomed:\n"
-                                   f"{fleetd.log()[-2000:]}")
-        rss_before = harness.peak_rss_mib(fleetd.process.pid)
-        cpu_before, began = harness.cpu_seconds(fleetd.process.pid), time.monotonic()
-        recompute_before = (metric(port, "ingero_fleet_recompute_seconds_sum"),
-                            metric(port, "ingero_fleet_recompute_seconds_count"))
+                                   f"{fleetds[0].log()[-2000:]}")
+        pids = [fleetd.process.pid for fleetd in fleetds]
+        rss_before = [harness.peak_rss_mib(pid) for pid in pids]
+        cpu_before, began = [harness.cpu_seconds(pid) for pid in pids], time.monotonic()
+        recompute_before = [(metric(port, "ingero_fleet_recompute_seconds_sum"),
+                             metric(port, "ingero_fleet_recompute_seconds_count"))
+                            for port in ports]
         for process in load:
             process.stdin.write("go\n")
             process.stdin.flush()
-        profiler = (harness.profile(fleetd.process.pid, args.seconds / 2, root / "profile.txt")
-                    if agents == args.profile_at else None)
+        profiler = (harness.profile(pids[0], args.seconds / 2, root / "profile.txt")
+                    if agents == args.profile_at and shards == 1 else None)
         reports = [json.loads(process.communicate(timeout=args.seconds + 120)[0])
                    for process in load]
         wall = time.monotonic() - began
-        cpu = harness.cpu_seconds(fleetd.process.pid) - cpu_before
-        recompute = (metric(port, "ingero_fleet_recompute_seconds_sum") - recompute_before[0],
-                     metric(port, "ingero_fleet_recompute_seconds_count") - recompute_before[1])
-        peak_rss = harness.peak_rss_mib(fleetd.process.pid)
-        events_accepted = metric(port, "ingero_fleet_events_accepted_total")
+        cpu = [harness.cpu_seconds(pid) - before for pid, before in zip(pids, cpu_before)]
+        recompute = [(metric(port, "ingero_fleet_recompute_seconds_sum") - before[0],
+                      metric(port, "ingero_fleet_recompute_seconds_count") - before[1])
+                     for port, before in zip(ports, recompute_before)]
+        peak_rss = [harness.peak_rss_mib(pid) for pid in pids]
+        events_accepted = [metric(port, "ingero_fleet_events_accepted_total") for port in ports]
         if profiler is not None and profiler.wait(60):
             raise RuntimeError(f"py-spy failed: {profiler.stderr.read()}")
     finally:
-        fleetd.stop(30)
+        for fleetd in fleetds:
+            fleetd.stop(30)
     latencies = np.concatenate([r["latencies_ms"] for r in reports])
     pushed = sum(r["pushed"] for r in reports)
     jobs = -(-agents // (RANKS_PER_JOB // 8))
-    row = {"agents": agents, "jobs": jobs, "events_per_push": args.events,
+    per_shard = [{"cpu_share": round(c / wall, 3),
+                  "cpu_us_per_push": round(c / max(e / args.events, 1) * 1e6),
+                  "pushes_share": round(e / max(sum(events_accepted), 1), 3),
+                  "rss_mib": round(r),
+                  "recompute_ms_mean": round(t / max(n, 1) * 1e3, 2)}
+                 for c, e, r, (t, n) in zip(cpu, events_accepted, peak_rss, recompute)]
+    row = {"agents": agents, "shards": shards, "jobs": jobs, "events_per_push": args.events,
            "pushed": pushed, "answered": int(len(latencies)),
            "reply_ms_p50": round(float(np.percentile(latencies, 50)), 2),
            "reply_ms_p99": round(float(np.percentile(latencies, 99)), 2),
            "reply_ms_max": round(float(latencies.max()), 2),
-           "fleetd_cpu_share": round(cpu / wall, 3),
-           "fleetd_cpu_us_per_push": round(cpu / max(events_accepted / args.events, 1) * 1e6),
-           "fleetd_rss_mib": {"connected": round(rss_before), "peak": round(peak_rss)},
-           "events_accepted": int(events_accepted),
-           "recompute_ms_mean": round(recompute[0] / max(recompute[1], 1) * 1e3, 2),
-           "recompute_us_per_job": round(recompute[0] / max(recompute[1], 1) / jobs * 1e6, 1),
+           "fleetd_cpu_share": round(sum(cpu) / wall, 3),
+           "fleetd_cpu_us_per_push": round(sum(cpu) / max(sum(events_accepted) / args.events, 1)
+                                           * 1e6),
+           "fleetd_rss_mib": {"connected": round(max(rss_before)), "peak": round(max(peak_rss))},
+           "events_accepted": int(sum(events_accepted)),
+           "recompute_ms_mean": max(s["recompute_ms_mean"] for s in per_shard),
+           "recompute_us_per_job": round(sum(t for t, _ in recompute)
+                                         / max(max(n for _, n in recompute), 1) / jobs * 1e6, 1),
            "generator_cpu_share": round(sum(r["cpu_s"] for r in reports) / wall, 3),
            "generator_behind_ms_p99": max(r["behind_ms_p99"] for r in reports)}
+    if shards > 1:
+        row["per_shard"] = per_shard
     if profiler is not None:
         row["profile"] = harness.profile_shares(root / "profile.txt")
-    print(f"{agents} agents: reply p50 {row['reply_ms_p50']} ms, p99 {row['reply_ms_p99']} ms,"
-          f" fleetd {row['fleetd_cpu_share']:.2f} CPU, {row['answered']}/{pushed} answered",
-          file=sys.stderr, flush=True)
+    print(f"{agents} agents, {shards} fleetd(s): reply p50 {row['reply_ms_p50']} ms, p99 "
+          f"{row['reply_ms_p99']} ms, fleetd {row['fleetd_cpu_share']:.2f} CPU, "
+          f"{row['answered']}/{pushed} answered", file=sys.stderr, flush=True)
     return row
 
 
 def run(args) -> dict:
     if args.smoke:
         args.agents, args.seconds, args.processes, args.profile_at = [200], 5.0, 2, 200
+        args.sharded = [200]
     hard = descriptors()
     fits = [n for n in args.agents if n + DESCRIPTOR_MARGIN <= hard]
     skipped = {n: f"fleetd would need more than {n:,} descriptors; the hard limit here is "
                f"{hard:,} and cannot be raised" for n in args.agents if n not in fits}
     with tempfile.TemporaryDirectory(prefix="ingero-fleet-scale-") as tmp:
         return {"seconds": args.seconds, "processes": args.processes, "skipped": skipped,
-                "rows": [measure(Path(tmp), n, args) for n in fits]}
+                "rows": [measure(Path(tmp), n, args) for n in fits],
+                "sharded": [measure(Path(tmp), n, args, args.shards) for n in args.sharded
+                            if n + DESCRIPTOR_MARGIN <= hard]}
 
 
 def descriptors() -> int:
@@ -138,6 +160,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--processes", type=int, default=4, help="generator processes")
     parser.add_argument("--profile-at", type=int, default=5000, metavar="AGENTS",
                         help="sample fleetd's stacks with py-spy for half the run at this size")
+    parser.add_argument("--shards", type=int, default=2,
+                        help="fleetd shards (--shard K/N) for the sharded sizes")
+    parser.add_argument("--sharded", type=int, nargs="*", default=[5000, 10000],
+                        metavar="AGENTS", help="sizes measured again with --shards fleetds")
     parser.add_argument("--events", type=int, default=16,
                         help="events per push (8 ranks: an all-reduce entry and a sync each)")
 
@@ -148,9 +174,16 @@ def at_target(result: dict) -> dict | None:
 
 def summary(result: dict) -> str:
     row = at_target(result) or result["rows"][-1]
+    split = next((r for r in reversed(result.get("sharded") or [])
+                  if r["agents"] == row["agents"]), None)
     return (f"{row['agents']:,} agents at a push a second: reply p99 {row['reply_ms_p99']} ms "
             f"(target {TARGET_P99_MS:g} ms at {TARGET_AGENTS:,}), fleetd "
-            f"{row['fleetd_cpu_share']:.2f} CPU, {row['fleetd_rss_mib']['peak']} MiB")
+            f"{row['fleetd_cpu_share']:.2f} CPU, {row['fleetd_rss_mib']['peak']} MiB"
+            + ("" if split is None else
+               f"; over {split['shards']} fleetd shards p99 {split['reply_ms_p99']} ms, "
+               f"{split['answered']:,} of {split['pushed']:,} answered, at most "
+               f"{max(s['cpu_us_per_push'] for s in split['per_shard'])} µs of CPU a push "
+               "each"))
 
 
 def section(result: dict) -> str:
@@ -178,6 +211,7 @@ def section(result: dict) -> str:
                            TARGET_P99_MS, "ms", False)] if (row := at_target(result)) else []),
         *[f"Not measured: {n} agents, because {why}." for n, why in result["skipped"].items()],
         *bounds(result),
+        *sharded(result),
         harness.measured_line(result)])
 
 
@@ -209,6 +243,49 @@ def bounds(result: dict) -> list[str]:
                 "(`serve_waiting`), so its own work, judging the jobs, is "
                 f"{shares['RankAnalysis.tick'] - shares['FleetServer.serve_waiting']:.0%} of "
                 "the samples; the rest is the path of a push.")
+    return out
+
+
+def sharded(result: dict) -> list[str]:
+    """The same load over several fleetds, each owning the jobs that hash to it."""
+    rows = result.get("sharded") or []
+    if not rows:
+        return []
+    table = [[f"{r['agents']:,}", str(r["shards"]), f"{r['reply_ms_p50']} ms",
+              f"{r['reply_ms_p99']} ms", f"{r['answered']:,} of {r['pushed']:,}",
+              " + ".join(f"{s['cpu_share']:.2f}" for s in r["per_shard"]),
+              " / ".join(f"{s['cpu_us_per_push']} µs" for s in r["per_shard"]),
+              " / ".join(f"{s['pushes_share']:.0%}" for s in r["per_shard"]),
+              f"{r['generator_cpu_share']:.2f} CPU"] for r in rows]
+    single = {r["agents"]: r for r in result["rows"]}
+    out = [
+        "### Sharded: several fleetds, each owning whole jobs",
+        "The same load over N fleetd processes started with `--shard K/N`; each agent pushes "
+        "to the owner of its job (CRC32 of cluster/job modulo N, computed alike by every "
+        "node, as `ingerod --fleet A,B,...` does), so each job's rank analysis runs whole in "
+        "one process and a node running one job pushes to one shard.",
+        harness.table(["agents", "fleetds", "reply p50", "reply p99", "answered",
+                       "CPU of each", "CPU per push, each", "pushes, each", "generator"], table)]
+    for r in rows:
+        worst = max(s["cpu_us_per_push"] for s in r["per_shard"])
+        alone = single.get(r["agents"])
+        compare = "" if alone is None else (
+            f" (one fleetd alone: p99 {alone['reply_ms_p99']} ms, {alone['answered']:,} of "
+            f"{alone['pushed']:,} answered, {alone['fleetd_cpu_share']:.2f} CPU)")
+        out.append(
+            f"At {r['agents']:,} agents over {r['shards']} fleetds{compare}: the pushes split "
+            + " / ".join(f"{s['pushes_share']:.0%}" for s in r["per_shard"])
+            + f" and each shard spent at most {worst} µs of CPU on a push, so a shard with a "
+            f"CPU of its own carries about {1e6 / worst:,.0f} agents, and "
+            f"{TARGET_AGENTS:,} agents need {-(-TARGET_AGENTS * worst // 1_000_000):.0f} "
+            "shards at full load, or twice that to keep each shard half idle, which is "
+            "where replies stay prompt.")
+    out.append(
+        "What this machine cannot show: the shards and the generator share its 2 CPUs, so "
+        "past one CPU of fleetd work adding shards adds no CPU, and the reply time is the "
+        "run queue's. The split is what is measured here (each shard's share of the pushes, "
+        "and its CPU per push against one fleetd's); on a head node with a CPU per shard the "
+        "shards do not contend.")
     return out
 
 

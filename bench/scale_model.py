@@ -107,11 +107,13 @@ def section(results: dict) -> str:
         f"at {HEADROOM:.0%} of a CPU analyses about "
         f"{HEADROOM * 1e6 / (per_gpu * c['fleetd_event']):,.0f}: every event passes through "
         f"fleetd today. At {GPUS:,} GPUs the path splits as follows.",
-        "- **fleetd by job** (not built: ingerod has one fleetd endpoint today). The rank "
-        "analysis never compares two jobs, so jobs are the unit to split: fleetd instance i "
-        "of n would own the jobs whose id hashes to i, and each node-wide ingerod would send a "
-        "job's events to the job's owner (a node runs one to a few jobs). Node health scores "
-        "and the cohort bar are a few numbers a node and can stay on one instance.",
+        "- **fleetd by job** (built: `fleetd --shard K/N`, `ingerod --fleet A,B,...`; "
+        "measured in the fleetd section above and tested end to end in tests/test_shards.py). "
+        "The rank analysis never compares two jobs, so jobs are the unit to split: shard K "
+        "owns the jobs whose cluster/job hashes to K, and each node-wide ingerod sends a "
+        "job's events to the job's owner, with its score (a node runs one to a few jobs, so "
+        "it pushes to one to a few shards). Each shard computes a cluster's node bar over the "
+        "nodes that push to it.",
         "- **echod writers beside each fleetd** (not built: one echod writes today), each "
         "COPYing into the same partitioned tables. Every row carries its own id and a resent "
         "batch is stored once, so writers need not coordinate.",

@@ -2,13 +2,19 @@
 
 from ingero import wire
 from ingero.settings import (Setting, boolean, integer, listen_address, log_level, node_counts,
-                             number, optional, path, text, zmq_endpoint)
+                             number, optional, path, shard, text,
+                             zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/fleetd.yaml"
 
 SETTINGS = [
     Setting("bind", "tcp://0.0.0.0:7470", zmq_endpoint,
             "ZeroMQ endpoint the ROUTER socket binds; agents connect here.", "ENDPOINT"),
+    Setting("shard", "0/1", shard,
+            "This fleetd is shard K of N: it owns the jobs whose cluster/job hashes to K (the "
+            "agents' --fleet lists the N endpoints in shard order, and sends each job's events "
+            "to its owner). Events of a job another shard owns are still taken, and counted and "
+            "logged: the agents' lists disagree.", "K/N"),
     Setting("secret_key", "/etc/ingero/keys/fleetd.key_secret", path,
             "fleetd's CURVE secret key file (create it with 'fleetd keygen').", "FILE"),
     Setting("authorized_keys", "/etc/ingero/authorized_agents", path,

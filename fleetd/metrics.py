@@ -37,6 +37,8 @@ class FleetMetrics:
                                 ["reason"], registry=r)
         self.resent = Counter("ingero_fleet_batches_resent",
                               "Pushes recognised as resends and not counted again", registry=r)
+        self.misrouted = Counter("ingero_fleet_misrouted_pushes", "Pushes holding events of a "
+                                 "job another fleetd shard owns", registry=r)
         self.batches = Counter("ingero_fleet_batches_accepted", "Pushes accepted", registry=r)
         self.events = Counter("ingero_fleet_events_accepted", "Events accepted", registry=r)
         self.auth_refused = Counter("ingero_fleet_auth_refused",

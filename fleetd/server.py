@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import zmq
 
-from ingero import __version__, wire
+from ingero import __version__, shards, wire
 from ingero.errors import FrameError
 from ingero.router import SecureRouter
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog, serve_metrics
@@ -46,10 +46,12 @@ class FleetServer:
         self.watchdog = Watchdog(self.notifier)
         self.clock = clock
         self.metrics = FleetMetrics()
+        self.shard, self.shards = cfg.shard
         self.fleet = Fleet(
             ThresholdPolicy(cfg.k, cfg.ema_alpha, cfg.mad_floor, cfg.quorum, cfg.ttl_multiplier,
                             cfg.panic_fraction, cfg.coverage_alert),
-            cfg.expected_nodes, cfg.max_nodes)
+            {} if self.shards > 1 else cfg.expected_nodes, cfg.max_nodes)
+        self.misrouted = RateLimitedLog(log, 30.0)
         self.clocks = ClockBook()
         self.ranks = RankAnalysis(cfg, clocks=self.clocks)
         self.bad_frames = RateLimitedLog(log, 10.0)
@@ -85,6 +87,13 @@ class FleetServer:
             self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
             where = f", metrics on {self.cfg.metrics_addr[0]}:{self.http.server_port}"
         log.info("listening on %s%s", self.endpoint, where)
+        if self.shards > 1:
+            log.info("shard %d of %d: the jobs whose cluster/job hashes here are analysed here; "
+                     "a cluster's node scores are split between the shards", self.shard,
+                     self.shards)
+            if self.cfg.expected_nodes:
+                log.warning("--expected-nodes ignored: one shard of %d sees only part of a "
+                            "cluster, so its coverage cannot be computed here", self.shards)
 
     def close(self) -> None:
         """Release everything ``open`` got, however far it got."""
@@ -203,6 +212,8 @@ class FleetServer:
             raise FrameError(f"refused node {push.node}: already tracking {self.cfg.max_nodes} "
                              "nodes", "too_many_nodes")
         fresh, cohort = self.fleet.observe(push, self.clock())
+        if fresh and self.shards > 1:
+            self.check_owner(push)
         if fresh:
             self.metrics.batches.inc()
             self.metrics.events.inc(len(push.events))
@@ -222,6 +233,19 @@ class FleetServer:
             straggler=push.node in cohort.stragglers or bool(ranks), recv_at=recv_at,
             sent_at=time.time(), agent_sent_at=push.sent_at, duplicate=not fresh,
             straggler_ranks=ranks)
+
+    def check_owner(self, push: wire.Push) -> None:
+        """Events of a job another shard owns are kept (nothing accepted is lost) but that job's
+        analysis is split: the agents' --fleet lists disagree. Counted and said."""
+        for job in {push.job_of(event) for event in push.events} - {None}:
+            if shards.owner(push.cluster, job, self.shards) != self.shard:
+                self.metrics.misrouted.inc()
+                self.misrouted.warning(
+                    "misrouted", "node %s sent events of job %s/%s, which shard %d owns, to "
+                    "shard %d of %d: its --fleet must list the %d shards' endpoints in shard "
+                    "order, the same on every node", push.node, push.cluster, job,
+                    shards.owner(push.cluster, job, self.shards), self.shard, self.shards,
+                    self.shards)
 
     def on_query(self, query: wire.Query, recv_at: float) -> wire.Status:
         c = self.fleet.cohorts.get(query.cohort)

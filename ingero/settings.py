@@ -128,6 +128,29 @@ def zmq_endpoint(value: Any) -> str:
     return endpoint
 
 
+def zmq_endpoints(value: Any) -> list[str]:
+    """``ENDPOINT[,ENDPOINT...]`` on the command line, a list in YAML; no endpoint twice."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    endpoints = [zmq_endpoint(item.strip() if isinstance(item, str) else item)
+                 for item in items if str(item).strip()]
+    if not endpoints:
+        raise ValueError("expected at least one ZeroMQ endpoint")
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError("an endpoint is listed twice")
+    return endpoints
+
+
+def shard(value: Any) -> tuple[int, int]:
+    """``K/N``: this process is shard K of N (0 <= K < N)."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(value))
+    if match is None:
+        raise ValueError("expected K/N, e.g. 0/1 (the only fleetd) or 1/4")
+    k, n = int(match.group(1)), int(match.group(2))
+    if not 1 <= n <= 1024 or not 0 <= k < n:
+        raise ValueError(f"{k}/{n}: need 0 <= K < N <= 1024")
+    return k, n
+
+
 def node_counts(value: Any) -> dict[str, int]:
     """``cluster=N,...`` on the command line, or a mapping in YAML."""
     if isinstance(value, dict):

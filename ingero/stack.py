@@ -91,15 +91,16 @@ class Stack:
     socket of its own under ``root`` (``agent_flags`` come after, and may name others).
     ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
     be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
-    fleetd listens on ``fleet_host``. echod's directory (``echod_root``, by default under
-    ``root``) must be reachable by the postgres user."""
+    fleetd listens on ``fleet_host``; ``shards`` > 1 runs that many fleetds (``--shard K/N``,
+    each forwarding to echod) and gives the agents all their endpoints. echod's directory
+    (``echod_root``, by default under ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
                  hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
                  gpu: tuple[str, str] = ("H100-80GB", "lambda"), echod_flags: tuple = (),
                  agent_flags: tuple = (), fleet_flags: tuple = (),
                  echod_root: Path | None = None, fleet_host: str = "127.0.0.1",
-                 agent_prefix: dict[int, tuple[str, ...]] | None = None,
+                 agent_prefix: dict[int, tuple[str, ...]] | None = None, shards: int = 1,
                  say=lambda line: None):
         import sim
 
@@ -111,17 +112,22 @@ class Stack:
         self.echod = Echod(echod_root or root / "echod", self.keys, *echod_flags,
                            tokens={"ops": ("*", "admin")})
         try:
-            self.endpoint = f"tcp://{fleet_host}:{free_port()}"
-            self.fleet_port = free_port()
-            say(f"starting fleetd on {self.endpoint} (CURVE), forwarding to echod")
-            self.fleetd = self._start("fleetd", "fleetd", [
-                "--config", "/dev/null", "--bind", self.endpoint,
-                "--metrics-addr", f"127.0.0.1:{self.fleet_port}",
-                "--hang-timeout", str(hang_timeout_s), "--recompute-interval", "0.5",
-                "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
-                *self.keys.fleetd_flags(),
-                *self.keys.forwarding_flags(self.echod.ingest, root / "fleetd-spool"),
-                *fleet_flags])
+            self.endpoints = [f"tcp://{fleet_host}:{free_port()}" for _ in range(shards)]
+            self.fleet_ports = [free_port() for _ in range(shards)]
+            self.fleetds = []
+            for k, (endpoint, port) in enumerate(zip(self.endpoints, self.fleet_ports)):
+                name = "fleetd" if shards == 1 else f"fleetd-shard{k}"
+                say(f"starting {name} on {endpoint} (CURVE), forwarding to echod")
+                self.fleetds.append(self._start(name, "fleetd", [
+                    "--config", "/dev/null", "--bind", endpoint, "--shard", f"{k}/{shards}",
+                    "--metrics-addr", f"127.0.0.1:{port}",
+                    "--hang-timeout", str(hang_timeout_s), "--recompute-interval", "0.5",
+                    "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
+                    *self.keys.fleetd_flags(),
+                    *self.keys.forwarding_flags(self.echod.ingest, root / f"{name}-spool"),
+                    *fleet_flags]))
+            self.endpoint, self.fleet_port, self.fleetd = \
+                self.endpoints[0], self.fleet_ports[0], self.fleetds[0]
             say(f"starting {nodes} ingerod agents with eBPF probes, one per simulated node "
                 "(node-wide, no --job)")
             self.agents = [self._agent(n, (skew or {}).get(n), sim) for n in range(nodes)]
@@ -145,7 +151,7 @@ class Stack:
                                        "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         return self._start(f"ingerod-node{node}", "ingerod", [
             "--config", "/dev/null", "--source", "ebpf", "--libraries", libraries,
-            "--fleet", self.endpoint, "--node", f"node{node}", "--cluster", "sim",
+            "--fleet", ",".join(self.endpoints), "--node", f"node{node}", "--cluster", "sim",
             "--match-env", f"SLURM_NODEID={node}", "--push-interval", str(self.push_s),
             "--rescan-interval", "0.2", "--metrics-addr", "none",
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
@@ -176,5 +182,6 @@ class Stack:
 
     def stop(self) -> list[int]:
         """Agents, fleetd, then echod: the exit status of each, in that order."""
-        statuses = stop_all(self.daemons[1:], 30) + stop_all(self.daemons[:1], 30)
+        fleet = len(self.fleetds)
+        statuses = stop_all(self.daemons[fleet:], 30) + stop_all(self.daemons[:fleet], 30)
         return statuses + [self.echod.stop()]

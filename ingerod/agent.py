@@ -3,6 +3,12 @@
 The loop computes its next push time first, so a slow cycle never drifts the schedule; an error
 in one cycle is logged and that cycle skipped. fleetd being away never stops the loop: the link
 queues, the detector falls back to a cached or local bar.
+
+A sharded fleetd (``--fleet`` lists several endpoints) gets one link per shard, each with its
+own push numbers, queue and clock exchange. Each event goes to the shard that owns its job
+(``ingero.shards``); the node's score goes with every push, and at least once a cycle to its
+home shard: the owner of the job it ran events for last, or, before any, the shard its name
+hashes to. A node running one job so pushes to one shard a cycle.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
-from ingero import __version__, wire
+import zmq
+
+from ingero import __version__, shards, wire
 from ingero.errors import IngeroError
 from ingero.runtime import SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
@@ -42,6 +50,15 @@ def queue_dir(cfg: SimpleNamespace) -> Path | None:
         "node" if cfg.job is None else f"job-{cfg.job}")
 
 
+def shard_queue(directory: Path | None, shard: int) -> Path | None:
+    """Shard 0's pushes where an unsharded agent's are; shard K's beside them, in shard-K/."""
+    return directory if directory is None or shard == 0 else directory / f"shard-{shard}"
+
+
+def same_stream(identity: dict | None, boot_id: str) -> bool:
+    return identity is not None and identity.get("boot_id") == boot_id
+
+
 class Agent:
     def __init__(self, cfg: SimpleNamespace, flags: SignalFlags | None = None,
                  notifier: Notifier | None = None, clock=time.monotonic):
@@ -51,26 +68,40 @@ class Agent:
         self.watchdog = Watchdog(self.notifier)
         self.clock = clock
         self.metrics = AgentMetrics()
-        queue = PushQueue(queue_dir(cfg), cfg.node, self.metrics)
-        identity, unacked = queue.restore()
-        identity = identity or {"boot_id": uuid.uuid4().hex[:16], "seq": 0, "event_seq": 0}
+        queues = [PushQueue(shard_queue(queue_dir(cfg), k), cfg.node, self.metrics)
+                  for k in range(len(cfg.fleet))]
+        restored = [queue.restore() for queue in queues]
+        identity = restored[0][0] or {"boot_id": uuid.uuid4().hex[:16], "seq": 0, "event_seq": 0}
         self.boot_id = identity["boot_id"]
+        stream = [i for i, _ in restored if same_stream(i, self.boot_id)]
         self.health = HealthModel(cfg.warmup)
         self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
                                  cfg.local_threshold)
         hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [cfg.source],
                            cfg.push_interval, __version__)
         self.source = open_source(cfg, clock())
-        self.link = FleetLink(cfg, hello, self.metrics, queue, unacked, clock)
-        self.seq = max(identity["seq"], max(unacked, default=-1) + 1)
-        self.event_seq = identity["event_seq"]
-        self.restarted_from = identity.get("t")   # the last run's last push: untraced since
-        self.pending_events: deque[dict] = deque()
+        self.context = zmq.Context()
+        self.poller = zmq.Poller()
+        self.links = [
+            FleetLink(cfg, endpoint, hello, self.metrics, queue, unacked,
+                      max(i["seq"] if same_stream(i, self.boot_id) else 0,
+                          max(unacked, default=-1) + 1),
+                      clock, self.context, self.poller, on_demand=True)
+            for endpoint, queue, (i, unacked) in zip(cfg.fleet, queues, restored)]
+        self.metrics.queue_depth.set_function(lambda: sum(len(l.unacked) for l in self.links))
+        self.event_seq = max((i["event_seq"] for i in stream), default=0)
+        self.restarted_from = max((i["t"] for i in stream if "t" in i), default=None)
+        self.pending: list[deque[dict]] = [deque() for _ in self.links]   # per shard
+        self.home = (shards.owner(cfg.cluster, cfg.job, len(self.links)) if cfg.job
+                     else shards.home(cfg.node, len(self.links)))
+        self.links[self.home].on_demand = False   # it heartbeats; the others wait for work
+        self.job_events = [0] * len(self.links)   # this cycle's events with a job, per shard
+        self.heard: list[list[int]] = [[] for _ in self.links]   # straggler ranks, per shard
         self.mode = "none"
         self.state = "calibrating"
         self.straggler_ranks: list[int] = []
         self.spool = JobSpool(cfg.jobs_dir, cfg.job, self.metrics)
-        self.spooled: dict[int, list[str]] = {}    # push seq → job records it carries
+        self.spooled: dict[tuple[int, int], list[str]] = {}  # (shard, seq) → its job records
         self.control = None
         self.http = None
 
@@ -78,12 +109,13 @@ class Agent:
         if self.cfg.metrics_addr is not None:
             self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
         self.listen()
+        fleet = ",".join(self.cfg.fleet)
         log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
-                 self.boot_id, self.cfg.fleet, self.cfg.push_interval, self.cfg.source)
+                 self.boot_id, fleet, self.cfg.push_interval, self.cfg.source)
         if self.restarted_from is not None:
             self.say_restarted(time.time())
-        self.link.tick(self.clock())
-        self.notifier.ready(f"pushing to {self.cfg.fleet}")
+        self.tick(self.clock())
+        self.notifier.ready(f"pushing to {fleet}")
         next_push = self.clock()
         try:
             while not self.flags.stop:
@@ -92,15 +124,14 @@ class Agent:
                     next_push = now + self.cfg.push_interval
                     self.cycle(now)
                 wait = min(POLL_CAP, self.cfg.heartbeat_interval, max(0.0, next_push - now))
-                for message in self.link.poll(wait):
-                    self.on_message(message)
+                self.receive(wait)
                 if self.flags.reload or (self.control is not None
                                          and self.control.nudged.is_set()):
                     self.read_spool_now()
                 now = self.clock()
                 self.source.poll(now)
-                self.link.tick(now)
-                self._mode_change(self.detector.mode(self.state, self.link.reachable(now), now)[0])
+                self.tick(now)
+                self._mode_change(self.detector.mode(self.state, self.reachable(now), now)[0])
                 self.watchdog.tick(now)
             self.notifier.stopping()
             self.cycle(self.clock())  # what the source gathered since the last push goes too
@@ -115,7 +146,7 @@ class Agent:
             sample = self.source.sample(now)
             assessment = self.health.assess(sample)
             verdict = self.detector.judge(assessment.score, assessment.state,
-                                          self.link.reachable(now), now)
+                                          self.reachable(now), now)
         except Exception:
             log.exception("sampling failed; skipping this cycle")
             return
@@ -131,46 +162,86 @@ class Agent:
         self.add_events(self.spool.scan(self.cfg.node))
         self.metrics.events_lost.set(self.source.lost_events())
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
-                          verdict.straggler, self.link.reachable(now))
-        push = self.build_push(assessment)
-        self.link.push(push, {"boot_id": self.boot_id, "seq": self.seq,
-                              "event_seq": self.event_seq, "t": push.sent_at})
-        self.metrics.pushed.inc()
+                          verdict.straggler, self.reachable(now))
+        self.go_home(now)
+        for k, link in enumerate(self.links):
+            if self.pending[k] or k == self.home:
+                push = self.build_push(k, assessment)
+                link.push(push, {"boot_id": self.boot_id, "seq": link.seq,   # the next
+                                 "event_seq": self.event_seq, "t": push.sent_at})
+                self.metrics.pushed.inc()
+            else:
+                self.heard[k] = []   # it judges no rank here any more
 
-    def build_push(self, assessment) -> wire.Push:
-        batch = [self.pending_events.popleft()
-                 for _ in range(min(len(self.pending_events), wire.MAX_EVENTS))]
+    def go_home(self, now: float) -> None:
+        """The node's score goes to the shard of the job it had the most events of this cycle
+        (kept while it has none). That link heartbeats and counts silence; the others wait."""
+        if len(self.links) == 1 or not any(self.job_events):
+            return
+        busiest = max(range(len(self.links)), key=self.job_events.__getitem__)
+        self.job_events = [0] * len(self.links)
+        if busiest != self.home:
+            log.info("node score now goes to fleetd shard %d (%s), the owner of its job",
+                     busiest, self.cfg.fleet[busiest])
+            self.links[self.home].on_demand = True
+            self.home = busiest
+            self.links[busiest].on_demand = False
+            self.links[busiest].woke = now
+
+    def build_push(self, shard: int, assessment) -> wire.Push:
+        pending, link = self.pending[shard], self.links[shard]
+        batch = [pending.popleft() for _ in range(min(len(pending), wire.MAX_EVENTS))]
         spooled = [event.pop("spool") for event in batch if "spool" in event]
         if spooled:
-            self.spooled[self.seq] = spooled
-        push = wire.Push(self.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
+            self.spooled[shard, link.seq] = spooled
+        push = wire.Push(link.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
                          self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
-                         self.link.exchange)
-        self.seq += 1
+                         link.exchange)
+        link.seq += 1
         return push
 
     def add_events(self, events: list[dict]) -> None:
-        """Give each event its node-namespaced id and queue it for the next push."""
+        """Give each event its node-namespaced id and queue it for its job's shard."""
         for event in events:
             if "id" not in event:
                 event["id"] = f"{self.cfg.node}:{self.boot_id}:{self.event_seq}"
                 self.event_seq += 1
-            self.pending_events.append(event)
-        while len(self.pending_events) > MAX_PENDING_EVENTS:
-            dropped = self.pending_events.popleft()
-            self.metrics.events_dropped.inc()
-            if "spool" in dropped:
-                self.spool.unsent([dropped["spool"]])
+            job = event["attrs"].get("job") or self.cfg.job
+            shard = shards.owner(self.cfg.cluster, job, len(self.pending))
+            self.job_events[shard] += job is not None
+            pending = self.pending[shard]
+            pending.append(event)
+            while len(pending) > MAX_PENDING_EVENTS:
+                dropped = pending.popleft()
+                self.metrics.events_dropped.inc()
+                if "spool" in dropped:
+                    self.spool.unsent([dropped["spool"]])
 
-    def on_message(self, message: wire.Message) -> None:
+    def reachable(self, now: float) -> bool:
+        """Whether the fleetd this node's score goes to answers."""
+        return self.links[self.home].reachable(now)
+
+    def tick(self, now: float) -> None:
+        for link in self.links:
+            link.tick(now)
+
+    def receive(self, wait: float) -> None:
+        """Whatever any shard sent within ``wait`` seconds, each stamped as it is read."""
+        ready = dict(self.poller.poll(max(0, int(wait * 1000))))
+        for k, link in enumerate(self.links):
+            for message in link.receive(ready):
+                self.on_message(k, message)
+
+    def on_message(self, shard: int, message: wire.Message) -> None:
         if isinstance(message, wire.Reply):
-            self.records_acked(message.ack)
+            self.records_acked(shard, message.ack)
             self.detector.heard(message.threshold, message.quorum_met, message.cohort,
                                 self.clock())
-            self.heard_ranks(message.straggler_ranks)
+            self.heard[shard] = message.straggler_ranks
+            self.heard_ranks(sorted(set().union(*self.heard)))
         elif isinstance(message, wire.Welcome):
-            log.info("fleetd %s answered", message.server_version)
+            log.info("fleetd %s at %s answered", message.server_version, self.cfg.fleet[shard])
 
     def listen(self) -> None:
         """A node-wide agent answers the Slurm hooks on its control socket; a second agent on
@@ -203,12 +274,14 @@ class Agent:
             self.control.nudged.clear()
         self.add_events(self.spool.scan(self.cfg.node))
 
-    def records_acked(self, seq: int) -> None:
+    def records_acked(self, shard: int, seq: int) -> None:
         """fleetd holds the job records of push ``seq``: delete them; a per-job agent whose
         job's end is among them has nothing left to do."""
-        for dropped in [s for s in self.spooled if s != seq and s not in self.link.unacked]:
+        unacked = self.links[shard].unacked
+        for dropped in [key for key in self.spooled
+                        if key[0] == shard and key[1] != seq and key[1] not in unacked]:
             self.spool.unsent(self.spooled.pop(dropped))     # its push fell off the queue
-        paths = self.spooled.pop(seq, None)
+        paths = self.spooled.pop((shard, seq), None)
         if paths and self.spool.sent(paths) and not self.flags.stop:
             log.info("job %s ended and its end record is delivered; stopping", self.cfg.job)
             self.flags.stop = True
@@ -237,17 +310,18 @@ class Agent:
     def drain(self) -> None:
         """On SIGTERM: give fleetd up to drain_timeout to acknowledge what is queued."""
         deadline = self.clock() + self.cfg.drain_timeout
-        while self.link.unacked and self.clock() < deadline:
-            for message in self.link.poll(min(POLL_CAP, deadline - self.clock())):
-                self.on_message(message)
-        left = len(self.link.unacked)
+        while any(link.unacked for link in self.links) and self.clock() < deadline:
+            self.receive(min(POLL_CAP, deadline - self.clock()))
+        left = sum(len(link.unacked) for link in self.links)
         log.info("stopping: %s", f"{left} batch(es) unacknowledged" if left else "all acked")
 
     def close(self) -> None:
         if self.control is not None:
             self.control.close()
         self.source.close()
-        self.link.close()
+        for link in self.links:
+            link.close()
+        self.context.term()
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()

@@ -4,14 +4,16 @@ import socket
 
 from ingero.settings import (Setting, boolean, choice, env_matches, integer, listen_address,
                              log_level, number, optional, optional_text, path, path_list, pid_list,
-                             text,
-                             zmq_endpoint)
+                             text, zmq_endpoints)
 
 DEFAULT_CONFIG = "/etc/ingero/ingerod.yaml"
 
 SETTINGS = [
-    Setting("fleet", "tcp://127.0.0.1:7470", zmq_endpoint,
-            "fleetd's ZeroMQ endpoint; ingerod connects out and never listens.", "ENDPOINT"),
+    Setting("fleet", "tcp://127.0.0.1:7470", zmq_endpoints,
+            "fleetd's ZeroMQ endpoint; ingerod connects out and never listens. Several, "
+            "comma-separated, when fleetd is sharded: the shards in order (0, 1, ...), the "
+            "same list on every node; each job's events go to the shard that owns the job.",
+            "ENDPOINT[,...]"),
     Setting("node", socket.gethostname(), text, "This node's name [default: the host name].",
             "NAME"),
     Setting("cluster", "default", text, "Cluster name; the cohort when no job is named.",

@@ -6,6 +6,10 @@ again, in order (fleetd recognises resends by node, boot id and sequence). Liven
 silence fleetd counts as unreachable and the socket is replaced by a fresh one, with a capped
 exponential backoff between replacements. Nothing here blocks: sends use NOBLOCK and polls
 have a timeout.
+
+A sharded fleetd gives the agent one link per shard, all polled together. A link ``on_demand``
+(a shard the node has had nothing for) is quiet while nothing waits on it: no heartbeats, and
+its silence is not held against it, so N nodes do not cost every shard N heartbeats a second.
 """
 
 from __future__ import annotations
@@ -32,21 +36,28 @@ MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 
 class FleetLink:
-    def __init__(self, cfg: SimpleNamespace, hello: wire.Hello, metrics, queue: PushQueue,
-                 unacked: OrderedDict[int, list[bytes]], clock=time.monotonic):
+    def __init__(self, cfg: SimpleNamespace, endpoint: str, hello: wire.Hello, metrics,
+                 queue: PushQueue, unacked: OrderedDict[int, list[bytes]], seq: int,
+                 clock=time.monotonic, context: zmq.Context | None = None,
+                 poller: zmq.Poller | None = None, on_demand: bool = False):
         self.cfg = cfg
+        self.endpoint = endpoint
+        self.seq = seq               # this link's next push number
+        self.on_demand = on_demand
+        self.woke = float("-inf")    # when an on-demand link last went from idle to waiting
         self.queue = queue
         self.hello = hello
         self.metrics = metrics
         self.clock = clock
-        self.context = zmq.Context()
+        self.own_context = context is None
+        self.context = context or zmq.Context()
         self.keys = None
         if not cfg.insecure_plaintext_zmq:
             self.keys = (curve.load_keypair(cfg.secret_key), curve.load_public(cfg.fleet_public_key))
         self.unacked = unacked       # what the last run left comes first
         self.socket = None
         self.monitor = None
-        self.poller = None
+        self.poller = poller or zmq.Poller()
         self.last_heard = None
         self.last_sent = 0.0
         self.first_sent: dict[int, float] = {}     # push seq → when it was sent, sent once only
@@ -69,9 +80,8 @@ class FleetLink:
             keypair, server_public = self.keys
             curve.connect_curve(socket, keypair, server_public)
         self.monitor = socket.get_monitor_socket(MONITORED)
-        socket.connect(self.cfg.fleet)
+        socket.connect(self.endpoint)
         self.socket = socket
-        self.poller = zmq.Poller()
         self.poller.register(socket, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         self._send(wire.encode(self.hello))
@@ -82,6 +92,8 @@ class FleetLink:
 
     def _close_socket(self) -> None:
         if self.socket is not None:
+            self.poller.unregister(self.socket)
+            self.poller.unregister(self.monitor)
             self.socket.disable_monitor()
             self.monitor.close(linger=0)
             self.socket.close(linger=0)
@@ -89,25 +101,34 @@ class FleetLink:
 
     def close(self) -> None:
         self._close_socket()
-        self.context.term()
+        if self.own_context:
+            self.context.term()
 
     # -- traffic -------------------------------------------------------------------------------
 
     def reachable(self, now: float) -> bool:
-        return self.last_heard is not None and \
-            now - self.last_heard <= self.cfg.heartbeat_interval * self.cfg.liveness
+        heard = self.last_heard
+        if self.on_demand and heard is not None:
+            heard = max(heard, self.woke)
+        return heard is not None and \
+            now - heard <= self.cfg.heartbeat_interval * self.cfg.liveness
+
+    def idle(self) -> bool:
+        """An on-demand link with nothing waiting for fleetd's answer."""
+        return self.on_demand and not self.unacked
 
     def push(self, push: wire.Push, identity: dict) -> None:
         """Queue a batch (dropping the oldest beyond the bound) and send it; ``identity`` is
         where the agent's stream stands, kept with it."""
         frames = wire.encode(push)
+        if self.idle():
+            self.woke = self.clock()
         self.unacked[push.seq] = frames
         self.queue.keep(push.seq, frames, identity)
         while len(self.unacked) > self.cfg.max_unacked:
             seq, _ = self.unacked.popitem(last=False)
             self.queue.forget(seq)
             self.metrics.dropped.inc()
-        self.metrics.queue_depth.set(len(self.unacked))
         if self._send(frames):
             self.first_sent[push.seq] = time.time()
         while len(self.first_sent) > self.cfg.max_unacked:
@@ -125,11 +146,14 @@ class FleetLink:
 
     def poll(self, timeout: float) -> list[wire.Message]:
         """Messages from fleetd within ``timeout`` seconds; acks drop batches from the queue."""
+        return self.receive(dict(self.poller.poll(max(0, int(timeout * 1000)))))
+
+    def receive(self, ready: dict) -> list[wire.Message]:
+        """What this link's sockets among ``ready`` (a shared poller's answer) hold."""
+        if self.monitor is not None and self.monitor in ready:
+            self._on_monitor_event()
         received = []
-        for sock, _event in self.poller.poll(max(0, int(timeout * 1000))):
-            if sock is self.monitor:
-                self._on_monitor_event()
-                continue
+        if self.socket is not None and self.socket in ready:
             while True:
                 try:
                     frames = self.socket.recv_multipart(zmq.NOBLOCK)
@@ -154,7 +178,6 @@ class FleetLink:
         if isinstance(message, wire.Reply) and message.ack in self.unacked:
             del self.unacked[message.ack]
             self.queue.forget(message.ack)
-            self.metrics.queue_depth.set(len(self.unacked))
         return message
 
     def _timed(self, reply: wire.Reply, received_at: float) -> None:
@@ -175,15 +198,15 @@ class FleetLink:
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self.metrics.auth_failures.inc()
             self.complaints.warning("auth", "fleetd at %s refused this agent's key (add %s's "
-                                    "public key to fleetd's authorised keys)", self.cfg.fleet,
+                                    "public key to fleetd's authorised keys)", self.endpoint,
                                     self.hello.node)
         elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
             self.metrics.auth_failures.inc()
             self.complaints.warning("handshake", "handshake with fleetd at %s failed: are both "
                                     "ends using CURVE (or both --insecure-plaintext-zmq), with "
-                                    "fleetd's right public key?", self.cfg.fleet)
+                                    "fleetd's right public key?", self.endpoint)
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            log.debug("connected to fleetd at %s", self.cfg.fleet)
+            log.debug("connected to fleetd at %s", self.endpoint)
 
     def tick(self, now: float) -> None:
         """Heartbeat when quiet; replace the socket when fleetd has been silent too long."""
@@ -191,12 +214,14 @@ class FleetLink:
             self.connect()
             self.next_reconnect = now + self.backoff
             return
+        if self.idle():
+            return
         if now - self.last_sent >= self.cfg.heartbeat_interval:
             self._send(wire.encode(wire.Heartbeat(time.time())))
         if not self.reachable(now) and now >= self.next_reconnect:
             if self.last_heard is not None:
                 self.complaints.warning("silent", "fleetd at %s silent for %.1fs; reconnecting",
-                                        self.cfg.fleet, now - self.last_heard)
+                                        self.endpoint, now - self.last_heard)
             self.metrics.reconnects.inc()
             self.connect()
             self.next_reconnect = now + self.backoff

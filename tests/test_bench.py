@@ -41,6 +41,11 @@ def test_every_benchmark_runs_at_smoke_size_and_documents_itself(tmp_path):
     tools = json.loads((tmp_path / "tool_latency.json").read_text())["tools_warm"]
     assert all(0 < call["sql_s"] <= call["s"] and call["slowest_sql"] for call in tools.values())
     assert "µs of CPU per event" in docs and "in PostgreSQL" in docs
+    # fleetd sharded by job: both shards took pushes, the agents had every answer
+    split = json.loads((tmp_path / "fleet_scale.json").read_text())["sharded"][0]
+    assert split["shards"] == 2 and split["answered"] == split["pushed"] > 0
+    assert all(0 < shard["pushes_share"] < 1 for shard in split["per_shard"]), split
+    assert "### Sharded: several fleetds" in docs
     model = docs[docs.index("## Beyond one head node"):]
     assert "CPUs at 10,000 GPUs" in model and "Needs the full results" not in model
 

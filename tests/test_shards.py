@@ -1,0 +1,173 @@
+"""fleetd sharded by job: two fleetds (--shard 0/2 and 1/2), node-wide ingerods given both
+endpoints, each job's events sent to the shard that owns it, both shards forwarding to one echod.
+
+The end-to-end test runs two sim jobs traced with real bcc, one owned by each shard, a late rank
+in each, and reads the verdicts back over echod's API, as a user would. The others check what
+the shard split rests on: every node computes the same owner, a fleetd sent a job it does not
+own keeps the events and says so, and bad shard settings are refused at start.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import sim
+from ingero import shards
+from ingero.launch import free_port, wait_for
+from ingero.settings import shard, zmq_endpoints
+from ingero.stack import Stack
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+
+from .support import Producer, metric, needs_ebpf
+
+PUSH_S = 1.0
+
+
+def owned_by(k: int, n: int, cluster: str = "sim", start: int = 3000) -> str:
+    return next(str(j) for j in range(start, start + 100) if shards.owner(cluster, str(j), n) == k)
+
+
+def test_the_owner_of_a_job_is_the_same_on_every_node_and_every_version():
+    # Agents and fleetds of different releases must agree on who owns a job: the hash is
+    # CRC32 of "cluster/job", pinned here.
+    assert [shards.owner("sim", str(j), 2) for j in range(3001, 3009)] == [1, 1, 1, 0, 0, 0, 0, 1]
+    assert shards.owner("prod", "123456", 4) == 824667449 % 4
+    assert shards.owner("prod", None, 4) == 0 and shards.owner("prod", "7", 1) == 0
+    owners = {shards.owner("c", str(j), 8) for j in range(1000)}
+    assert owners == set(range(8))          # every shard gets jobs
+
+
+def test_shard_and_endpoint_lists_are_checked():
+    assert shard("1/4") == (1, 4) and shard(" 0 / 1 ") == (0, 1)
+    for bad in ("4/4", "1", "-1/2", "0/0", "a/b"):
+        with pytest.raises(ValueError):
+            shard(bad)
+    assert zmq_endpoints("tcp://a:1,tcp://b:2") == ["tcp://a:1", "tcp://b:2"]
+    assert zmq_endpoints(["tcp://a:1"]) == ["tcp://a:1"]
+    with pytest.raises(ValueError, match="twice"):
+        zmq_endpoints("tcp://a:1,tcp://a:1")
+    with pytest.raises(ValueError):
+        zmq_endpoints("tcp://a:1,http://b")
+    refused = subprocess.run([sys.executable, "-m", "fleetd", "--config", "/dev/null",
+                              "--shard", "2/2"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "0 <= K < N" in refused.stderr, refused.stderr
+
+
+def test_a_shard_sent_a_job_it_does_not_own_keeps_the_events_counts_and_says_so(
+        spawn, keys, endpoint):
+    port = free_port()
+    fleetd = spawn("fleetd", "fleetd", [
+        "--config", "/dev/null", "--bind", endpoint, "--shard", "1/2",
+        "--metrics-addr", f"127.0.0.1:{port}", *keys.fleetd_flags()])
+    assert wait_for(lambda: "listening" in fleetd.log(), 60), fleetd.log()
+    producer = Producer(endpoint, keys, "stray", cluster="sim")
+    try:
+        producer.push(4, job=owned_by(1, 2), rank=0)      # its own: fine
+        producer.push(4, job=owned_by(0, 2), rank=0)      # shard 0's
+        assert producer.collect_acks(10) == 2              # both kept, both answered
+    finally:
+        producer.close()
+    assert metric(port, "ingero_fleet_events_accepted_total") == 8
+    assert metric(port, "ingero_fleet_misrouted_pushes_total") == 1
+    assert f"job sim/{owned_by(0, 2)}, which shard 0 owns, to shard 1 of 2" in fleetd.log()
+
+
+def scenario(job_id: str, late_rank: int) -> scenarios.Scenario:
+    return scenarios.parse({"name": f"job-{job_id}", "job": {
+        "nodes": 2, "ranks_per_node": 4, "steps": 30, "step_ms": 20, "allreduce_bytes": 1 << 20,
+        "timeout_s": 30, "job_id": job_id}, "stragglers": [
+        {"rank": late_rank, "kind": "host_delay", "delay_ms": 200, "from_step": 5}]})
+
+
+@pytest.mark.slow
+@needs_ebpf
+def test_two_shards_each_judge_their_own_jobs_and_echod_has_every_event(tmp_path):
+    sim.build()
+    stack = Stack(tmp_path, 2, push_s=PUSH_S, shards=2,
+                  echod_root=Path(tempfile.mkdtemp(prefix="echod-shards-")))
+    jobs = {owned_by(0, 2): 5, owned_by(1, 2): 2}       # job → its late rank; one a shard
+    try:
+        for job, late in jobs.items():
+            with Cluster(scenario(job, late), tmp_path / f"job-{job}") as cluster:
+                result = cluster.wait()
+            assert result.ok, result.describe()
+        time.sleep(3 * PUSH_S + 2)
+        for k, job in enumerate(jobs):
+            verdicts = stack.tool("find_stragglers", job=job)["verdicts"]
+            assert {v["rank"] for v in verdicts} == {jobs[job]}, (job, verdicts, stack.logs())
+            assert verdicts[0]["cause"] == "host_work", verdicts[0]
+            # every collective of the job stored, though its nodes pushed to two fleetds
+            assert stack.tool("job_report", job=job)["collectives"] == 30 * 8, stack.logs()
+            # the owner judged it; the other shard never saw it
+            owner_log = stack.fleetds[k].log()
+            other_log = stack.fleetds[1 - k].log()
+            assert f"straggler job {job} rank {jobs[job]} " in owner_log, owner_log[-3000:]
+            assert f"job {job} " not in other_log
+        for port in stack.fleet_ports:
+            assert metric(port, "ingero_fleet_misrouted_pushes_total") == 0
+            assert metric(port, "ingero_fleet_events_accepted_total") > 30 * 4
+        # each agent moved its score to the shard of the job it ran, and heard its verdicts
+        for agent in stack.agents:
+            moves = re.findall(r"node score now goes to fleetd shard (\d)", agent.log())
+            assert moves and moves[-1] == "1", agent.log()[-3000:]
+        assert "fleetd: rank straggler [5]" in stack.agents[1].log()
+        assert "fleetd: rank straggler [2]" in stack.agents[0].log()
+    finally:
+        statuses = stack.stop()
+    assert statuses == [0, 0, 0, 0, 0], stack.logs()
+
+
+def test_a_job_record_waits_for_its_shard_across_an_agent_kill_and_is_delivered(
+        spawn, keys, tmp_path):
+    """Shard 1 is down while a job it owns starts: the record's push waits in the agent's
+    shard-1 queue on disk, survives kill -9, and reaches shard 1 once it is up (echod keeps a
+    record resent after a restart once: its event id is stable)."""
+    from ingero import slurmhook
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    ports = [free_port() for _ in range(2)]
+
+    def fleetd(k):
+        daemon = spawn(f"fleetd-{k}", "fleetd", [
+            "--config", "/dev/null", "--bind", endpoints[k], "--shard", f"{k}/2",
+            "--metrics-addr", f"127.0.0.1:{ports[k]}", "--recompute-interval", "0.1",
+            *keys.fleetd_flags()])
+        assert wait_for(lambda: "listening" in daemon.log(), 60), daemon.log()
+        return daemon
+
+    node = next(f"solo{i}" for i in range(100) if shards.home(f"solo{i}", 2) == 0)
+    jobs, score = tmp_path / "jobs", tmp_path / "score"
+    jobs.mkdir()
+    score.write_text("0.9\n")
+    agent_flags = ["--config", "/dev/null", "--source", "synthetic", "--score-file", str(score),
+                   "--node", node, "--cluster", "sim", "--fleet", ",".join(endpoints),
+                   "--push-interval", "0.2", "--heartbeat-interval", "0.1",
+                   "--reconnect-max", "0.25", "--warmup", "1", "--metrics-addr", "none",
+                   "--jobs-dir", str(jobs), "--control-socket", "none",
+                   "--queue-dir", str(tmp_path / "queue"), *keys.ingerod_flags()]
+    fleetd(0)
+    agent = spawn("ingerod", "ingerod", agent_flags)
+    assert wait_for(lambda: metric(ports[0], "ingero_fleet_batches_accepted_total") >= 2, 30), \
+        agent.log()
+    job = owned_by(1, 2, "sim")
+    slurmhook.write_record(jobs, slurmhook.start_record({
+        "SLURM_JOB_ID": job, "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": node}, 1.0))
+    waiting = tmp_path / "queue" / node / "node" / "shard-1"
+    assert wait_for(lambda: waiting.is_dir() and any(waiting.glob("push-*")), 30), agent.log()
+    assert "node score now goes to fleetd shard 1" in agent.log()
+    agent.kill()
+    agent = spawn("ingerod-again", "ingerod", agent_flags)
+    assert wait_for(lambda: "sending them again" in agent.log(), 30), agent.log()
+    fleetd(1)
+    assert wait_for(lambda: metric(ports[1], "ingero_fleet_events_accepted_total") >= 1, 30), \
+        agent.log()
+    assert wait_for(lambda: not any(jobs.iterdir()), 30), agent.log()    # record delivered
+    for port in ports:
+        assert metric(port, "ingero_fleet_misrouted_pushes_total") == 0
