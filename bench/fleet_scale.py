@@ -190,7 +190,9 @@ def section(result: dict) -> str:
     rows = [[f"{r['agents']:,}", f"{r['reply_ms_p50']} ms", f"{r['reply_ms_p99']} ms",
              f"{r['answered']:,} of {r['pushed']:,}", f"{r['fleetd_cpu_share']:.2f}",
              f"{r['fleetd_cpu_us_per_push']} µs",
-             f"{r['fleetd_rss_mib']['peak']} MiB", f"{r['recompute_us_per_job']} µs",
+             f"{r['fleetd_rss_mib']['peak']} MiB",
+             f"{r['recompute_us_per_job']} µs" if r["recompute_ms_mean"] else
+             "none finished",
              f"{r['generator_cpu_share']:.2f} CPU, p99 {r['generator_behind_ms_p99']} ms late"]
             for r in result["rows"]]
     return "\n\n".join([
@@ -228,8 +230,8 @@ def bounds(result: dict) -> list[str]:
             f"analysis and its tick, CURVE, the reply): one CPU of its own would carry about "
             f"{1e6 / per_push:,.0f} agents pushing once a second, and {TARGET_AGENTS:,} agents "
             f"need {TARGET_AGENTS * per_push / 1e6:.1f} CPUs. Past saturation replies queue and "
-            "the p99 is the queue. Splitting jobs across several fleetd processes (the model at "
-            "the end of this page) is what closes it.")
+            "the p99 is the queue. Splitting jobs across several fleetd processes is what "
+            "closes it: measured below (sharded), and scaled at the end of this page.")
     profiled = next((r for r in result["rows"] if r.get("profile")), None)
     if profiled:
         out += [f"Where fleetd's CPU went at {profiled['agents']:,} agents (py-spy, sampling "

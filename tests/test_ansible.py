@@ -330,7 +330,7 @@ def test_configs_load_with_the_daemons_settings(deployment):
     store = load_settings(echod_config.SETTINGS, "ECHOD", str(etc / "echod.yaml"),
                           echod_config.DEFAULT_CONFIG, {})
     cli = client.settings(str(etc / "ingero.yaml"), {})
-    assert agent.fleet == "tcp://localhost:7470"
+    assert agent.fleet == ["tcp://localhost:7470"]
     assert agent.secret_key == etc / "keys/ingerod.key_secret"
     assert fleet.authorized_keys == etc / "authorized_agents"
     assert fleet.echod == store.ingest_bind == "tcp://127.0.0.1:7471"
