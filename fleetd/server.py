@@ -237,15 +237,16 @@ class FleetServer:
     def check_owner(self, push: wire.Push) -> None:
         """Events of a job another shard owns are kept (nothing accepted is lost) but that job's
         analysis is split: the agents' --fleet lists disagree. Counted and said."""
-        for job in {push.job_of(event) for event in push.events} - {None}:
-            if shards.owner(push.cluster, job, self.shards) != self.shard:
-                self.metrics.misrouted.inc()
-                self.misrouted.warning(
-                    "misrouted", "node %s sent events of job %s/%s, which shard %d owns, to "
-                    "shard %d of %d: its --fleet must list the %d shards' endpoints in shard "
-                    "order, the same on every node", push.node, push.cluster, job,
-                    shards.owner(push.cluster, job, self.shards), self.shard, self.shards,
-                    self.shards)
+        jobs = {push.job_of(event) for event in push.events} - {None}
+        strays = sorted(j for j in jobs if shards.owner(push.cluster, j, self.shards) != self.shard)
+        if strays:
+            self.metrics.misrouted.inc()
+            self.misrouted.warning(
+                "misrouted", "node %s sent events of job %s/%s, which shard %d owns, to shard "
+                "%d of %d: its --fleet must list the %d shards' endpoints in shard order, the "
+                "same on every node", push.node, push.cluster, strays[0],
+                shards.owner(push.cluster, strays[0], self.shards), self.shard, self.shards,
+                self.shards)
 
     def on_query(self, query: wire.Query, recv_at: float) -> wire.Status:
         c = self.fleet.cohorts.get(query.cohort)

@@ -39,6 +39,7 @@ from .sources import open_source
 log = logging.getLogger("ingerod")
 
 MAX_PENDING_EVENTS = wire.MAX_EVENTS * 16
+QUIET_PUSHES = 5   # push intervals without a push to a shard before its rank verdicts lapse
 POLL_CAP = 0.1
 
 
@@ -59,6 +60,34 @@ def same_stream(identity: dict | None, boot_id: str) -> bool:
     return identity is not None and identity.get("boot_id") == boot_id
 
 
+def resume(identities: list[dict | None], fleet: list[str]) -> dict:
+    """The stream to go on with: the newest identity any shard's queue kept (a shard other
+    than 0 may have had every push), if it was kept under the same --fleet list. Else a new
+    stream, with a new boot id: a shard's queue follows its place in the list, and going on
+    with the old stream would number pushes to a fleetd anew under a boot id it already knows
+    (it would take them for resends)."""
+    kept = [i for i in identities if i is not None]
+    newest = max(kept, key=lambda i: i.get("t", 0.0), default=None)
+    if newest is not None:
+        was = newest.get("fleet", fleet[0] if len(fleet) == 1 else None)   # before shards
+        if was == ",".join(fleet):
+            return newest
+        log.warning("--fleet changed since the last run (was %s): starting a new stream; its "
+                    "unacknowledged pushes go to the endpoints now in their places", was)
+    return {"boot_id": uuid.uuid4().hex[:16], "seq": 0, "event_seq": 0}
+
+
+def stranded(directory: Path | None, shards_now: int) -> None:
+    """Pushes queued for a shard the --fleet list no longer has are left on disk, and said."""
+    if directory is None or not directory.is_dir():
+        return
+    for path in directory.glob("shard-*"):
+        k = path.name.removeprefix("shard-")
+        if k.isdigit() and int(k) >= shards_now and any(path.glob("push-*")):
+            log.warning("%s holds pushes for shard %s, which --fleet no longer lists; they are "
+                        "not sent", path, k)
+
+
 class Agent:
     def __init__(self, cfg: SimpleNamespace, flags: SignalFlags | None = None,
                  notifier: Notifier | None = None, clock=time.monotonic):
@@ -71,8 +100,8 @@ class Agent:
         queues = [PushQueue(shard_queue(queue_dir(cfg), k), cfg.node, self.metrics)
                   for k in range(len(cfg.fleet))]
         restored = [queue.restore() for queue in queues]
-        identity = restored[0][0] or {"boot_id": uuid.uuid4().hex[:16], "seq": 0, "event_seq": 0}
-        self.boot_id = identity["boot_id"]
+        stranded(queue_dir(cfg), len(cfg.fleet))
+        self.boot_id = resume([i for i, _ in restored], cfg.fleet)["boot_id"]
         stream = [i for i, _ in restored if same_stream(i, self.boot_id)]
         self.health = HealthModel(cfg.warmup)
         self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
@@ -97,6 +126,7 @@ class Agent:
         self.links[self.home].on_demand = False   # it heartbeats; the others wait for work
         self.job_events = [0] * len(self.links)   # this cycle's events with a job, per shard
         self.heard: list[list[int]] = [[] for _ in self.links]   # straggler ranks, per shard
+        self.last_pushed: dict[int, float] = {}
         self.mode = "none"
         self.state = "calibrating"
         self.straggler_ranks: list[int] = []
@@ -166,12 +196,21 @@ class Agent:
         self.go_home(now)
         for k, link in enumerate(self.links):
             if self.pending[k] or k == self.home:
+                self.last_pushed[k] = now
                 push = self.build_push(k, assessment)
                 link.push(push, {"boot_id": self.boot_id, "seq": link.seq,   # the next
-                                 "event_seq": self.event_seq, "t": push.sent_at})
+                                 "event_seq": self.event_seq, "t": push.sent_at,
+                                 "fleet": ",".join(self.cfg.fleet)})
                 self.metrics.pushed.inc()
-            else:
-                self.heard[k] = []   # it judges no rank here any more
+            if link.fell_off:   # the records those pushes carried are read again
+                for seq in link.fell_off:
+                    self.spool.unsent(self.spooled.pop((k, seq), []))
+                link.fell_off.clear()
+            if k == self.home or self.pending[k] or not self.heard[k]:
+                continue
+            if now - self.last_pushed.get(k, now) > QUIET_PUSHES * self.cfg.push_interval:
+                self.heard[k] = []   # no word of this shard's jobs for a while: it judges
+                self.heard_ranks(sorted(set().union(*self.heard)))   # none of ours now
 
     def go_home(self, now: float) -> None:
         """The node's score goes to the shard of the job it had the most events of this cycle
@@ -277,10 +316,6 @@ class Agent:
     def records_acked(self, shard: int, seq: int) -> None:
         """fleetd holds the job records of push ``seq``: delete them; a per-job agent whose
         job's end is among them has nothing left to do."""
-        unacked = self.links[shard].unacked
-        for dropped in [key for key in self.spooled
-                        if key[0] == shard and key[1] != seq and key[1] not in unacked]:
-            self.spool.unsent(self.spooled.pop(dropped))     # its push fell off the queue
         paths = self.spooled.pop((shard, seq), None)
         if paths and self.spool.sent(paths) and not self.flags.stop:
             log.info("job %s ended and its end record is delivered; stopping", self.cfg.job)

@@ -45,6 +45,7 @@ class FleetLink:
         self.seq = seq               # this link's next push number
         self.on_demand = on_demand
         self.woke = float("-inf")    # when an on-demand link last went from idle to waiting
+        self.fell_off: list[int] = []   # pushes dropped from the full queue, for the agent
         self.queue = queue
         self.hello = hello
         self.metrics = metrics
@@ -108,8 +109,8 @@ class FleetLink:
 
     def reachable(self, now: float) -> bool:
         heard = self.last_heard
-        if self.on_demand and heard is not None:
-            heard = max(heard, self.woke)
+        if heard is not None:
+            heard = max(heard, self.woke)   # silence counts from when it had work again
         return heard is not None and \
             now - heard <= self.cfg.heartbeat_interval * self.cfg.liveness
 
@@ -127,6 +128,7 @@ class FleetLink:
         self.queue.keep(push.seq, frames, identity)
         while len(self.unacked) > self.cfg.max_unacked:
             seq, _ = self.unacked.popitem(last=False)
+            self.fell_off.append(seq)
             self.queue.forget(seq)
             self.metrics.dropped.inc()
         if self._send(frames):

@@ -171,3 +171,49 @@ def test_a_job_record_waits_for_its_shard_across_an_agent_kill_and_is_delivered(
     assert wait_for(lambda: not any(jobs.iterdir()), 30), agent.log()    # record delivered
     for port in ports:
         assert metric(port, "ingero_fleet_misrouted_pushes_total") == 0
+
+
+def test_a_restarted_agent_goes_on_with_its_stream_though_only_shard_1_heard_it(
+        spawn, keys, tmp_path):
+    """A per-job agent whose job shard 1 owns never pushes to shard 0: its stream (boot id,
+    numbers, the restart gap) is kept by shard 1's queue. A changed --fleet list starts a new
+    stream instead, so no fleetd is sent new pushes under numbers it already took."""
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    ports = [free_port() for _ in range(2)]
+    for k in range(2):
+        daemon = spawn(f"fleetd-{k}", "fleetd", [
+            "--config", "/dev/null", "--bind", endpoints[k], "--shard", f"{k}/2",
+            "--metrics-addr", f"127.0.0.1:{ports[k]}", *keys.fleetd_flags()])
+        assert wait_for(lambda: "listening" in daemon.log(), 60), daemon.log()
+    score = tmp_path / "score"
+    score.write_text("0.9\n")
+
+    def agent(name, fleet):
+        return spawn(name, "ingerod", [
+            "--config", "/dev/null", "--source", "synthetic", "--score-file", str(score),
+            "--node", "n1", "--cluster", "sim", "--job", owned_by(1, 2), "--fleet", fleet,
+            "--push-interval", "0.2", "--warmup", "1", "--metrics-addr", "none",
+            "--jobs-dir", "none", "--control-socket", "none",
+            "--queue-dir", str(tmp_path / "queue"), *keys.ingerod_flags()])
+
+    def boot(daemon):
+        found = wait_for(lambda: re.search(r"\(boot (\w+)\)", daemon.log()), 30)
+        assert found, daemon.log()
+        return found.group(1)
+
+    first = agent("first", ",".join(endpoints))
+    assert wait_for(lambda: metric(ports[1], "ingero_fleet_batches_accepted_total") >= 3, 30), \
+        first.log()
+    assert metric(ports[0], "ingero_fleet_batches_accepted_total") == 0
+    assert first.stop(10) == 0
+    again = agent("again", ",".join(endpoints))
+    assert boot(again) == boot(first)
+    assert wait_for(lambda: "restarted: nothing traced" in again.log(), 30), again.log()
+    before = metric(ports[1], "ingero_fleet_batches_accepted_total")
+    assert wait_for(lambda: metric(ports[1], "ingero_fleet_batches_accepted_total")
+                    >= before + 3, 30), again.log()
+    assert metric(ports[1], "ingero_fleet_batches_resent_total") == 0   # none taken as resent
+    assert again.stop(10) == 0
+    swapped = agent("swapped", ",".join(reversed(endpoints)))
+    assert boot(swapped) != boot(first)
+    assert "--fleet changed since the last run" in swapped.log()
