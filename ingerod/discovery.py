@@ -9,6 +9,7 @@ linked statically into libtorch_cuda.so; such a file counts as an NCCL library.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -53,6 +54,7 @@ class TracedProcess:
     world_size: int | None = None
     libraries: set[LibraryFile] = field(default_factory=set)
     environ: dict[str, str] = field(default_factory=dict, repr=False)
+    started: int | None = None   # clock ticks after boot: with the pid, which process it is
 
     def matches(self, job: str | None, match_env: dict[str, str],
                 pids: list[int] | None = None) -> bool:
@@ -151,8 +153,18 @@ def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
     return None
 
 
+def start_time(proc: Path, pid: int) -> int | None:
+    """When the process started (a reused pid starts later); None when it cannot be read."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])    # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def identify(proc: Path, pid: int) -> TracedProcess:
     """Job, step, rank, local rank and world size, as the launcher told the process."""
+    started = start_time(proc, pid)
     env = read_environ(proc, pid)
     try:
         comm = (proc / str(pid) / "comm").read_text().strip()
@@ -162,11 +174,15 @@ def identify(proc: Path, pid: int) -> TracedProcess:
         pid=pid, comm=comm, job=env.get("SLURM_JOB_ID") or job_from_cgroup(proc, pid),
         step=env.get("SLURM_STEP_ID"), rank=_first_int(env, RANK_VARIABLES),
         local_rank=_first_int(env, LOCAL_RANK_VARIABLES),
-        world_size=_first_int(env, WORLD_VARIABLES), environ=env)
+        world_size=_first_int(env, WORLD_VARIABLES), environ=env, started=started)
 
 
-def scan(proc: Path = Path("/proc"), own_pid: int | None = None) -> dict[int, TracedProcess]:
-    """Every process that maps CUDA or NCCL."""
+def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
+         known: dict[int, TracedProcess] | None = None) -> dict[int, TracedProcess]:
+    """Every process that maps CUDA or NCCL. A process in ``known`` (the same pid and start
+    time) that was read whole, environment and job, keeps that identity: a process's launch
+    environment does not change, and reading it again can only fail (its memory is busy, or
+    it is exiting), which would turn a rank of the job into a stranger mid-run."""
     own_pid = os.getpid() if own_pid is None else own_pid
     found = {}
     for entry in proc.iterdir():
@@ -176,7 +192,12 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None) -> dict[int, Tr
         libraries = mapped_libraries(proc, pid)
         if not libraries:
             continue
-        process = identify(proc, pid)
-        process.libraries = libraries
+        before = (known or {}).get(pid)
+        if (before is not None and before.environ and before.job is not None
+                and before.started is not None and before.started == start_time(proc, pid)):
+            process = dataclasses.replace(before, libraries=libraries)
+        else:
+            process = identify(proc, pid)
+            process.libraries = libraries
         found[pid] = process
     return found

@@ -87,7 +87,7 @@ class EbpfSource:
 
     def rescan(self, now: float) -> None:
         """Follow processes that come and go, and attach libraries loaded late."""
-        found = scan(self.proc)
+        found = scan(self.proc, known=self.processes)
         for pid in found.keys() - self.processes.keys():
             p = found[pid]
             if self.wanted(p):
