@@ -111,19 +111,18 @@ class Agent:
         self.source = open_source(cfg, clock())
         self.context = zmq.Context()
         self.poller = zmq.Poller()
-        self.links = [
+        n = len(cfg.fleet)
+        self.home = shards.owner(cfg.cluster, cfg.job, n) if cfg.job else shards.home(cfg.node, n)
+        self.links = [   # the home link heartbeats; the others wait for work
             FleetLink(cfg, endpoint, hello, self.metrics, queue, unacked,
                       max(i["seq"] if same_stream(i, self.boot_id) else 0,
                           max(unacked, default=-1) + 1),
-                      clock, self.context, self.poller, on_demand=True)
-            for endpoint, queue, (i, unacked) in zip(cfg.fleet, queues, restored)]
+                      clock, self.context, self.poller, on_demand=k != self.home)
+            for k, (endpoint, queue, (i, unacked)) in enumerate(zip(cfg.fleet, queues, restored))]
         self.metrics.queue_depth.set_function(lambda: sum(len(l.unacked) for l in self.links))
         self.event_seq = max((i["event_seq"] for i in stream), default=0)
         self.restarted_from = max((i["t"] for i in stream if "t" in i), default=None)
         self.pending: list[deque[dict]] = [deque() for _ in self.links]   # per shard
-        self.home = (shards.owner(cfg.cluster, cfg.job, len(self.links)) if cfg.job
-                     else shards.home(cfg.node, len(self.links)))
-        self.links[self.home].on_demand = False   # it heartbeats; the others wait for work
         self.job_events = [0] * len(self.links)   # this cycle's events with a job, per shard
         self.heard: list[list[int]] = [[] for _ in self.links]   # straggler ranks, per shard
         self.last_pushed: dict[int, float] = {}

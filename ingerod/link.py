@@ -38,8 +38,7 @@ MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 class FleetLink:
     def __init__(self, cfg: SimpleNamespace, endpoint: str, hello: wire.Hello, metrics,
                  queue: PushQueue, unacked: OrderedDict[int, list[bytes]], seq: int,
-                 clock=time.monotonic, context: zmq.Context | None = None,
-                 poller: zmq.Poller | None = None, on_demand: bool = False):
+                 clock, context: zmq.Context, poller: zmq.Poller, on_demand: bool):
         self.cfg = cfg
         self.endpoint = endpoint
         self.seq = seq               # this link's next push number
@@ -50,15 +49,14 @@ class FleetLink:
         self.hello = hello
         self.metrics = metrics
         self.clock = clock
-        self.own_context = context is None
-        self.context = context or zmq.Context()
+        self.context = context       # the agent's, shared by its links, as is the poller
         self.keys = None
         if not cfg.insecure_plaintext_zmq:
             self.keys = (curve.load_keypair(cfg.secret_key), curve.load_public(cfg.fleet_public_key))
         self.unacked = unacked       # what the last run left comes first
         self.socket = None
         self.monitor = None
-        self.poller = poller or zmq.Poller()
+        self.poller = poller
         self.last_heard = None
         self.last_sent = 0.0
         self.first_sent: dict[int, float] = {}     # push seq → when it was sent, sent once only
@@ -102,8 +100,6 @@ class FleetLink:
 
     def close(self) -> None:
         self._close_socket()
-        if self.own_context:
-            self.context.term()
 
     # -- traffic -------------------------------------------------------------------------------
 
@@ -146,12 +142,9 @@ class FleetLink:
         self.last_sent = self.clock()
         return True
 
-    def poll(self, timeout: float) -> list[wire.Message]:
-        """Messages from fleetd within ``timeout`` seconds; acks drop batches from the queue."""
-        return self.receive(dict(self.poller.poll(max(0, int(timeout * 1000)))))
-
     def receive(self, ready: dict) -> list[wire.Message]:
-        """What this link's sockets among ``ready`` (a shared poller's answer) hold."""
+        """What this link's sockets among ``ready`` (the shared poller's answer) hold; acks
+        drop batches from the queue."""
         if self.monitor is not None and self.monitor in ready:
             self._on_monitor_event()
         received = []
