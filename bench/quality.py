@@ -117,19 +117,6 @@ SMOKE = [
 ]
 
 
-class Placed(Cluster):
-    """A sim job whose node ``n`` is traced by the agent of node ``placement[n]``: the agents
-    tell their ranks apart by SLURM_NODEID (``--match-env``), so that is all that changes."""
-
-    def __init__(self, scenario, workdir: Path, placement: list[int]):
-        super().__init__(scenario, workdir)
-        self.placement = placement
-
-    def _launcher_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
-        return {**super()._launcher_env(rank, node, local_rank),
-                "SLURM_NODEID": str(self.placement[node])}
-
-
 # -- running -----------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
@@ -178,7 +165,7 @@ def run_case(stack, c: Case, job_id: int, skewed_agent: int) -> dict:
     placement = [skewed_agent if n == c.skewed_node else n for n in range(job.nodes)]
     print(f"{c.name}: job {job_id}, {job.world_size} ranks", file=sys.stderr, flush=True)
     cpu_before, started = cpu_times(), time.time()
-    with Placed(scenario, stack.root / f"job-{job_id}", placement) as cluster:
+    with Cluster(scenario, stack.root / f"job-{job_id}", hosts=placement) as cluster:
         result, seen = watch(stack, cluster, str(job_id))
     cpu_after, ended = cpu_times(), time.time()
     time.sleep(SETTLE_S)

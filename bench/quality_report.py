@@ -228,7 +228,7 @@ def stack_sentence(s: dict) -> str:
         return f"One stack serves every scenario, with {s['agents']} agents; no clock is skewed. "
     return (f"One stack serves every scenario, with {s['agents']} agents; {s['skewed_agent']}'s "
             f"clock runs {s['skew_s'] * 1000:.0f} ms ahead (faketime). The scenarios that say so "
-            f"run one of their nodes on it (the agents tell ranks apart by SLURM_NODEID); the "
+            f"run one of their nodes on it (the agents tell ranks apart by their host label, INGERO_SIM_NODE); the "
             f"others never touch it. ")
 
 

@@ -37,6 +37,21 @@ HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, second
 SERVE_EVERY_S = 0.005                # judging between two chances for fleetd to answer pushes
 
 
+def foreign(preempted: dict, job: str | None) -> bool:
+    """Whether a preemption was by another program than the job's: not the rank's own process
+    tree (its data-loader workers are its own work) and not another process of its job."""
+    other_job = preempted.get("preemptor_job")
+    return not preempted.get("preemptor_own") and (other_job is None or other_job != job)
+
+
+def by_program(taken: dict[tuple[str, int], tuple[int, int]]) -> dict[str, int]:
+    """ns a rank was kept off its CPU, per preempting program (its name, whatever its pid)."""
+    total: dict[str, int] = defaultdict(int)
+    for (comm, _pid), (_n, ns) in taken.items():
+        total[comm] += ns
+    return total
+
+
 class RankAnalysis:
     """Every job's aligned collectives, rank facts and verdicts."""
 
@@ -108,14 +123,14 @@ class RankAnalysis:
                 a["duration_ns"])
         elif kind == "alloc" and a.get("duration_ns") is not None:
             facts.allocation_ns.append(a["duration_ns"])
-        elif kind == "preempted" and not a.get("preemptor_own"):
+        elif kind == "preempted" and foreign(a, job.job):
             facts.preemptions.append((t, a.get("preemptor_comm", "?"), a.get("preemptor_pid"),
                                       a.get("count", 1), a.get("preemptor_tgid"),
                                       a.get("preempted_ns") or 0))
         elif kind == "blockio":
             facts.blockio.append((t, a.get("requests", 0), a.get("bytes", 0)))
-        elif kind == "process_exit":
-            facts.exited_at = t
+        elif kind == "process_exit" and a.get("role", "rank") == "rank":
+            facts.exited_at = t       # a helper's exit (a data-loader worker's) is no death
         elif kind == "comm_destroy" and a.get("op") == "ncclCommAbort":
             facts.aborted_at = t
 
@@ -300,11 +315,14 @@ class RankAnalysis:
         mine, peers = job.facts[rank], self._peers(job, now)
         at = peers.ranks.index(rank)
         # A preemptor counts against the rank when it keeps the rank off its CPU far longer than
-        # its peers': the node's daemons take everyone's now and then, a hog only the rank's.
+        # the same program keeps its peers off theirs: every node's daemons take everyone's now
+        # and then (each node's under its own pid), a hog only the rank's.
         others = peers.preemptions[:at] + peers.preemptions[at + 1:]
+        usual = {comm: float(np.median([by_program(seen).get(comm, 0) for seen in others]
+                                       or [0]))
+                 for comm, _pid in peers.preemptions[at]}
         taken = {who: (n, ns) for who, (n, ns) in peers.preemptions[at].items()
-                 if ns >= 3 * float(np.median([seen.get(who, (0, 0))[1] for seen in others]
-                                              or [0]))}
+                 if ns >= 3 * usual[who[0]]}
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
         work, alloc, wait = (peers.own_and_others(values, at)
                              for values in (peers.work, peers.alloc, peers.wait))

@@ -87,8 +87,8 @@ class Echod:
 
 class Stack:
     """echod, fleetd and ``nodes`` node-wide ingerods (as the shipped unit runs them: no
-    --job), the agents told apart by the sim's SLURM_NODEID, each with a job spool and control
-    socket of its own under ``root`` (``agent_flags`` come after, and may name others).
+    --job), the agents told apart by the sim's host label (INGERO_SIM_NODE, whatever the
+    launcher), each with a job spool and control socket of its own under ``root`` (``agent_flags`` come after, and may name others).
     ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
     be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
     fleetd listens on ``fleet_host``; ``shards`` > 1 runs that many fleetds (``--shard K/N``,
@@ -152,7 +152,7 @@ class Stack:
         return self._start(f"ingerod-node{node}", "ingerod", [
             "--config", "/dev/null", "--source", "ebpf", "--libraries", libraries,
             "--fleet", ",".join(self.endpoints), "--node", f"node{node}", "--cluster", "sim",
-            "--match-env", f"SLURM_NODEID={node}", "--push-interval", str(self.push_s),
+            "--match-env", f"INGERO_SIM_NODE={node}", "--push-interval", str(self.push_s),
             "--rescan-interval", "0.2", "--metrics-addr", "none",
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),

@@ -5,6 +5,17 @@ A process is a candidate when its memory map holds a CUDA or NCCL library (any p
 environment under /home is as good as /usr/lib). Paths are resolved through
 ``/proc/<pid>/root`` so that libraries inside containers are found on the host. NCCL may be
 linked statically into libtorch_cuda.so; such a file counts as an NCCL library.
+
+Who a process is comes from its launcher's variables: the launcher that spawned it (torchrun's
+RANK, Open MPI's OMPI_COMM_WORLD_*, PMIx, PMI) before Slurm's task id, which under torchrun or
+mpirun is the per-node launcher's and not the rank's. NCCL has the last word: the rank and size
+a process passed to ncclCommInitRank for the communicator spanning the job (``said``).
+
+A rank is a process tree. Each candidate gets a role (``roles``): a *helper* was started by a
+rank and carries its identity (PyTorch's data-loader and compile workers, which map libcudart
+and inherit the rank's environment): its CPU, I/O and exits are that rank's own work; a
+*launcher* started processes of another identity (torchrun's agent, which imports torch): it is
+no rank at all; every other candidate is a *rank*.
 """
 
 from __future__ import annotations
@@ -26,10 +37,17 @@ LIBRARY_PREFIXES = {
     "torch_cuda": ("libtorch_cuda.so",),
 }
 
-RANK_VARIABLES = ("SLURM_PROCID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                        "MPI_LOCALRANKID")
-WORLD_VARIABLES = ("SLURM_NTASKS", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# Each launcher's (rank, local rank, world size) variables, the one that spawns the worker
+# first: where several are set, the first whose rank is set speaks for all three.
+LAUNCHER_VARIABLES = {
+    "torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+    "pmix": ("PMIX_RANK", None, None),
+    "pmi": ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),         # MPICH, Intel MPI
+    "slurm": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
+}
+UNNAMED_RUN = "none"             # torchrun's run id when --rdzv-id is not given
+ANCESTRY_DEPTH = 8               # how far up the process tree a helper's rank is looked for
 _JOB_IN_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 
 
@@ -55,6 +73,11 @@ class TracedProcess:
     libraries: set[LibraryFile] = field(default_factory=set)
     environ: dict[str, str] = field(default_factory=dict, repr=False)
     started: int | None = None   # clock ticks after boot: with the pid, which process it is
+    ppid: int | None = None
+    told_by: str | None = None   # which launcher's variables gave rank and world size
+    said: tuple[int, int] | None = None   # (rank, world size) NCCL was given for the job's
+    role: str = "rank"           # rank, helper or launcher (see ``roles``)
+    owner: int | None = None     # a helper's rank process
 
     def matches(self, job: str | None, match_env: dict[str, str],
                 pids: list[int] | None = None) -> bool:
@@ -65,10 +88,39 @@ class TracedProcess:
             return False
         return all(self.environ.get(k) == v for k, v in match_env.items())
 
-    def tags(self) -> dict:
-        """What every event of this process carries."""
-        return {"pid": self.pid, "job": self.job, "step": self.step, "rank": self.rank,
-                "local_rank": self.local_rank, "world_size": self.world_size}
+    def identity(self) -> tuple:
+        """What a forked child inherits unchanged: the same for a rank and its helpers."""
+        return self.job, self.step, self.rank, self.local_rank, self.world_size
+
+    def tags(self, owner: "TracedProcess | None" = None) -> dict:
+        """What every event of this process carries: a helper's are its rank's, and say so; a
+        launcher's name no rank."""
+        who = owner if self.role == "helper" and owner is not None else self
+        tags = {"pid": self.pid, "job": who.job, "step": who.step}
+        if self.role != "launcher":
+            rank, world = who.said or (who.rank, who.world_size)
+            tags.update(rank=rank, local_rank=who.local_rank, world_size=world)
+        if self.role != "rank":
+            tags["role"] = self.role
+        return tags
+
+    def learn(self, comm_rank: int, nranks: int) -> bool:
+        """NCCL's word on who the process is, from a communicator it initialised: taken for
+        the one spanning the job, the largest so far, as large as the launcher's world size
+        where a launcher that spawns ranks says one (a smaller one is a group within the job;
+        Slurm's task count may be of per-node launchers, so NCCL's larger size wins over it).
+        True when it changed who the process is."""
+        if nranks < 1 or not 0 <= comm_rank < nranks:
+            return False
+        if self.world_size is not None and (nranks < self.world_size or (
+                nranks > self.world_size and self.told_by != "slurm")):
+            return False
+        if self.said is not None and nranks <= self.said[1]:
+            return False
+        changed = (comm_rank, nranks) != (self.rank, self.world_size)
+        self.said = (comm_rank, nranks)
+        self.role = "rank"
+        return changed
 
 
 def library_file(path: str) -> LibraryFile | None:
@@ -145,36 +197,55 @@ def job_from_cgroup(proc: Path, pid: int) -> str | None:
     return match.group(1) if match else None
 
 
-def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
-    for name in names:
-        value = env.get(name, "")
-        if value.lstrip("-").isdigit():
-            return int(value)
-    return None
+def _int(env: dict[str, str], name: str | None) -> int | None:
+    value = env.get(name, "") if name else ""
+    return int(value) if value.lstrip("-").isdigit() else None
+
+
+def launcher_identity(env: dict[str, str]) -> tuple[str | None, int | None, int | None,
+                                                    int | None]:
+    """(launcher, rank, local rank, world size) from the first launcher whose rank variable
+    is set."""
+    for launcher, (rank, local, world) in LAUNCHER_VARIABLES.items():
+        if _int(env, rank) is not None:
+            return launcher, _int(env, rank), _int(env, local), _int(env, world)
+    return None, None, None, None
+
+
+def job_of(env: dict[str, str], proc: Path, pid: int) -> str | None:
+    """The Slurm job (its id, else the job cgroup), else the launcher's own run id: torchrun's
+    --rdzv-id on bare metal, when one was given."""
+    run = env.get("TORCHELASTIC_RUN_ID")
+    return (env.get("SLURM_JOB_ID") or job_from_cgroup(proc, pid)
+            or (run if run and run != UNNAMED_RUN else None))
+
+
+def read_stat(proc: Path, pid: int) -> tuple[int | None, int | None]:
+    """(parent pid, start time) of a process: a reused pid starts later; None when unread."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])      # fields 4 and 22: ppid, starttime
+    except (OSError, ValueError, IndexError):
+        return None, None
 
 
 def start_time(proc: Path, pid: int) -> int | None:
-    """When the process started (a reused pid starts later); None when it cannot be read."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])    # field 22, starttime
-    except (OSError, ValueError, IndexError):
-        return None
+    return read_stat(proc, pid)[1]
 
 
 def identify(proc: Path, pid: int) -> TracedProcess:
     """Job, step, rank, local rank and world size, as the launcher told the process."""
-    started = start_time(proc, pid)
+    ppid, started = read_stat(proc, pid)
     env = read_environ(proc, pid)
     try:
         comm = (proc / str(pid) / "comm").read_text().strip()
     except OSError:
         comm = "?"
-    return TracedProcess(
-        pid=pid, comm=comm, job=env.get("SLURM_JOB_ID") or job_from_cgroup(proc, pid),
-        step=env.get("SLURM_STEP_ID"), rank=_first_int(env, RANK_VARIABLES),
-        local_rank=_first_int(env, LOCAL_RANK_VARIABLES),
-        world_size=_first_int(env, WORLD_VARIABLES), environ=env, started=started)
+    told_by, rank, local_rank, world_size = launcher_identity(env)
+    return TracedProcess(pid=pid, comm=comm, job=job_of(env, proc, pid),
+                         step=env.get("SLURM_STEP_ID"), rank=rank, local_rank=local_rank,
+                         world_size=world_size, environ=env, started=started, ppid=ppid,
+                         told_by=told_by)
 
 
 def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
@@ -193,11 +264,54 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
         if not libraries:
             continue
         before = (known or {}).get(pid)
-        if (before is not None and before.environ and before.job is not None
-                and before.started is not None and before.started == start_time(proc, pid)):
+        same = before is not None and before.started is not None \
+            and before.started == start_time(proc, pid)
+        if same and before.environ and before.job is not None:
             process = dataclasses.replace(before, libraries=libraries)
         else:
             process = identify(proc, pid)
             process.libraries = libraries
+            if same:
+                process.said = before.said
         found[pid] = process
+    roles(found, proc)
     return found
+
+
+def nearest_candidate(proc: Path, ppid: int | None,
+                      processes: dict[int, TracedProcess]) -> int | None:
+    """The closest ancestor that is itself a candidate, through at most ANCESTRY_DEPTH others
+    (a rank's worker pool may sit between it and its workers)."""
+    for _ in range(ANCESTRY_DEPTH):
+        if ppid is None or ppid <= 1:
+            return None
+        if ppid in processes:
+            return ppid
+        ppid = read_stat(proc, ppid)[0]
+    return None
+
+
+def roles(processes: dict[int, TracedProcess], proc: Path) -> None:
+    """Each candidate's role and a helper's owner. A helper's nearest candidate ancestor has
+    its identity and NCCL never named the helper (a rank it is not); its owner is the first
+    process up its line that is no helper. A launcher is the parent of candidates of another
+    identity, unless NCCL named it a rank."""
+    parents = {pid: nearest_candidate(proc, p.ppid, processes) for pid, p in processes.items()}
+    for p in processes.values():
+        p.role, p.owner = "rank", None
+    for pid, parent in parents.items():
+        child = processes[pid]
+        if parent is not None and child.said is None \
+                and processes[parent].identity() == child.identity():
+            child.role = "helper"
+    for pid, parent in parents.items():
+        if parent is not None and processes[parent].role == "rank" \
+                and processes[parent].said is None and processes[pid].role == "rank" \
+                and processes[parent].identity() != processes[pid].identity():
+            processes[parent].role = "launcher"
+    for p in processes.values():
+        owner = p.pid
+        while processes[owner].role == "helper" and parents[owner] is not None:
+            owner = parents[owner]
+        if p.role == "helper":
+            p.owner = owner

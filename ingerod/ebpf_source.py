@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
-from .discovery import TracedProcess, identify, library_file, scan
+from .discovery import TracedProcess, identify, library_file, roles, scan
 from .events import decode
 from .health import EmaBaseline, Sample, clamp
 from .probes import Tracer
@@ -23,6 +23,9 @@ log = logging.getLogger("ingerod")
 
 MAX_BUFFERED = 65_536
 DEPARTED_GRACE = 30.0  # seconds an exited process's identity is kept for its last events
+# Communicator inits whose rank and size say who the process is in the job (a split says who
+# it is in a part of it; ncclCommInitAll makes every rank of a group in one process).
+IDENTITY_INITS = ("ncclCommInitRank", "ncclCommInitRankConfig")
 
 
 def int_of(value) -> int:
@@ -91,10 +94,11 @@ class EbpfSource:
         for pid in found.keys() - self.processes.keys():
             p = found[pid]
             if self.wanted(p):
-                log.info("tracing pid %d (%s) job %s rank %s", pid, p.comm, p.job, p.rank)
+                log.info("tracing pid %d (%s) job %s rank %s, %s%s", pid, p.comm, p.job, p.rank,
+                         p.role, f" of pid {p.owner}" if p.owner else "")
         for pid in self.processes.keys() - found.keys():
             if self.wanted(self.processes[pid]):
-                log.info("pid %d is gone", pid)
+                log.info("pid %d (%s) is gone", pid, self.processes[pid].role)
                 self.exits.append(self._host_event("process_exit", pid, time.time(), {}))
             self.outstanding_bytes.pop(pid, None)
             self.departed[pid] = (self.processes[pid], now)
@@ -116,13 +120,34 @@ class EbpfSource:
         log.debug("following %s, excluding %s", sorted(wanted), sorted(set(self.processes) - wanted))
 
     def process(self, pid: int) -> TracedProcess:
-        """Who a pid is; a process seen first through its events is identified now."""
+        """Who a pid is; a process seen first through its events is identified now, and its
+        place in the process tree with it (a rank's new worker is its helper)."""
         known = self.processes.get(pid) or self.departed.get(pid, (None, 0))[0]
         if known is None:
             known = self.processes[pid] = identify(self.proc, pid)
+            roles(self.processes, self.proc)
             if not self.wanted(known):
                 self.follow()
         return known
+
+    def tags(self, process: TracedProcess) -> dict:
+        owner = None if process.owner is None else self.process(process.owner)
+        return process.tags(owner)
+
+    def owner_of(self, pid: int | None) -> int | None:
+        """The rank process whose work a traced process's is (None for others)."""
+        process = self.processes.get(pid) if pid is not None else None
+        if process is None or process.role == "launcher":
+            return None
+        return process.owner if process.role == "helper" else process.pid
+
+    def learn(self, event: dict) -> None:
+        """NCCL's word on who a process is: the rank it initialised the job's communicator as."""
+        process = self.process(event["pid"])
+        if event["op"] in IDENTITY_INITS and process.learn(event["comm_rank"], event["nranks"]):
+            log.warning("pid %d initialised NCCL as rank %d of %d; its launcher's variables "
+                        "said rank %s of %s: NCCL's word is taken", process.pid,
+                        event["comm_rank"], event["nranks"], process.rank, process.world_size)
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -149,7 +174,7 @@ class EbpfSource:
 
     def _to_wire(self, event: dict, process: TracedProcess, offset: int) -> dict:
         attrs = {k: v for k, v in event.items() if k not in ("kind", "ts_ns")}
-        attrs.update({k: v for k, v in process.tags().items() if v is not None})
+        attrs.update({k: v for k, v in self.tags(process).items() if v is not None})
         return {"kind": event["kind"], "t": (event["ts_ns"] + offset) / 1e9, "attrs": attrs}
 
     def take_events(self, offset: int) -> list[dict]:
@@ -157,6 +182,8 @@ class EbpfSource:
         events = []
         for event in self.buffered:
             process = self.process(event["pid"])
+            if event["kind"] == "comm_init":
+                self.learn(event)
             if self.wanted(process):
                 events.append(self._to_wire(event, process, offset))
         self.buffered.clear()
@@ -212,10 +239,14 @@ class EbpfSource:
         events = []
         for key, value in self.tracer.take("preemptors"):
             tgid = self.thread_group(key.pid)
+            owner = self.owner_of(tgid)
             attrs = {"preemptor_pid": key.pid, "preemptor_tgid": tgid, "count": value.count,
                      "preempted_ns": value.ns,
                      "preemptor_comm": value.comm.decode(errors="replace"),
-                     "preemptor_own": tgid == key.tgid}
+                     "preemptor_own": tgid == key.tgid or (
+                         owner is not None and owner == self.owner_of(key.tgid))}
+            if tgid in self.processes and self.processes[tgid].job is not None:
+                attrs["preemptor_job"] = self.processes[tgid].job    # a process of a job
             events.append(self._host_event("preempted", key.tgid, t, attrs))
         for key, value in self.tracer.take("blockio"):
             attrs = {"requests": value.requests, "bytes": value.bytes}
@@ -234,7 +265,7 @@ class EbpfSource:
         return tgid
 
     def _host_event(self, kind: str, pid: int, t: float, attrs: dict) -> dict:
-        tags = self.process(pid).tags()
+        tags = self.tags(self.process(pid))
         attrs.update({k: v for k, v in tags.items() if v is not None})
         return {"kind": kind, "t": t, "attrs": attrs}
 

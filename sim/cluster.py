@@ -5,10 +5,14 @@
     result = cluster.wait(timeout=60)     # ClusterResult; hung ranks are killed and reported
     cluster.stop()                        # idempotent; also what `with Cluster(...)` does
 
-Each rank is an ingero-sim-rank process with the environment a launcher gives (Slurm and
-torchrun variables), grouped per simulated node; rank 0 writes the ncclUniqueId file the others
-read. Stragglers become rank flags (host delays, hiccups, death, hang), an environment knob (slow
-GPU), or a real competing process (CPU contention: ingero-hog pinned to the rank's CPU).
+Each rank is an ingero-sim-rank process with the environment its launcher gives
+(``job.launcher``): srun starts the ranks itself, one Slurm task each; torchrun, torchrun in the
+batch script, mpirun and bare metal start one launcher process per node (``sim.launcher``, as
+torchrun's agent or Open MPI's orted is) that spawns the node's ranks as its children, with the
+variables that launcher sets over what its own task inherited. Rank 0 writes the ncclUniqueId
+file the others read. Stragglers become rank flags (host delays, hiccups, death, hang), an
+environment knob (slow GPU), or a real competing process (CPU contention: ingero-hog pinned to
+the rank's CPU).
 With job.rendezvous tcp the ranks meet through sim.rendezvous; with job.netns each node's ranks
 run in their own network namespace.
 """
@@ -16,6 +20,7 @@ run in their own network namespace.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -33,7 +38,19 @@ STATUS_BY_EXIT = {0: "ok", 1: "died", 2: "usage", 3: "error"}
 STOP_GRACE_S = 3.0
 FAILURE_GRACE_S = 5.0
 POLL_S = 0.05
+LAUNCH_TIMEOUT_S = 30.0
 PR_SET_PDEATHSIG = 1
+# What a launcher tells its processes; the test runner's own (a test run inside a Slurm job or
+# under torchrun) must not leak into the sim's job.
+LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "OMPI_", "PMIX_", "PMI_", "TORCHELASTIC_")
+LAUNCHER_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                  "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALRANKID"}
+
+
+def _plain_environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
 
 
 @dataclass
@@ -45,11 +62,81 @@ class RankProcess:
     log_path: Path
     cpu: int | None
     namespace: str | None
-    popen: subprocess.Popen
+    popen: "subprocess.Popen | LaunchedProcess"
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """How one rank is started: by the cluster itself (srun) or by its node's launcher."""
+    rank: int
+    local_rank: int
+    node: int
+    argv: list[str]
+    env: dict[str, str]
+    cpus: set[int] | None
+    record_path: Path
+    log_path: Path
+
+
+class LaunchedProcess:
+    """A rank spawned by its node's launcher, with the part of Popen's interface the cluster
+    uses. The launcher reaps it and writes how it ended to its status file; a rank outliving a
+    launcher that was killed dies with it (PR_SET_PDEATHSIG), reported as killed by SIGKILL."""
+
+    def __init__(self, launcher: subprocess.Popen, status: Path, rank: int, pid: int):
+        self.launcher, self.status, self.rank, self.pid = launcher, status, rank, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = launcher_exits(self.status).get(self.rank)
+            if code is None and self.launcher.poll() is not None and not _alive(self.pid):
+                code = -signal.SIGKILL
+            self.returncode = code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(POLL_S / 5)
+        return self.returncode
+
+    def terminate(self) -> None:
+        _signal(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        _signal(self.pid, signal.SIGKILL)
+
+
+def launcher_exits(status: Path) -> dict[int, int]:
+    """rank → exit status, of the ranks a launcher has reaped so far."""
+    found = {}
+    for line in status.read_text().splitlines() if status.exists() else ():
+        entry = json.loads(line)
+        if "exit" in entry:
+            found[entry["rank"]] = entry["exit"]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -120,15 +207,23 @@ def _delay_flag(s: Straggler) -> list[str]:
 
 
 class Cluster:
+    """``hosts`` labels each simulated node with the host it stands for (INGERO_SIM_NODE, which
+    the sim's records and the test agents' --match-env read): node n by default; two nodes of
+    one job may share a label, or a node take another job's."""
+
     def __init__(self, scenario: Scenario, workdir: str | os.PathLike,
                  extra_env: dict[str, str] | None = None,
-                 failure_grace_s: float = FAILURE_GRACE_S):
+                 failure_grace_s: float = FAILURE_GRACE_S, hosts: list[int] | None = None):
         self.scenario = scenario
         self.failure_grace_s = failure_grace_s
         self.workdir = Path(workdir)
         self.extra_env = dict(extra_env or {})
+        self.hosts = list(hosts) if hosts is not None else list(range(scenario.job.nodes))
+        if len(self.hosts) != scenario.job.nodes:
+            raise LaunchError(f"hosts: {len(self.hosts)} labels for {scenario.job.nodes} nodes")
         self.unique_id_path = self.workdir / "nccl-unique-id"
         self.ranks: list[RankProcess] = []
+        self.launchers: list[subprocess.Popen] = []
         self.hogs: list[HogProcess] = []
         self.rendezvous_address: str | None = None
         self.coordinator: subprocess.Popen | None = None
@@ -150,8 +245,12 @@ class Cluster:
         try:
             self._start_rendezvous()
             for node in range(self.scenario.job.nodes):
-                for local_rank in range(self.scenario.job.ranks_per_node):
-                    self.ranks.append(self._start_rank(node, local_rank))
+                specs = [self._rank_spec(node, local_rank)
+                         for local_rank in range(self.scenario.job.ranks_per_node)]
+                if self.scenario.job.launcher == "srun":
+                    self.ranks += [self._start_rank(spec) for spec in specs]
+                else:
+                    self.ranks += self._start_launcher(node, specs)
             self._start_hogs()
         except BaseException:
             self.stop()
@@ -185,20 +284,55 @@ class Cluster:
                               f"{self.workdir / 'rendezvous.log'}")
         self.rendezvous_address = line[1]
 
+    def _slurm_task(self, task: int, local: int, tasks: int, node: int,
+                    per_node: int) -> dict[str, str]:
+        """What srun tells a task of step 0."""
+        job = self.scenario.job
+        return {"SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(task),
+                "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
+                "SLURM_NTASKS": str(tasks), "SLURM_NTASKS_PER_NODE": str(per_node),
+                "SLURM_JOB_NUM_NODES": str(job.nodes), "SLURM_NNODES": str(job.nodes),
+                "SLURMD_NODENAME": f"simnode{node}"}
+
+    def _slurm_batch(self) -> dict[str, str]:
+        """What the batch script, and whatever it starts, sees: task 0 of the first node, and
+        no step id (it is the batch step)."""
+        job = self.scenario.job
+        return {"SLURM_JOB_ID": job.job_id, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": str(job.nodes),
+                "SLURM_NNODES": str(job.nodes), "SLURMD_NODENAME": "simnode0"}
+
+    def node_env(self, node: int) -> dict[str, str]:
+        """What a node's launcher process inherits from what started it (srun: no launcher)."""
+        job = self.scenario.job
+        if job.launcher in ("torchrun", "mpirun"):
+            return self._slurm_task(node, 0, job.nodes, node, 1)
+        if job.launcher == "torchrun-batch":
+            return self._slurm_batch()
+        return {}
+
     def _launcher_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
-        """What Slurm and torchrun tell each rank about itself and the job."""
+        """What the rank's launcher tells it about itself and the job, over what the launcher
+        itself inherited."""
         job = self.scenario.job
         master = (self.rendezvous_address or "tcp://127.0.0.1:29500").removeprefix("tcp://")
-        return {
-            "SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
-            "SLURM_LOCALID": str(local_rank), "SLURM_NODEID": str(node),
-            "SLURM_NTASKS": str(job.world_size), "SLURM_JOB_NUM_NODES": str(job.nodes),
-            "SLURM_NNODES": str(job.nodes), "SLURM_NTASKS_PER_NODE": str(job.ranks_per_node),
-            "SLURMD_NODENAME": f"simnode{node}", "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(job.world_size),
-            "LOCAL_WORLD_SIZE": str(job.ranks_per_node), "GROUP_RANK": str(node),
-            "MASTER_ADDR": master.rpartition(":")[0], "MASTER_PORT": master.rpartition(":")[2],
-        }
+        where = {"MASTER_ADDR": master.rpartition(":")[0],
+                 "MASTER_PORT": master.rpartition(":")[2]}
+        if job.launcher == "srun":
+            return {**self._slurm_task(rank, local_rank, job.world_size, node,
+                                       job.ranks_per_node), **where}
+        if job.launcher == "mpirun":
+            return {**self.node_env(node), "OMPI_COMM_WORLD_RANK": str(rank),
+                    "OMPI_COMM_WORLD_SIZE": str(job.world_size),
+                    "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+                    "OMPI_COMM_WORLD_LOCAL_SIZE": str(job.ranks_per_node),
+                    "OMPI_COMM_WORLD_NODE_RANK": str(node), "PMIX_RANK": str(rank),
+                    "PMIX_NAMESPACE": f"prterun-sim-{job.job_id}@1", **where}
+        return {**self.node_env(node), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(job.world_size), "LOCAL_WORLD_SIZE": str(job.ranks_per_node),
+                "GROUP_RANK": str(node), "ROLE_RANK": str(rank),
+                "ROLE_WORLD_SIZE": str(job.world_size), "TORCHELASTIC_RUN_ID": job.job_id,
+                "TORCHELASTIC_RESTART_COUNT": "0", **where}
 
     def _knob_env(self, rank: int, node: int) -> dict[str, str]:
         """The INGERO_SIM_* settings the sim libraries read, this rank's slow GPU included."""
@@ -207,7 +341,7 @@ class Cluster:
         for s in self.scenario.stragglers_of(rank, "slow_gpu"):
             slowdown *= s.factor
         return {
-            "INGERO_SIM_NODE": str(node), "INGERO_SIM_TIMEOUT_S": f"{job.timeout_s:g}",
+            "INGERO_SIM_NODE": str(self.hosts[node]), "INGERO_SIM_TIMEOUT_S": f"{job.timeout_s:g}",
             "INGERO_SIM_PCIE_GBPS": f"{hw.pcie_gbps:g}", "INGERO_SIM_HBM_GBPS": f"{hw.hbm_gbps:g}",
             "INGERO_SIM_NET_GBPS": f"{hw.net_gbps:g}",
             "INGERO_SIM_NET_LATENCY_US": f"{hw.net_latency_us:g}",
@@ -217,7 +351,7 @@ class Cluster:
         }
 
     def _rank_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
-        return {**os.environ, **self._launcher_env(rank, node, local_rank),
+        return {**_plain_environ(), **self._launcher_env(rank, node, local_rank),
                 **self._knob_env(rank, node), **self.extra_env}
 
     def _rank_argv(self, rank: int, record_path: Path) -> list[str]:
@@ -257,22 +391,66 @@ class Cluster:
         rest = set(os.sched_getaffinity(0)) - contended
         return rest if contended and rest else None
 
-    def _start_rank(self, node: int, local_rank: int) -> RankProcess:
+    def _rank_spec(self, node: int, local_rank: int) -> RankSpec:
         rank = node * self.scenario.job.ranks_per_node + local_rank
         record_path = self.workdir / f"rank-{rank}.jsonl"
-        log_path = self.workdir / f"rank-{rank}.log"
-        argv = self._rank_argv(rank, record_path)
-        namespace = None
-        if self.networks:
-            namespace = self.networks.namespace(node)
-            argv = self.networks.wrap(node, argv)
-        cpus = self.rank_cpus(rank)
-        with open(log_path, "w") as log:
+        return RankSpec(rank, local_rank, node, self._rank_argv(rank, record_path),
+                        self._rank_env(rank, node, local_rank), self.rank_cpus(rank),
+                        record_path, self.workdir / f"rank-{rank}.log")
+
+    def _process(self, spec: RankSpec, popen) -> RankProcess:
+        namespace = self.networks.namespace(spec.node) if self.networks else None
+        return RankProcess(spec.rank, spec.local_rank, spec.node, spec.record_path,
+                           spec.log_path, self.contention_cpu(spec.rank), namespace, popen)
+
+    def _start_rank(self, spec: RankSpec) -> RankProcess:
+        """srun's way: the rank is a task of its own."""
+        argv = self.networks.wrap(spec.node, spec.argv) if self.networks else spec.argv
+        with open(spec.log_path, "w") as log:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     env=self._rank_env(rank, node, local_rank),
-                                     cwd=self.workdir, preexec_fn=_child_setup(cpus))
-        return RankProcess(rank, local_rank, node, record_path, log_path,
-                           self.contention_cpu(rank), namespace, popen)
+                                     env=spec.env, cwd=self.workdir,
+                                     preexec_fn=_child_setup(spec.cpus))
+        return self._process(spec, popen)
+
+    def _start_launcher(self, node: int, specs: list[RankSpec]) -> list[RankProcess]:
+        """The node's launcher, which spawns its ranks; returns them once each has a pid."""
+        plan = self.workdir / f"launcher-{node}.json"
+        status = self.workdir / f"launcher-{node}.status"
+        status.unlink(missing_ok=True)
+        # torchrun's agent imports torch, which maps libcudart; Open MPI's orted maps none
+        load = None if self.scenario.job.launcher == "mpirun" \
+            else str(sim.lib_dir() / "libcudart.so.12")
+        plan.write_text(json.dumps({
+            "cwd": str(self.workdir), "status": str(status), "load": load,
+            "workers": [{"rank": s.rank, "argv": s.argv, "env": s.env, "log": str(s.log_path),
+                         "cpus": sorted(s.cpus) if s.cpus else None} for s in specs]}))
+        argv = [sys.executable, "-m", "sim.launcher", str(plan)]
+        if self.networks:
+            argv = self.networks.wrap(node, argv)
+        env = {**_plain_environ(), **self.node_env(node), **self._knob_env(-1, node),
+               "PYTHONPATH": os.pathsep.join(
+                   p for p in (str(sim.PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")) if p)}
+        with open(self.workdir / f"launcher-{node}.log", "w") as log:
+            launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        env=env, cwd=self.workdir, preexec_fn=_child_setup(None))
+        self.launchers.append(launcher)
+        pids = self._launched_pids(launcher, status, len(specs), node)
+        return [self._process(s, LaunchedProcess(launcher, status, s.rank, pids[s.rank]))
+                for s in specs]
+
+    def _launched_pids(self, launcher: subprocess.Popen, status: Path, count: int,
+                       node: int) -> dict[int, int]:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            lines = status.read_text().splitlines() if status.exists() else []
+            pids = {e["rank"]: e["pid"] for e in map(json.loads, lines) if "pid" in e}
+            if len(pids) == count:
+                return pids
+            if launcher.poll() is not None:
+                break
+            time.sleep(POLL_S / 5)
+        raise LaunchError(f"node {node}'s launcher did not start its ranks; see "
+                          f"{self.workdir / f'launcher-{node}.log'}")
 
     def _start_hogs(self) -> None:
         for process in self.ranks:
@@ -344,6 +522,12 @@ class Cluster:
             return None
 
     def _clean_up(self) -> None:
+        for launcher in self.launchers:     # its ranks are gone: it exits by itself
+            try:
+                launcher.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                launcher.wait()
         for hog in self.hogs:
             if hog.popen.poll() is None:
                 hog.popen.kill()
@@ -368,4 +552,5 @@ class Cluster:
             Path(f"/dev/shm/ingero-sim-{comm_hash:016x}").unlink(missing_ok=True)
 
 
-__all__ = ["Cluster", "ClusterResult", "RankProcess", "RankResult", "HogProcess"]
+__all__ = ["Cluster", "ClusterResult", "RankProcess", "RankResult", "HogProcess",
+           "LaunchedProcess"]

@@ -26,6 +26,11 @@ DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "
              "float64", "bfloat16")
 EXTRA_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "sendrecv")
 RENDEZVOUS = ("shm", "tcp")
+# How the ranks are started (sim.cluster): srun, one task per rank; torchrun under srun, one
+# launcher task per node spawning its ranks; torchrun in the batch script (every process sees
+# the batch step's SLURM_PROCID=0); mpirun, an orted per node spawning Open MPI ranks; bare, a
+# torchrun per node and no Slurm at all (the job id is torchrun's run id).
+LAUNCHERS = ("srun", "torchrun", "torchrun-batch", "mpirun", "bare")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Job:
     loss_every: int = 1              # a self-work sync after the forward pass (loss.item())
     jitter_ms: float = 0.0           # random host time per step, uniform in [0, jitter_ms]
     job_id: str = "4242"
+    launcher: str = "srun"
     rendezvous: str = "shm"
     netns: bool = False              # each node in its own network namespace (needs tcp, root)
     timeout_s: float = 60.0          # how long a rank waits for a peer before erroring out
@@ -151,7 +157,7 @@ JOB_FIELDS: dict[str, Check] = {
     "allreduce_bytes": _integer(0), "dtype": _choice(DATATYPES),
     "extra_collectives": _collectives, "memcpy_every": _integer(0),
     "loss_every": _integer(0), "jitter_ms": _number(), "job_id": _text,
-    "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
+    "launcher": _choice(LAUNCHERS), "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
 }
 
 HARDWARE_FIELDS: dict[str, Check] = {
@@ -277,4 +283,4 @@ def with_job(scenario: Scenario, **changes) -> Scenario:
 
 
 __all__ = ["Scenario", "Job", "Hardware", "Straggler", "parse", "load", "with_job",
-           "scenarios_dir", "DATATYPES", "EXTRA_COLLECTIVES", "STRAGGLER_KINDS"]
+           "scenarios_dir", "DATATYPES", "EXTRA_COLLECTIVES", "LAUNCHERS", "STRAGGLER_KINDS"]

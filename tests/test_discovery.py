@@ -1,22 +1,26 @@
 """Which processes ingerod traces, read from a /proc tree built here (the same reader as on
 /proc): a rank's identity, once read whole, survives a failed re-read of its environment, and
-a reused pid is identified anew."""
+a reused pid is identified anew; the launcher that spawned a process speaks before Slurm's task
+id, NCCL before both; a rank's forked workers are its helpers, and torchrun's agent no rank."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
+
 from ingerod.discovery import scan
 
 
-def fake_process(proc, pid: int, library, environ: bytes, started: int) -> None:
+def fake_process(proc, pid: int, library, environ: bytes, started: int, ppid: int = 1,
+                 comm: str = "ingero-sim-rank") -> None:
     d = proc / str(pid)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "maps").write_text(f"7f00-7f01 r-xp 00000000 00:00 1 {library}\n")
+    (d / "maps").write_text(f"7f00-7f01 r-xp 00000000 00:00 1 {library}\n" if library else "")
     (d / "environ").write_bytes(environ)
-    (d / "comm").write_text("ingero-sim-rank\n")
-    fields = ["S"] + ["0"] * 18 + [str(started)] + ["0"] * 20
-    (d / "stat").write_text(f"{pid} (ingero-sim-rank) {' '.join(fields)}\n")
+    (d / "comm").write_text(f"{comm}\n")
+    fields = ["S", str(ppid)] + ["0"] * 17 + [str(started)] + ["0"] * 20
+    (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
     if not (d / "root").exists():
         os.symlink("/", d / "root")
 
@@ -51,3 +55,83 @@ def test_a_process_first_read_without_its_environment_is_read_again(tmp_path):
     assert first[77].job is None
     fake_process(proc, 77, library, b"SLURM_JOB_ID=12\0RANK=0\0", started=5)
     assert scan(proc, own_pid=1, known=first)[77].job == "12"
+
+
+def env(**variables) -> bytes:
+    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in variables.items())
+
+
+SRUN_NODE_TASK = {"SLURM_JOB_ID": "88", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2",
+                  "SLURM_LOCALID": "0", "SLURM_NTASKS": "4"}
+
+
+@pytest.mark.parametrize("launched, rank, local, world", [
+    ({**SRUN_NODE_TASK}, 2, 0, 4),                                            # srun
+    ({**SRUN_NODE_TASK, "RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16"}, 9, 1, 16),
+    ({"SLURM_JOB_ID": "88", "SLURM_PROCID": "0", "RANK": "9", "LOCAL_RANK": "1",
+      "WORLD_SIZE": "16"}, 9, 1, 16),                                         # batch step
+    ({**SRUN_NODE_TASK, "OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_SIZE": "16", "PMIX_RANK": "9"}, 9, 1, 16),              # mpirun
+    ({**SRUN_NODE_TASK, "PMIX_RANK": "9"}, 9, None, None),
+    ({**SRUN_NODE_TASK, "PMI_RANK": "9", "MPI_LOCALRANKID": "1", "PMI_SIZE": "16"}, 9, 1, 16),
+])
+def test_the_launcher_that_spawned_the_process_speaks_before_slurm(tmp_path, launched, rank,
+                                                                   local, world):
+    library = tmp_path / "libcudart.so.12"
+    library.write_bytes(b"\x7fELF")
+    fake_process(tmp_path / "proc", 50, library, env(**launched), started=1)
+    found = scan(tmp_path / "proc", own_pid=1)[50]
+    assert (found.rank, found.local_rank, found.world_size) == (rank, local, world)
+    assert found.job == "88"
+
+
+def test_a_bare_metal_job_is_named_by_torchruns_run_id_when_it_has_one(tmp_path):
+    library = tmp_path / "libcudart.so.12"
+    library.write_bytes(b"\x7fELF")
+    proc = tmp_path / "proc"
+    fake_process(proc, 50, library, env(RANK=0, TORCHELASTIC_RUN_ID="exp7"), started=1)
+    fake_process(proc, 51, library, env(RANK=1, TORCHELASTIC_RUN_ID="none"), started=1)
+    found = scan(proc, own_pid=1)
+    assert found[50].job == "exp7" and found[51].job is None
+
+
+def test_nccl_says_who_a_rank_is_over_its_launchers_variables():
+    from ingerod.discovery import TracedProcess
+
+    slurm_only = TracedProcess(1, "python", rank=2, world_size=4, told_by="slurm")
+    assert slurm_only.learn(1, 2) is False           # a group of the job, not the job
+    assert slurm_only.learn(9, 16) and slurm_only.tags()["rank"] == 9   # mp.spawn's ranks
+    torchrun = TracedProcess(2, "python", rank=9, world_size=16, told_by="torchrun")
+    assert torchrun.learn(0, 2) is False and torchrun.learn(3, 32) is False
+    assert torchrun.learn(9, 16) is False and torchrun.said == (9, 16)   # agreed: no change
+    untold = TracedProcess(3, "python")
+    assert untold.learn(0, 2) and untold.learn(5, 8) and untold.tags()["rank"] == 5
+    assert untold.learn(1, 4) is False and untold.tags()["world_size"] == 8
+
+
+def test_a_ranks_workers_are_its_helpers_and_torchruns_agent_is_no_rank(tmp_path):
+    library = tmp_path / "libcudart.so.12"
+    library.write_bytes(b"\x7fELF")
+    proc = tmp_path / "proc"
+    agent = {**SRUN_NODE_TASK}
+    worker = {**agent, "RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16"}
+    fake_process(proc, 10, None, b"", started=1, comm="slurmstepd")
+    fake_process(proc, 100, library, env(**agent), started=2, ppid=10, comm="torchrun")
+    fake_process(proc, 200, library, env(**worker), started=3, ppid=100, comm="python")
+    fake_process(proc, 300, None, env(**worker), started=4, ppid=200, comm="python")  # a pool
+    fake_process(proc, 301, library, env(**worker), started=5, ppid=300,
+                 comm="pt_data_worker")
+    fake_process(proc, 302, library, env(**worker), started=5, ppid=200,
+                 comm="pt_data_worker")
+    found = scan(proc, own_pid=1)
+    assert set(found) == {100, 200, 301, 302}
+    assert found[100].role == "launcher" and "rank" not in found[100].tags()
+    assert found[200].role == "rank" and found[200].tags()["rank"] == 9
+    for pid in (301, 302):
+        helper = found[pid]
+        assert helper.role == "helper" and helper.owner == 200
+        assert helper.tags(found[200]) == {"pid": pid, "job": "88", "step": "0", "rank": 9,
+                                           "local_rank": 1, "world_size": 16,
+                                           "role": "helper"}
+    found[301].learn(9, 16)                            # NCCL says it is a rank after all
+    assert scan(proc, own_pid=1, known=found)[301].role == "rank"

@@ -425,6 +425,53 @@ def test_cpu_contention_pins_a_real_hog_to_the_ranks_cpu(tmp_path):
 
 # --- scenarios and the command line ---------------------------------------------------------
 
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+# launcher → (SLURM_PROCID of rank 5 of a 2 × 4 job, the variable its rank is in, whether its
+# node's launcher maps libcudart)
+LAUNCHED = {"srun": ("5", "SLURM_PROCID", None), "torchrun": ("1", "RANK", True),
+            "torchrun-batch": ("0", "RANK", True), "mpirun": ("1", "OMPI_COMM_WORLD_RANK", False),
+            "bare": (None, "RANK", True)}
+
+
+@pytest.mark.parametrize("launcher", scenarios.LAUNCHERS)
+def test_every_launcher_starts_its_ranks_as_it_does_for_real(tmp_path, launcher):
+    procid, variable, maps_cudart = LAUNCHED[launcher]
+    scenario = job_scenario(nodes=2, launcher=launcher, steps=40, job_id="61")
+    with Cluster(scenario, tmp_path) as cluster:
+        rank = next(r for r in cluster.ranks if r.rank == 5)
+        seen, parent = environ_of(rank.pid), parent_of(rank.pid)
+        parent_maps = Path(f"/proc/{parent}/maps").read_text()
+        result = cluster.wait()
+    assert result.ok, result.describe()
+    assert seen.get("SLURM_PROCID") == procid and seen[variable] == "5"
+    assert seen["INGERO_SIM_NODE"] == "1"
+    assert ("SLURM_JOB_ID" in seen) == (launcher != "bare")
+    if maps_cudart is None:
+        assert parent == os.getpid(), "srun: the rank is a task of its own"
+    else:
+        assert parent != os.getpid(), "the rank is its node launcher's child"
+        assert ("libcudart.so.12" in parent_maps) == maps_cudart
+    truth = records(result)
+    assert all(r.summary["rank"] == n and r.summary["nranks"] == 8 for n, r in truth.items())
+    assert truth[5].summary["job_id"] == "61" and truth[5].summary["node"] == 1
+
+
+def test_a_launched_rank_that_dies_or_hangs_is_reported_as_with_srun(tmp_path):
+    scenario = job_scenario(nodes=2, launcher="torchrun", steps=20, timeout_s=2, stragglers=[
+        {"rank": 6, "kind": "hang", "at_step": 3}])
+    _cluster, result = run_job(tmp_path, scenario)
+    assert result.rank(6).status == "killed"
+    assert {r.status for r in result.ranks if r.rank != 6} == {"error"}
+
+
 def test_every_example_scenario_validates():
     names = {p.stem for p in scenarios.scenarios_dir().glob("*.yaml")}
     assert {"healthy", "host-delay", "cpu-contention", "slow-gpu", "hiccup", "slow-from-start",
@@ -445,6 +492,7 @@ def test_every_example_scenario_validates():
     ({"name": "x", "stragglers": [{"rank": 1, "kind": "host_delay"}]}, "delay_ms: required"),
     ({"name": "x", "stragglers": [{"rank": 1, "kind": "nap"}]}, "kind: must be one of"),
     ({"name": "x", "job": {"netns": True, "rendezvous": "shm"}}, "need job.rendezvous: tcp"),
+    ({"name": "x", "job": {"launcher": "pbs"}}, "job.launcher: must be one of srun, torchrun"),
     ({"job": {}}, "name: required"),
 ])
 def test_bad_scenarios_are_rejected_with_the_field_named(data, complaint):

@@ -82,7 +82,7 @@ def job(name: str, stragglers=(), **fields) -> scenarios.Scenario:
 
 def test_two_nodes_every_collective_exactly_once(tmp_path):
     traces = [Trace(tmp_path, f"node{n}", "--libraries", sim_libraries(),
-                    "--match-env", f"SLURM_NODEID={n}") for n in (0, 1)]
+                    "--match-env", f"INGERO_SIM_NODE={n}") for n in (0, 1)]
     ranks = run_job(tmp_path, job("two-nodes", nodes=2, extra_collectives=[
         "allgather", "reducescatter", "broadcast", "sendrecv"]))
     seen = [trace.stop() for trace in traces]

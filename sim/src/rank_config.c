@@ -10,8 +10,9 @@
 static const char usage_text[] =
     "usage: ingero-sim-rank [options]\n"
     "Runs one rank of a simulated training job through the sim's libcudart/libnccl.\n"
-    "Rank and world size come from RANK/WORLD_SIZE/LOCAL_RANK or SLURM_PROCID/SLURM_NTASKS/\n"
-    "SLURM_LOCALID; the job id from SLURM_JOB_ID.\n"
+    "Rank and world size come from the launcher: RANK/WORLD_SIZE/LOCAL_RANK (torchrun),\n"
+    "OMPI_COMM_WORLD_* or PMIX_RANK (mpirun), else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID;\n"
+    "the job id from SLURM_JOB_ID, else TORCHELASTIC_RUN_ID.\n"
     "  --steps N               training steps (default 10)\n"
     "  --step-ms MS            GPU compute per step (default 20)\n"
     "  --kernels N             kernel launches per forward pass (default 4)\n"
@@ -91,25 +92,40 @@ static int parse_double(const char *text, double minimum, double *out)
     return 0;
 }
 
-static int env_int(const char *first, const char *second, int fallback)
+/* The first of ``names`` that is set, as an integer; ``fallback`` when none is. */
+static int env_first(const char *const names[], int fallback)
 {
-    const char *text = getenv(first);
-    if (!text || !*text)
-        text = getenv(second);
     long value;
-    return text && parse_long(text, 0, &value) == 0 ? (int)value : fallback;
+    for (int i = 0; names[i]; i++) {
+        const char *text = getenv(names[i]);
+        if (text && *text && parse_long(text, 0, &value) == 0)
+            return (int)value;
+    }
+    return fallback;
 }
 
-/* Identity as a real launcher gives it: torchrun's variables, else Slurm's. */
+/* Identity as a training script reads it: the launcher that spawned the process (torchrun's
+ * variables, Open MPI's, PMIx's) before Slurm's task id, which under torchrun or mpirun is
+ * the per-node launcher's. The node is the sim's own host label. */
 static void read_identity(struct rank_config *cfg)
 {
-    cfg->rank = env_int("RANK", "SLURM_PROCID", 0);
-    cfg->world_size = env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
-    cfg->local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", 0);
-    cfg->local_world_size = env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
-                                    cfg->world_size);
-    cfg->node = env_int("SLURM_NODEID", "GROUP_RANK", 0);
+    static const char *const rank[] = { "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                                         "PMI_RANK", "SLURM_PROCID", NULL };
+    static const char *const world[] = { "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                          "SLURM_NTASKS", NULL };
+    static const char *const local[] = { "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                          "MPI_LOCALRANKID", "SLURM_LOCALID", NULL };
+    static const char *const local_world[] = { "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                "SLURM_NTASKS_PER_NODE", NULL };
+    static const char *const node[] = { "INGERO_SIM_NODE", "SLURM_NODEID", "GROUP_RANK", NULL };
+    cfg->rank = env_first(rank, 0);
+    cfg->world_size = env_first(world, 1);
+    cfg->local_rank = env_first(local, 0);
+    cfg->local_world_size = env_first(local_world, cfg->world_size);
+    cfg->node = env_first(node, 0);
     const char *job = getenv("SLURM_JOB_ID");
+    if (!job || !*job)
+        job = getenv("TORCHELASTIC_RUN_ID");
     snprintf(cfg->job_id, sizeof cfg->job_id, "%s", job && *job ? job : "");
 }
 
