@@ -45,11 +45,14 @@ class SeqWindow:
         self.seen: set[int] = set()
         self.order: deque[int] = deque()
 
+    def new(self, seq: int) -> bool:
+        """Whether ``seq`` was not accepted yet (nothing is recorded)."""
+        return seq not in self.seen and not (len(self.order) == self.size
+                                             and seq < self.order[0])
+
     def accept(self, seq: int) -> bool:
         """True the first time ``seq`` is offered, False for a resend."""
-        if seq in self.seen:
-            return False
-        if len(self.order) == self.size and seq < self.order[0]:
+        if not self.new(seq):
             return False
         self.seen.add(seq)
         self.order.append(seq)
@@ -118,6 +121,13 @@ class Fleet:
 
     def full(self, node: str) -> bool:
         return node not in self.nodes and len(self.nodes) >= self.max_nodes
+
+    def new(self, push: Push) -> bool:
+        """Whether a push was not accepted yet: its number is recorded only by ``observe``,
+        once it has been handled, so a push whose handling failed is handled again when the
+        agent resends it, not acknowledged as a duplicate."""
+        window = self.windows.get((push.node, push.boot_id))
+        return window is None or window.new(push.seq)
 
     def observe(self, push: Push, now: float) -> tuple[bool, CohortState]:
         """Record a push; returns whether it is new (not a resend) and the node's cohort."""

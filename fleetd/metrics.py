@@ -85,6 +85,9 @@ class FleetMetrics:
         self.incomplete = Gauge("ingero_fleet_incomplete_collectives", "Collective instances "
                                 "dropped because an entry never arrived though its rank went on "
                                 "(an event lost on the way)", registry=r)
+        self.analysis_errors = Counter("ingero_fleet_analysis_errors", "Ticks of one job's "
+                                       "rank analysis (or recomputes) that failed on a bug; the "
+                                       "other jobs were judged", registry=r)
         self._cohorts: set[str] = set()
 
     def publish(self, cohorts: dict[str, CohortState], coverage_alert: float) -> None:

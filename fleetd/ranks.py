@@ -23,6 +23,7 @@ import numpy as np
 from ingero.analysis import causes
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.stragglers import LagPolicy, idle_caused, judge, slow_workers
+from ingero.runtime import RateLimitedLog
 from ingero.vocabulary import POINT_TO_POINT
 from ingero.wire import Push
 
@@ -70,6 +71,8 @@ class RankAnalysis:
         self.pending_rows: list[dict] = []
         self.pending_lag: list[dict] = []
         self.live_by_node: dict[str | None, set[int]] = {}    # node → ranks under a verdict
+        self.failed = 0               # a job's tick that raised (a bug): counted, logged, skipped
+        self.failures = RateLimitedLog(log, 60.0)
 
     # -- intake --------------------------------------------------------------------------------
 
@@ -149,14 +152,13 @@ class RankAnalysis:
             if between is not None and time.perf_counter() - served >= every_s:
                 between()
                 served = time.perf_counter()
-            job.peers = None
-            found: dict[tuple[int, str], Verdict] = {}
-            for comm, window in job.comms.items():
-                self._settle(job, comm, window)
-                found.update(self._judge_lag(job, comm, window, now))
-                found.update(self._judge_missing(job, comm, window, now))
-            found.update(self._judge_work(job, now, {rank for rank, _ in found}))
-            changed += self._merge(job, found, now)
+            try:
+                changed += self._judge_job(job, now)
+            except Exception:
+                self.failed += 1
+                self.failures.warning(f"{key}", "the rank analysis of job %s/%s failed; the "
+                                      "other jobs are judged, and this one again next tick",
+                                      job.cluster, job.job, exc_info=True)
             if now - job.last_event > self.job_ttl:
                 changed += self._close_all(job, now)
                 del self.jobs[key]
@@ -166,6 +168,17 @@ class RankAnalysis:
         for verdict in self.active():
             self.live_by_node[verdict.node].add(verdict.rank)
         return changed
+
+    def _judge_job(self, job: JobState, now: float) -> list[Verdict]:
+        """Settle and judge one job's communicators; the verdicts that changed."""
+        job.peers = None
+        found: dict[tuple[int, str], Verdict] = {}
+        for comm, window in job.comms.items():
+            self._settle(job, comm, window)
+            found.update(self._judge_lag(job, comm, window, now))
+            found.update(self._judge_missing(job, comm, window, now))
+        found.update(self._judge_work(job, now, {rank for rank, _ in found}))
+        return self._merge(job, found, now)
 
     def _settle(self, job: JobState, comm: str, window: CommWindow) -> None:
         seq, _op, entries = window.settle()

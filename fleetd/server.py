@@ -55,6 +55,7 @@ class FleetServer:
         self.clocks = ClockBook()
         self.ranks = RankAnalysis(cfg, clocks=self.clocks)
         self.bad_frames = RateLimitedLog(log, 10.0)
+        self.failures = RateLimitedLog(log, 60.0)
         self.context = zmq.Context()
         self.router = SecureRouter(self.context, cfg, "agent", self._refused, log)
         self.socket = None
@@ -114,9 +115,9 @@ class FleetServer:
             while not self.flags.stop:
                 now = self.clock()
                 if now >= next_recompute:
-                    with self.metrics.recompute_seconds.time():
-                        self.recompute(now)
                     next_recompute = now + self.cfg.recompute_interval
+                    with self.metrics.recompute_seconds.time():
+                        self.guarded_recompute(now)
                 wait = min(POLL_MS, max(0, int((next_recompute - now) * 1000)))
                 ready = dict(self.poller.poll(wait))
                 if self.socket in ready:
@@ -211,7 +212,7 @@ class FleetServer:
         if self.fleet.full(push.node):
             raise FrameError(f"refused node {push.node}: already tracking {self.cfg.max_nodes} "
                              "nodes", "too_many_nodes")
-        fresh, cohort = self.fleet.observe(push, self.clock())
+        fresh = self.fleet.new(push)
         if fresh and self.shards > 1:
             self.check_owner(push)
         if fresh:
@@ -225,6 +226,7 @@ class FleetServer:
         else:
             self.metrics.resent.inc()
             log.debug("resend push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
+        _, cohort = self.fleet.observe(push, self.clock())     # handled: now it is recorded
         ranks = self.ranks.straggler_ranks(push.node)
         return wire.Reply(
             ack=push.seq, cohort=cohort.name,
@@ -264,6 +266,15 @@ class FleetServer:
 
     # -- timers --------------------------------------------------------------------------------
 
+    def guarded_recompute(self, now: float) -> None:
+        """A bug in one recompute costs that recompute, never the daemon."""
+        try:
+            self.recompute(now)
+        except Exception:
+            self.metrics.analysis_errors.inc()
+            self.failures.warning("recompute", "recompute failed; the next one goes on",
+                                  exc_info=True)
+
     def recompute(self, now: float) -> None:
         for edge in self.fleet.recompute(now):
             cohort = self.fleet.cohorts[edge.cohort]
@@ -294,7 +305,9 @@ class FleetServer:
 
     def judge_ranks(self) -> None:
         """The rank analysis's tick: verdicts raised, updated or cleared go to echod."""
+        failed = self.ranks.failed
         changed = self.ranks.tick(time.time(), between=self.serve_waiting)
+        self.metrics.analysis_errors.inc(self.ranks.failed - failed)
         self.metrics.publish_ranks(self.ranks, self.clocks, changed)
         verdicts, peer_lag = self.ranks.take_rows()
         if self.forwarder is not None:

@@ -55,7 +55,7 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, key: str, message: str, *args) -> bool:
+    def warning(self, key: str, message: str, *args, exc_info: bool = False) -> bool:
         now = self.clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:
@@ -63,7 +63,7 @@ class RateLimitedLog:
             return False
         suppressed = self._suppressed.pop(key, 0)
         suffix = f" ({suppressed} more like it suppressed)" if suppressed else ""
-        self.logger.warning(message + suffix, *args)
+        self.logger.warning(message + suffix, *args, exc_info=exc_info)
         self._last[key] = now
         return True
 

@@ -36,6 +36,16 @@ MAX_ATTRS = 32
 MAX_TEXT = 256
 MAX_LIST = 64
 STATES = ("calibrating", "active", "idle")
+# Event attributes the daemons read, and the one type each must have where it is set (nil is
+# "not known"): an event whose attribute has another type is malformed, so a string rank is
+# refused with its frame at decode instead of stopping the analysis that would read it.
+ATTR_TYPES: dict[str, type] = {
+    **dict.fromkeys(("rank", "comm_rank", "nranks", "seq", "pid", "local_rank", "world_size",
+                     "count", "bytes", "duration_ns", "requests", "preempted_ns",
+                     "preemptor_pid", "preemptor_tgid", "peer", "root", "covered_ts_ns"), int),
+    **dict.fromkeys(("comm_hash", "op", "role", "preemptor_comm", "preemptor_job"), str),
+    **dict.fromkeys(("peer_wait", "preemptor_own", "in_group"), bool),
+}
 
 
 # -- field checks ------------------------------------------------------------------------------
@@ -114,6 +124,9 @@ def _plain_event(value: Any) -> bool:
         if type(k) is not str or not 0 < len(k) <= 64:
             return False
         kind_of = type(v)
+        want = ATTR_TYPES.get(k)
+        if want is not None and kind_of is not want and v is not None:
+            return False
         if kind_of is str:
             if len(v) > MAX_TEXT:
                 return False
@@ -149,9 +162,19 @@ def check_event_fields(name: str, value: Any) -> dict[str, Any]:
         "id": check_text(f"{name}.id", value.get("id"), 128),
         "t": check_float(f"{name}.t", value.get("t"), 0.0),
         "kind": check_text(f"{name}.kind", value.get("kind"), 64),
-        "attrs": {check_text(f"{name}.attrs key", k, 64): check_scalar(f"{name}.attrs.{k}", v)
+        "attrs": {check_text(f"{name}.attrs key", k, 64): check_attr(f"{name}.attrs.{k}", k, v)
                   for k, v in attrs.items()},
     }
+
+
+def check_attr(name: str, key: str, value: Any) -> Any:
+    """An event attribute: a scalar, of its own type where the daemons read it."""
+    value = check_scalar(name, value)
+    want = ATTR_TYPES.get(key)
+    if want is not None and value is not None and type(value) is not want:
+        _fail(name, f"expected {'an integer' if want is int else 'a ' + want.__name__}, "
+                    f"got {type(value).__name__}")
+    return value
 
 
 def check_list(name: str, value: Any, item, max_len: int = MAX_LIST) -> list:

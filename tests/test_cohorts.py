@@ -130,3 +130,14 @@ def test_the_bar_from_early_joiners_is_not_carried_into_the_quorum():
     cohort = fleet.cohorts["cluster:c"]
     assert cohort.quorum_met and cohort.stragglers == set()
     assert cohort.threshold == pytest.approx(0.886 - 2 * 1.4826 * 0.01)
+
+
+def test_a_push_is_recorded_only_once_it_was_handled():
+    from fleetd.cohorts import Fleet, ThresholdPolicy
+    from ingero import wire
+
+    fleet = Fleet(ThresholdPolicy(), {}, 100)
+    push = wire.Push(3, "n", "c", "b", 0.9, {s: 1.0 for s in wire.SIGNALS}, "active", 1.0, 1.0)
+    assert fleet.new(push) and fleet.new(push), "asking records nothing"
+    assert fleet.observe(push, 1.0)[0] is True
+    assert not fleet.new(push) and fleet.observe(push, 1.0)[0] is False

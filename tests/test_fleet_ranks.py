@@ -303,3 +303,14 @@ def test_a_rank_named_periodic_is_not_renamed_persistent_by_two_stray_late_steps
     changed = feed(ra, late=stalls, until=60)
     assert {(v.rank, v.kind) for v in changed} == {(5, "periodic")}, \
         [(v.rank, v.kind, v.step) for v in changed]
+
+
+def test_a_job_whose_analysis_fails_costs_its_own_tick_only():
+    ra = analysis()
+    ra.observe(push("n9", steps(range(2), 0, 20, job="7", comm="00000000000000b7",
+                                nranks=2)), 0.0, T0)
+    broken = ra.jobs[("c", "7")]
+    broken.comms["00000000000000b7"].settle = None          # a bug in one job's state
+    changed = feed(ra, late=lambda r, s: 0.29 if r == 5 and s >= 10 else 0.0)
+    assert {(v.job, v.rank) for v in changed} == {("42", 5)}, "the other job was judged"
+    assert ra.failed == len(range(0, 60, 10)) and ("c", "7") in ra.jobs

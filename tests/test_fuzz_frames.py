@@ -129,3 +129,53 @@ def test_fleetd_survives_100k_bad_frames_and_keeps_answering(spawn, keys, endpoi
     assert fleetd.log().count("dropped a bad frame") < 100
     fuzzer.close()
     context.term()
+
+
+def test_a_string_rank_is_a_bad_frame_and_every_other_job_is_still_judged(spawn, keys,
+                                                                         endpoint):
+    """A push that passes the schema but for one attribute fleetd reads (a string rank) is
+    refused whole at decode and counted; the jobs of the well-formed pushes are judged."""
+    port = free_port()
+    fleetd = spawn("fleetd", "fleetd", [
+        "--bind", endpoint, "--metrics-addr", f"127.0.0.1:{port}", "--recompute-interval",
+        "0.2", *keys.fleetd_flags()])
+    context = zmq.Context()
+    (keypair, server) = keys.client_keys()
+
+    def dealer():
+        socket = context.socket(zmq.DEALER)
+        socket.linger = 0
+        socket.curve_publickey, socket.curve_secretkey = keypair
+        socket.curve_serverkey = server
+        socket.connect(endpoint)
+        return socket
+
+    t0 = time.time() - 3
+
+    def push(node: str, job: str, ranks, rank_of=lambda r: r) -> list[bytes]:
+        events = [{"id": f"{node}:b:{s}:{r}", "kind": "collective",
+                   "t": t0 + s * 0.05 + (0.2 if r == 5 and s >= 10 else 0.0),
+                   "attrs": {"op": "ncclAllReduce", "comm_hash": "00000000000000aa", "seq": s,
+                             "comm_rank": r, "nranks": 8, "rank": rank_of(r), "job": job,
+                             "pid": 100 + r}}
+                  for s in range(40) for r in ranks]
+        return wire.encode(wire.Push(0, node, "c", "b", 0.9, SIG, "active", time.time(), 1.0,
+                                     events=events))
+
+    bad, good = dealer(), [dealer(), dealer()]
+    bad.send_multipart(push("n9", "9", range(8), rank_of=str))
+    for socket, (node, ranks) in zip(good, (("n0", range(4)), ("n1", range(4, 8)))):
+        socket.send_multipart(push(node, "1", ranks))
+        assert socket.poll(10_000), "the well-formed pushes are answered"
+
+    def raised() -> float:
+        return sum(v for (name, _), v in scrape(port).items()
+                   if name == "ingero_fleet_rank_verdicts_raised_total")
+
+    assert wait_for(lambda: raised() >= 1, 15), fleetd.log()
+    m = scrape(port)
+    assert m[("ingero_fleet_frames_rejected_total", (("reason", "bad_schema"),))] == 1
+    assert "events[0].attrs.rank" in fleetd.log() and "internal error" not in fleetd.log()
+    assert m.get(("ingero_fleet_analysis_errors_total", ()), 0) == 0
+    assert not bad.poll(500), "a refused push is not acknowledged"
+    context.destroy()

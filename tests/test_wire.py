@@ -152,7 +152,9 @@ times = st.one_of(st.floats(min_value=0.0, allow_infinity=False), st.floats())
 events = st.one_of(
     st.fixed_dictionaries(
         {"id": _edge_text(128), "kind": _edge_text(64), "t": times},
-        optional={"attrs": st.dictionaries(_edge_text(64), attr_values, max_size=4)}),
+        optional={"attrs": st.dictionaries(
+            st.one_of(_edge_text(64), st.sampled_from(sorted(wire.ATTR_TYPES))), attr_values,
+            max_size=4)}),
     st.fixed_dictionaries({}, optional={
         "id": st.one_of(st.text(max_size=3), st.integers()),
         "t": st.one_of(st.floats(), st.integers(-5, 5), st.text(max_size=3)),
@@ -177,3 +179,16 @@ def test_event_fast_path_agrees_with_the_named_checks(event):
     except BadSchema:
         fast = None
     assert fast == slow
+
+
+@pytest.mark.parametrize("attr, value", [("rank", "3"), ("nranks", "8"), ("seq", 1.0),
+                                         ("comm_hash", 7), ("peer_wait", 1),
+                                         ("preemptor_own", "yes"), ("rank", True)])
+def test_an_attribute_the_daemons_read_must_have_its_type(attr, value):
+    event = {"id": "n:b:0", "t": 1.0, "kind": "collective", "attrs": {attr: value}}
+    push = wire.Push(0, "n", "c", "b", 0.5, SIGNALS, "active", 1.0, 1.0,
+                     events=[event])
+    with pytest.raises(BadSchema, match=f"events\\[0\\].attrs.{attr}.*expected"):
+        wire.decode(wire.encode(push))
+    event["attrs"][attr] = None                      # not known: fine
+    assert wire.decode(wire.encode(push)).events[0]["attrs"][attr] is None
