@@ -39,6 +39,7 @@ STOP_GRACE_S = 3.0
 FAILURE_GRACE_S = 5.0
 POLL_S = 0.05
 LAUNCH_TIMEOUT_S = 30.0
+INPUT_BYTES = 32 << 20          # the loader workers' input file
 PR_SET_PDEATHSIG = 1
 # What a launcher tells its processes; the test runner's own (a test run inside a Slurm job or
 # under torchrun) must not leak into the sim's job.
@@ -222,6 +223,7 @@ class Cluster:
         if len(self.hosts) != scenario.job.nodes:
             raise LaunchError(f"hosts: {len(self.hosts)} labels for {scenario.job.nodes} nodes")
         self.unique_id_path = self.workdir / "nccl-unique-id"
+        self.input_path = self.workdir / "input.bin"
         self.ranks: list[RankProcess] = []
         self.launchers: list[subprocess.Popen] = []
         self.hogs: list[HogProcess] = []
@@ -243,6 +245,7 @@ class Cluster:
                 raise LaunchError(f"{binary} is missing: run `make -C sim` first")
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
+            self._write_input()
             self._start_rendezvous()
             for node in range(self.scenario.job.nodes):
                 specs = [self._rank_spec(node, local_rank)
@@ -365,12 +368,27 @@ class Cluster:
                 "--unique-id-file", str(self.unique_id_path)]
         if job.extra_collectives:
             argv += ["--extra", ",".join(job.extra_collectives)]
+        if job.workers:
+            argv += ["--workers", str(job.workers), "--input", str(self.input_path),
+                     "--input-kb", str(job.input_kb), "--worker-cpu-ms", f"{job.worker_cpu_ms:g}"]
+            if job.epoch_steps:
+                argv += ["--epoch-steps", str(job.epoch_steps)]
         for s in self.scenario.stragglers_of(rank):
             if s.kind in ("host_delay", "hiccup"):
                 argv += _delay_flag(s)
             elif s.kind in ("die", "hang"):
                 argv += [f"--{s.kind}-at", str(s.at_step)]
+            elif s.kind == "slow_input":
+                argv += ["--input-stall-ms", f"{s.delay_ms:g}"]
+                argv += ["--input-kb", str(s.read_kb)] if s.read_kb else []
         return argv
+
+    def _write_input(self) -> None:
+        """The data the ranks' loader workers read: real bytes on a real file system."""
+        if self.scenario.job.workers and not self.input_path.exists():
+            with open(self.input_path, "wb") as data:
+                for _ in range(INPUT_BYTES // (1 << 20)):
+                    data.write(os.urandom(1 << 20))
 
     def contention_cpu(self, rank: int) -> int | None:
         """The CPU a contended rank and its hogs share; None if the rank is not contended."""

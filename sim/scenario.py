@@ -49,6 +49,10 @@ class Job:
     jitter_ms: float = 0.0           # random host time per step, uniform in [0, jitter_ms]
     job_id: str = "4242"
     launcher: str = "srun"
+    workers: int = 0                 # data-loader worker processes per rank, forked per epoch
+    epoch_steps: int = 0             # steps per epoch (workers exit and respawn); 0: one epoch
+    input_kb: int = 256              # read from the input file per batch
+    worker_cpu_ms: float = 1.0       # CPU time a worker spends decoding a batch
     rendezvous: str = "shm"
     netns: bool = False              # each node in its own network namespace (needs tcp, root)
     timeout_s: float = 60.0          # how long a rank waits for a peer before erroring out
@@ -77,6 +81,7 @@ class Straggler:
     every: int = 1                   # host_delay, hiccup
     factor: float = 1.0              # slow_gpu
     at_step: int = -1                # die, hang
+    read_kb: int | None = None       # slow_input: read per batch instead of job.input_kb
     cpu: int | None = None           # cpu_contention; default: one the rank may use
     hogs: int = 1                    # cpu_contention
     nice: int = 0                    # cpu_contention: the hogs' nice value
@@ -157,7 +162,8 @@ JOB_FIELDS: dict[str, Check] = {
     "allreduce_bytes": _integer(0), "dtype": _choice(DATATYPES),
     "extra_collectives": _collectives, "memcpy_every": _integer(0),
     "loss_every": _integer(0), "jitter_ms": _number(), "job_id": _text,
-    "launcher": _choice(LAUNCHERS), "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
+    "launcher": _choice(LAUNCHERS), "workers": _integer(0, 16), "epoch_steps": _integer(0),
+    "input_kb": _integer(1, 65536), "worker_cpu_ms": _number(), "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
 }
 
 HARDWARE_FIELDS: dict[str, Check] = {
@@ -172,6 +178,8 @@ STRAGGLER_KINDS: dict[str, tuple[dict[str, Check], set[str]]] = {
     "hiccup": ({"delay_ms": _number(0, True), "every": _integer(2), "from_step": _integer(0),
                 "until_step": _optional(_integer(0))}, {"delay_ms", "every"}),
     "slow_gpu": ({"factor": _number(0, True)}, {"factor"}),
+    "slow_input": ({"delay_ms": _number(0, True), "read_kb": _optional(_integer(1, 65536))},
+                   {"delay_ms"}),
     "cpu_contention": ({"cpu": _optional(_integer(0)), "hogs": _integer(1, 16),
                         "nice": _integer(-20, 19)}, set()),
     "die": ({"at_step": _integer(0)}, {"at_step"}),
@@ -215,6 +223,9 @@ def _straggler(data: Any, where: str, job: Job) -> Straggler:
         values["from_step"] = values["every"] - 1
     if head["kind"] in ("die", "hang") and values["at_step"] >= job.steps:
         raise ScenarioError(f"{where}.at_step: must be below job.steps ({job.steps})")
+    if head["kind"] == "slow_input" and not job.workers:
+        raise ScenarioError(f"{where}: slow_input slows the rank's data-loader workers: "
+                            f"set job.workers")
     return Straggler(**head, **values)
 
 

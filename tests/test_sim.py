@@ -472,6 +472,58 @@ def test_a_launched_rank_that_dies_or_hangs_is_reported_as_with_srun(tmp_path):
     assert {r.status for r in result.ranks if r.rank != 6} == {"error"}
 
 
+def children_named(pid: int, comm: str) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if parent_of(int(entry.name)) == pid and \
+                        (entry / "comm").read_text().strip() == comm:
+                    found.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def test_data_loader_workers_are_forked_each_epoch_map_libcudart_and_exit(tmp_path):
+    scenario = job_scenario(ranks_per_node=2, steps=30, step_ms=40, workers=2, epoch_steps=10)
+    seen: list[set[int]] = []
+    looked = 0
+    with Cluster(scenario, tmp_path) as cluster:
+        rank = cluster.ranks[0]
+        while rank.popen.poll() is None:
+            workers = children_named(rank.pid, "pt_data_worker")
+            if len(workers) == 2 and workers not in seen:
+                seen.append(workers)
+            for worker in workers:
+                try:
+                    maps = Path(f"/proc/{worker}/maps").read_text()
+                    same = environ_of(worker) == environ_of(rank.pid)
+                except OSError:
+                    continue            # gone meanwhile
+                if maps:                # not exiting
+                    assert "libcudart.so.12" in maps and same
+                    looked += 1
+            time.sleep(0.05)
+        result = cluster.wait()
+    assert result.ok, result.describe()
+    assert len(seen) >= 2 and looked, seen
+    assert not seen[0] & seen[-1], "the workers of a later epoch are new processes"
+    assert (tmp_path / "input.bin").stat().st_size == 32 << 20
+
+
+def test_a_slow_input_stalls_its_rank_waiting_for_its_data(tmp_path):
+    fast = job_scenario(ranks_per_node=2, steps=12, step_ms=10, workers=2)
+    slow = job_scenario(ranks_per_node=2, steps=12, step_ms=10, workers=2, stragglers=[
+        {"rank": 1, "kind": "slow_input", "delay_ms": 100}])
+    times = []
+    for name, scenario in (("fast", fast), ("slow", slow)):
+        _cluster, result = run_job(tmp_path / name, scenario)
+        assert result.ok, result.describe()
+        times.append(median(read_record(result.rank(1).record_path).summary["step_ns"]))
+    assert times[1] > 3 * times[0], times      # 100 ms a read, two workers: ~50 ms a step
+
+
 def test_every_example_scenario_validates():
     names = {p.stem for p in scenarios.scenarios_dir().glob("*.yaml")}
     assert {"healthy", "host-delay", "cpu-contention", "slow-gpu", "hiccup", "slow-from-start",
@@ -493,6 +545,8 @@ def test_every_example_scenario_validates():
     ({"name": "x", "stragglers": [{"rank": 1, "kind": "nap"}]}, "kind: must be one of"),
     ({"name": "x", "job": {"netns": True, "rendezvous": "shm"}}, "need job.rendezvous: tcp"),
     ({"name": "x", "job": {"launcher": "pbs"}}, "job.launcher: must be one of srun, torchrun"),
+    ({"name": "x", "stragglers": [{"rank": 1, "kind": "slow_input", "delay_ms": 5}]},
+     "slow_input slows the rank's data-loader workers: set job.workers"),
     ({"job": {}}, "name: required"),
 ])
 def test_bad_scenarios_are_rejected_with_the_field_named(data, complaint):

@@ -36,6 +36,7 @@ struct training {
     int64_t *step_ns, *sync_wait_ns;
     int steps_done;
     unsigned int seed;          /* for the per-step jitter */
+    struct input_pipeline input;
     char error[256];
 };
 
@@ -46,7 +47,7 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static void sleep_ns(int64_t ns)
+void sleep_for_ns(int64_t ns)
 {
     struct timespec left = { .tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL };
     while (nanosleep(&left, &left) != 0 && errno == EINTR)
@@ -61,7 +62,7 @@ static int64_t thread_cpu_ns(void)
 }
 
 /* Burn CPU time, not wall time: a contended CPU stretches this step's host work. */
-static void host_work(int64_t cpu_ns)
+void burn_cpu(int64_t cpu_ns)
 {
     volatile uint64_t sink = 0;
     int64_t until = thread_cpu_ns() + cpu_ns;
@@ -131,7 +132,7 @@ static int load_unique_id(struct training *t, ncclUniqueId *id)
             snprintf(t->error, sizeof t->error, "no unique id appeared in %s", path);
             return 1;
         }
-        sleep_ns(UNIQUE_ID_POLL_NS);
+        sleep_for_ns(UNIQUE_ID_POLL_NS);
     }
     return 0;
 }
@@ -302,7 +303,7 @@ static int read_loss(struct training *t, int step)
 static void jitter(struct training *t)
 {
     if (t->cfg->jitter_ns > 0)
-        sleep_ns((int64_t)((double)rand_r(&t->seed) / RAND_MAX * (double)t->cfg->jitter_ns));
+        sleep_for_ns((int64_t)((double)rand_r(&t->seed) / RAND_MAX * (double)t->cfg->jitter_ns));
 }
 
 static int compute_and_communicate(struct training *t, int step)
@@ -313,7 +314,7 @@ static int compute_and_communicate(struct training *t, int step)
         return 1;
     jitter(t);
     if (delay > 0)
-        sleep_ns(delay);
+        sleep_for_ns(delay);
     return communicate(t, step) || launch(t, &t->optimizer, 1);
 }
 
@@ -322,7 +323,9 @@ static int run_step(struct training *t, int step)
     const struct rank_config *cfg = t->cfg;
     int64_t begin = now_ns();
     void *activations = NULL;
-    host_work(cfg->host_work_ns);
+    burn_cpu(cfg->host_work_ns);
+    if (input_next(&t->input, step) != 0)
+        return cuda_failed(t, "the data loader", cudaErrorUnknown);
     if (cuda_failed(t, "cudaMalloc", cudaMalloc(&activations, cfg->allreduce_bytes + 1))
         || compute_and_communicate(t, step))
         return 1;
@@ -403,6 +406,11 @@ int main(int argc, char **argv)
     }
     int64_t start_ns = now_ns();
     plan_kernels(&t);
+    if (input_open(&t.input, &cfg) != 0) {
+        perror(cfg.input_path ? cfg.input_path : "--workers needs --input");
+        return EXIT_USAGE;
+    }
     int failed = set_up_device(&t) || join_communicator(&t) || train(&t);
+    input_close(&t.input);
     return finish(&t, failed, start_ns);
 }

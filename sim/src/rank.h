@@ -12,6 +12,7 @@
 #include "nccl.h"
 
 #define MAX_DELAY_RULES 8
+#define MAX_WORKERS 16
 
 enum rank_exit {
     EXIT_OK = 0,
@@ -50,9 +51,33 @@ struct rank_config {
     int memcpy_every;         /* a blocking device-to-host copy every N steps; 0: never */
     int loss_every;           /* a sync on the forward pass (loss.item()) every N steps; 0: never */
     int64_t jitter_ns;        /* random host time per step, uniform in [0, jitter_ns] */
+    int workers;              /* data-loader worker processes per epoch; 0: none */
+    int epoch_steps;          /* steps per epoch (workers exit and are forked anew); 0: all */
+    const char *input_path;   /* the file the workers read batches from */
+    size_t input_bytes;       /* read per batch */
+    int64_t worker_cpu_ns;    /* CPU time a worker spends decoding a batch */
+    int64_t input_stall_ns;   /* extra time a worker's read takes (a slow store) */
     const char *record_path;
     const char *unique_id_path;
 };
+
+/* rank.c: host time, spent or slept */
+void burn_cpu(int64_t cpu_ns);
+void sleep_for_ns(int64_t ns);
+
+/* rank_input.c: the data loader's worker processes */
+struct input_pipeline {
+    const struct rank_config *cfg;
+    int fds[2];               /* workers write a byte per batch ready; the rank reads */
+    int workers[MAX_WORKERS]; /* this epoch's worker pids */
+    int nworkers;
+    void *buffer;             /* O_DIRECT-aligned, allocated before any fork */
+    int epoch_end;            /* the first step of the next epoch */
+};
+
+int input_open(struct input_pipeline *in, const struct rank_config *cfg);
+int input_next(struct input_pipeline *in, int step);
+void input_close(struct input_pipeline *in);
 
 /* rank_config.c */
 int rank_config_parse(struct rank_config *cfg, int argc, char **argv);

@@ -29,6 +29,12 @@ static const char usage_text[] =
     "  --loss-every N          read the loss after the forward pass every N steps: a sync on\n"
     "                          the rank's own kernels, as loss.item() (default 1; 0 off)\n"
     "  --jitter-ms MS          random host time per step, uniform in [0, MS] (default 0)\n"
+    "  --workers N             data-loader worker processes, forked each epoch (default 0)\n"
+    "  --epoch-steps N         steps per epoch; workers exit and respawn (default: all)\n"
+    "  --input PATH            the file the workers read batches from\n"
+    "  --input-kb KB           read per batch (default 256)\n"
+    "  --worker-cpu-ms MS      CPU time to decode a batch (default 1)\n"
+    "  --input-stall-ms MS     extra time each read takes, a slow store (default 0)\n"
     "  --record PATH           ground-truth JSON lines (required)\n"
     "  --unique-id-file PATH   where rank 0 writes, and the others read, the ncclUniqueId\n"
     "example: RANK=0 WORLD_SIZE=1 ingero-sim-rank --steps 5 --record /tmp/r0.jsonl "
@@ -208,7 +214,8 @@ int64_t rank_delay_ns(const struct rank_config *cfg, int step)
 enum option_id {
     OPT_STEPS = 1, OPT_STEP_MS, OPT_KERNELS, OPT_BYTES, OPT_DTYPE, OPT_EXTRA, OPT_HOST_WORK,
     OPT_DELAY, OPT_DIE_AT, OPT_HANG_AT, OPT_MEMCPY_EVERY, OPT_RECORD, OPT_UNIQUE_ID, OPT_HELP,
-    OPT_LOSS_EVERY, OPT_JITTER,
+    OPT_LOSS_EVERY, OPT_JITTER, OPT_WORKERS, OPT_EPOCH, OPT_INPUT, OPT_INPUT_KB, OPT_WORKER_CPU,
+    OPT_INPUT_STALL,
 };
 
 static const struct option options[] = {
@@ -225,6 +232,12 @@ static const struct option options[] = {
     { "memcpy-every", required_argument, NULL, OPT_MEMCPY_EVERY },
     { "loss-every", required_argument, NULL, OPT_LOSS_EVERY },
     { "jitter-ms", required_argument, NULL, OPT_JITTER },
+    { "workers", required_argument, NULL, OPT_WORKERS },
+    { "epoch-steps", required_argument, NULL, OPT_EPOCH },
+    { "input", required_argument, NULL, OPT_INPUT },
+    { "input-kb", required_argument, NULL, OPT_INPUT_KB },
+    { "worker-cpu-ms", required_argument, NULL, OPT_WORKER_CPU },
+    { "input-stall-ms", required_argument, NULL, OPT_INPUT_STALL },
     { "record", required_argument, NULL, OPT_RECORD },
     { "unique-id-file", required_argument, NULL, OPT_UNIQUE_ID },
     { "help", no_argument, NULL, OPT_HELP },
@@ -266,6 +279,15 @@ static int set_bytes(struct rank_config *cfg, const char *arg)
     return 0;
 }
 
+static int set_kb(struct rank_config *cfg, const char *arg)
+{
+    long n;
+    if (parse_long(arg, 1, &n))
+        return fail("--input-kb", arg);
+    cfg->input_bytes = (size_t)n * 1024;
+    return 0;
+}
+
 /* One option into cfg; 0 on success, else the exit status. */
 static int apply_option(struct rank_config *cfg, int id, const char *arg)
 {
@@ -277,6 +299,12 @@ static int apply_option(struct rank_config *cfg, int id, const char *arg)
     case OPT_MEMCPY_EVERY: return set_int("--memcpy-every", arg, 0, &cfg->memcpy_every);
     case OPT_LOSS_EVERY: return set_int("--loss-every", arg, 0, &cfg->loss_every);
     case OPT_JITTER: return set_ms("--jitter-ms", arg, &cfg->jitter_ns);
+    case OPT_WORKERS: return set_int("--workers", arg, 0, &cfg->workers);
+    case OPT_EPOCH: return set_int("--epoch-steps", arg, 1, &cfg->epoch_steps);
+    case OPT_INPUT: cfg->input_path = arg; return 0;
+    case OPT_INPUT_KB: return set_kb(cfg, arg);
+    case OPT_WORKER_CPU: return set_ms("--worker-cpu-ms", arg, &cfg->worker_cpu_ns);
+    case OPT_INPUT_STALL: return set_ms("--input-stall-ms", arg, &cfg->input_stall_ns);
     case OPT_STEP_MS: return set_ms("--step-ms", arg, &cfg->step_compute_ns);
     case OPT_HOST_WORK: return set_ms("--host-work-ms", arg, &cfg->host_work_ns);
     case OPT_BYTES: return set_bytes(cfg, arg);
@@ -295,7 +323,8 @@ static void set_defaults(struct rank_config *cfg)
     *cfg = (struct rank_config){
         .steps = 10, .step_compute_ns = 20000000, .kernels = 4, .allreduce_bytes = 4194304,
         .datatype = ncclFloat32, .host_work_ns = 500000, .die_at = -1, .hang_at = -1,
-        .memcpy_every = 5, .loss_every = 1,
+        .memcpy_every = 5, .loss_every = 1, .input_bytes = 256 * 1024,
+        .worker_cpu_ns = 1000000,
     };
 }
 
@@ -313,5 +342,9 @@ int rank_config_parse(struct rank_config *cfg, int argc, char **argv)
         return fail("command line", "--record and --unique-id-file are required");
     if (cfg->rank >= cfg->world_size)
         return fail("RANK", "must be below WORLD_SIZE");
+    if (cfg->workers > MAX_WORKERS)
+        return fail("--workers", "more than 16");
+    if (cfg->workers && !cfg->input_path)
+        return fail("command line", "--workers needs --input");
     return 0;
 }
