@@ -66,7 +66,7 @@ def measure(ranks: int, seconds: int) -> dict:
         decode_s += time.perf_counter() - began
         began = time.perf_counter()
         for push in pushes:
-            analysis.observe(push, 0.0, 1.8e9 + second + 1)
+            analysis.observe(push, 1.8e9 + second + 1)
         observe_s += time.perf_counter() - began
         events += sum(len(p.events) for p in pushes)
         began = time.perf_counter()

@@ -1,9 +1,10 @@
 """Rank-level verdicts, online: which rank of a job is late, at which collective, and why.
 
 Per job (the Slurm job an event's process belongs to; one node-wide agent may push several),
-the collectives of every rank are aligned per communicator (``alignment``) with each node's
-clock offset removed, and on every tick the rules of ``ingero.analysis`` judge the recent
-instances: a rank late persistently or periodically, a rank whose own kernels are slow, a rank
+the collectives of every rank are aligned per communicator (``alignment``) as their nodes
+timed them, and on every tick the rules of ``ingero.analysis`` judge the recent instances with
+each node's clock offset at the time removed (a node whose offset is not known yet is not
+compared with the others): a rank late persistently or periodically, a rank whose own kernels are slow, a rank
 missing from a collective its peers entered (hung, or dead when its process exited). The job's
 ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
 rank's host and GPU facts, a severity, a fix and what it cost; verdicts and per-rank lag
@@ -76,8 +77,11 @@ class RankAnalysis:
 
     # -- intake --------------------------------------------------------------------------------
 
-    def observe(self, push: Push, offset: float, now: float) -> None:
-        """A fresh push's events, its node's clock offset removed."""
+    def observe(self, push: Push, now: float) -> None:
+        """A fresh push's events: collectives as the node timed them (corrected when judged),
+        the other facts less the node's offset now (0 while unknown: they are weighed in
+        seconds, not compared across nodes)."""
+        offset = self.clocks.offset(push.node)
         self.heard[push.node] = (now, push.interval)
         collectives: dict[tuple, list] = defaultdict(list)
         for event in push.events:
@@ -85,7 +89,7 @@ class RankAnalysis:
             job = self._job(push.cluster, push.job_of(event), now)
             kind = event["kind"]
             if kind == "collective":
-                self._collective(job, push.node, event, a, offset, collectives)
+                self._collective(job, push.node, event, a, collectives)
             elif "rank" in a and a["rank"] is not None:
                 self._fact(job, push.node, kind, a, event["t"] - offset)
         for (job, comm, nranks), rows in collectives.items():
@@ -103,8 +107,7 @@ class RankAnalysis:
         state.last_event = now
         return state
 
-    def _collective(self, job: JobState, node: str, event: dict, a: dict, offset: float,
-                    into: dict) -> None:
+    def _collective(self, job: JobState, node: str, event: dict, a: dict, into: dict) -> None:
         comm, nranks, column = a.get("comm_hash"), a.get("nranks"), a.get("comm_rank")
         if a.get("op") in POINT_TO_POINT:
             return
@@ -115,7 +118,7 @@ class RankAnalysis:
         job.columns.setdefault(comm, {})[column] = rank
         facts = job.facts[rank]
         facts.node, facts.pid = node, a.get("pid")
-        into[(job, comm, nranks)].append((a.get("seq", -1), column, event["t"] - offset,
+        into[(job, comm, nranks)].append((a.get("seq", -1), column, event["t"],
                                           self.ops.code(a.get("op", "?"))))
 
     def _fact(self, job: JobState, node: str, kind: str, a: dict, t: float) -> None:
@@ -134,6 +137,8 @@ class RankAnalysis:
             facts.blockio.append((t, a.get("requests", 0), a.get("bytes", 0)))
         elif kind == "process_exit" and a.get("role", "rank") == "rank":
             facts.exited_at = t       # a helper's exit (a data-loader worker's) is no death
+            if "exit_status" in a or "signal" in a:
+                facts.crashed = a.get("signal") is not None or a.get("exit_status") != 0
         elif kind == "comm_destroy" and a.get("op") == "ncclCommAbort":
             facts.aborted_at = t
 
@@ -181,23 +186,42 @@ class RankAnalysis:
         return self._merge(job, found, now)
 
     def _settle(self, job: JobState, comm: str, window: CommWindow) -> None:
-        seq, _op, entries = window.settle()
+        seq, _op, raw = window.settle()
         if not len(seq):
             return
         ranks = self._ranks(job, comm, window.nranks)
+        entries = self._on_fleet_clock(job, ranks, raw)
         for column, idle in enumerate(idle_caused(entries)):
             job.facts[ranks[column]].idle_caused_s += idle
-        lag = peer_lag(entries)      # settled instances are complete: no rank is missing
-        t = float(np.median(entries[-1]))
-        summary = (np.quantile(lag, [0.5, 0.95, 1.0], axis=0) * 1e9).round().astype(np.int64)
-        for column in range(window.nranks):
-            median, p95, largest = summary[:, column].tolist()
+        lag = peer_lag(entries)      # complete, but NaN where a node's clock is not known yet
+        known = np.isfinite(lag).all(axis=0)
+        if known.sum() < 2:
+            return
+        t = float(np.nanmedian(entries[-1]))
+        summary = (np.quantile(lag[:, known], [0.5, 0.95, 1.0], axis=0) * 1e9).round() \
+            .astype(np.int64)
+        for at, column in enumerate(np.flatnonzero(known)):
+            median, p95, largest = summary[:, at].tolist()
             self.pending_lag.append({
                 "t": t, "cluster": job.cluster, "job": job.job, "comm_hash": comm,
                 "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
                 "node": job.facts[ranks[column]].node or None,
                 "samples": len(seq), "lag_median_ns": median, "lag_p95_ns": p95,
                 "lag_max_ns": largest})
+
+    def _on_fleet_clock(self, job: JobState, ranks: list[int], raw: np.ndarray) -> np.ndarray:
+        """Entry times (instances × columns, each column as its node timed it) on fleetd's
+        clock: less the column's node's offset at each time. A column whose node's offset is
+        not known yet is NaN, not compared (its node may be 20 ms ahead), unless every column
+        is on that one node: a clock compares with itself."""
+        nodes = [job.facts[rank].node for rank in ranks]
+        fits = [self.clocks.at(node) for node in nodes]
+        if len(set(nodes)) == 1 and fits[0] is None:
+            return raw
+        offset = np.array([f.offset if f else np.nan for f in fits])
+        drift = np.array([f.drift if f else 0.0 for f in fits])
+        at = np.array([f.at if f else 0.0 for f in fits])
+        return raw - (offset + drift * (raw - at))
 
     def _ranks(self, job: JobState, comm: str, nranks: int) -> list[int]:
         known = job.columns.get(comm, {})
@@ -209,14 +233,14 @@ class RankAnalysis:
         op, rows = window.dominant()
         if op is None:
             return {}
-        entries, steps = window.entries[rows], window.step[rows]
         ranks = self._ranks(job, comm, window.nranks)
+        entries, steps = self._on_fleet_clock(job, ranks, window.entries[rows]), window.step[rows]
         # Hysteresis for a persistent verdict only: a rank named periodic, late one instance
         # in five, would otherwise pass the kept share and be renamed persistent.
         named = frozenset(column for column, rank in enumerate(ranks)
                           if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
                           and v.kind == "persistent")
-        judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks))
+        judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries))
         found = {}
         for f in judgement.findings:
             rank = ranks[f.column]
@@ -237,15 +261,16 @@ class RankAnalysis:
             found[(rank, "lag")] = verdict
         return found
 
-    def _clock_slack(self, job: JobState, ranks: list[int]) -> np.ndarray:
-        """Per column, how far its node's clock estimate may be off (0 until one is known)."""
-        known = (self.clocks.offsets.get(facts.node) if (facts := job.facts.get(rank)) else None
-                 for rank in ranks)
-        return np.array([offset.uncertainty if offset else 0.0 for offset in known])
+    def _clock_slack(self, job: JobState, ranks: list[int], entries: np.ndarray) -> np.ndarray:
+        """Per column, how far its node's clock estimate may be off at the latest entries (0
+        where none is known: then the column is compared with its own node's only)."""
+        t = float(np.nanmax(entries)) if np.isfinite(entries).any() else 0.0
+        fits = (self.clocks.at(job.facts[rank].node) for rank in ranks)
+        return np.array([float(f.uncertainty_at(t)) if f else 0.0 for f in fits])
 
     def _clock_caveat(self, verdict: Verdict) -> None:
         """Say what the node's clock estimate is, and when it is too loose for this lag."""
-        known = self.clocks.offsets.get(verdict.node)
+        known = self.clocks.at(verdict.node)
         if known is None:
             return
         verdict.evidence["clock_offset_ms"] = round(known.offset * 1e3, 3)
@@ -277,46 +302,75 @@ class RankAnalysis:
         return found
 
     def _judge_missing(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
-        stalled = window.stalled(now, self.hang_timeout)
+        """The ranks missing from the oldest instance some rank has not entered, once it is
+        known that they will not come: they crashed (at once), their peers gave up on them
+        (aborted or failed while waiting: a hang the job's end cut short), or the peers have
+        waited the hang timeout. A rank not heard of yet is not missing."""
+        stalled = window.stalled(now, 0.0)
         if not stalled:
             return {}
         seq, op, columns = stalled[0]
         ranks = self._ranks(job, comm, window.nranks)
-        found = {}
-        waiting = now - float(np.nanmin(window.open[seq % len(window.open_seq)]))
+        opened = self._on_fleet_clock(job, ranks, window.open[seq % len(window.open_seq)][None])
+        if not np.isfinite(opened).any():
+            return {}      # entered only by ranks of nodes whose clocks are not known yet
+        began = float(np.nanmin(opened))
         missing = {int(c) for c in columns}
-        entered = [ranks[c] for c in range(window.nranks) if c not in missing]
-        # Ranks that entered and have since exited wait on no one: the instance completed and
-        # the missing entry was lost, or the whole job went. A rank whose own exit is known
-        # is still named dead below; one never heard of again is no hang.
-        nobody_waits = all(job.facts[rank].exited_at is not None for rank in entered)
+        entered = [job.facts[ranks[c]] for c in range(window.nranks) if c not in missing]
+        gave_up = min((t for f in entered if (t := f.gave_up_at()) is not None and t >= began),
+                      default=None)
+        # Ranks that entered and have since exited, none failing, wait on no one: the
+        # instance completed and the missing entry was lost, or the whole job ended.
+        nobody_waits = gave_up is None and all(f.exited_at is not None for f in entered)
+        found = {}
         for column in columns:
             rank = ranks[column]
-            facts = job.facts[rank]
-            silent = self._silent(facts.node, now - waiting)
-            if silent and waiting < 2 * self.hang_timeout:
-                continue    # its node may only be late to tell: give it the time of two
-            gone = facts.exited_at is not None or facts.aborted_at is not None
-            if nobody_waits and not gone:
-                current = job.verdicts.get((rank, "missing"))
+            current = job.verdicts.get((rank, "missing"))
+            if nobody_waits:
                 if current is not None and current.cleared is None:
                     found[(rank, "missing")] = current    # named while its peers waited
                 continue
-            kind = "died" if gone else "hang"
-            diagnosis = causes.Diagnosis(kind, "high", causes.FIXES[kind].format(
-                node=facts.node or "its node"), [
-                f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its "
-                f"peers have waited {waiting:.1f} s"
-                + (" and its process exited" if facts.exited_at is not None else "")
-                + (" after it aborted its NCCL communicator (an NCCL error or timeout)"
-                   if facts.aborted_at is not None else "")
-                + (f"; {facts.node or 'its node'} has not reported since" if silent else "")])
-            found[(rank, "missing")] = Verdict(
-                job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",
-                severity="critical", fix=diagnosis.fix, findings=diagnosis.findings,
-                op=self.ops.names[op], comm_hash=comm, onset=now - waiting,
-                lag_p50_s=waiting, evidence={"seq": seq, "waited_s": round(waiting, 3)})
+            kind = self._missing(job.facts[rank], began, gave_up, now)
+            if kind is not None:
+                found[(rank, "missing")] = self._missing_verdict(
+                    job, comm, rank, kind, op, seq, began, gave_up, now)
         return found
+
+    def _missing(self, facts: RankFacts, began: float, gave_up: float | None,
+                 now: float) -> str | None:
+        """hang, died, or None while it may still come (or what its node knows of it may)."""
+        gone_at = min((t for t in (facts.exited_at, facts.aborted_at) if t is not None),
+                      default=None)
+        if gave_up is not None:
+            if self._silent(facts.node, gave_up):
+                return None   # what its node saw up to the peers' giving up is on its way
+            return "died" if gone_at is not None and gone_at <= gave_up else "hang"
+        if facts.crashed:
+            return "died"     # its process ended failing: it will not come
+        waiting = now - began
+        if waiting < self.hang_timeout or (self._silent(facts.node, began)
+                                           and waiting < 2 * self.hang_timeout):
+            return None       # a silent node may only be late to tell: the time of two
+        return "died" if gone_at is not None else "hang"
+
+    def _missing_verdict(self, job: JobState, comm: str, rank: int, kind: str, op: int,
+                         seq: int, began: float, gave_up: float | None, now: float) -> Verdict:
+        facts = job.facts[rank]
+        waited = (gave_up if gave_up is not None else now) - began
+        why = (f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its peers "
+               + (f"gave up after waiting {waited:.1f} s (NCCL failed or timed out in them)"
+                  if gave_up is not None else f"have waited {waited:.1f} s")
+               + (" and its process exited" if facts.exited_at is not None else "")
+               + (" failing" if facts.crashed else "")
+               + (" after it aborted its NCCL communicator (an NCCL error or timeout)"
+                  if facts.aborted_at is not None else "")
+               + (f"; {facts.node or 'its node'} has not reported since"
+                  if self._silent(facts.node, began) else ""))
+        return Verdict(job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",
+                       severity="critical",
+                       fix=causes.FIXES[kind].format(node=facts.node or "its node"),
+                       findings=[why], op=self.ops.names[op], comm_hash=comm, onset=began,
+                       lag_p50_s=waited, evidence={"seq": seq, "waited_s": round(waited, 3)})
 
     def _silent(self, node: str, since: float) -> bool:
         """Whether ``node`` has not pushed, one push interval after ``since``, since then: what
@@ -337,8 +391,8 @@ class RankAnalysis:
         taken = {who: (n, ns) for who, (n, ns) in peers.preemptions[at].items()
                  if ns >= 3 * usual[who[0]]}
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
-        work, alloc, wait = (peers.own_and_others(values, at)
-                             for values in (peers.work, peers.alloc, peers.wait))
+        work, alloc, wait, io = (peers.own_and_others(values, at) for values in (
+            peers.work, peers.alloc, peers.wait, peers.io))
         return causes.Facts(
             self_work_s=work[0], peers_self_work_s=work[1],
             self_work_samples=len(mine.self_work_ns),
@@ -346,6 +400,7 @@ class RankAnalysis:
             preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
             window_s=min(HOST_FACTS_S, now - job.started),
             blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
+            peers_blockio_bytes=io[1],
             allocation_s=alloc[0], peers_allocation_s=alloc[1],
             peer_wait_s=wait[0], peers_peer_wait_s=wait[1])
 
@@ -355,8 +410,11 @@ class RankAnalysis:
             ranks = sorted(job.facts)
             medians = [[job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
                        for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
+            io = [sum(b for t, _r, b in job.facts[r].blockio if t >= now - HOST_FACTS_S)
+                  for r in ranks]
             job.peers = PeerFacts(ranks, *(np.array(m, float) for m in medians),
-                                  [self._preemptions(job, job.facts[r], now) for r in ranks])
+                                  [self._preemptions(job, job.facts[r], now) for r in ranks],
+                                  np.array(io, float))
         return job.peers
 
     @staticmethod

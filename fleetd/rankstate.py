@@ -30,8 +30,16 @@ class RankFacts:
     preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))
     blockio: deque = field(default_factory=lambda: deque(maxlen=4096))      # (t, req, bytes)
     exited_at: float | None = None
+    crashed: bool | None = None         # it exited failing (a signal, a non-zero status); None:
+                                        # how it ended is not known (seen gone at a rescan)
     aborted_at: float | None = None     # it aborted its communicator: NCCL failed in it
     idle_caused_s: float = 0.0
+
+    def gave_up_at(self) -> float | None:
+        """When it stopped waiting on its collectives: it aborted its communicator (NCCL failed,
+        or timed out), or exited failing."""
+        times = [self.aborted_at, self.exited_at if self.crashed else None]
+        return min((t for t in times if t is not None), default=None)
 
     @staticmethod
     def median(values: deque) -> float | None:
@@ -90,13 +98,14 @@ class Verdict:
 @dataclass
 class PeerFacts:
     """Per rank of a job (in ``ranks`` order): median self-work, allocation and peer-wait
-    (seconds, NaN where unmeasured) and who else took its CPU."""
+    (seconds, NaN where unmeasured), who else took its CPU, and its recent block I/O (bytes)."""
 
     ranks: list[int]
     work: np.ndarray
     alloc: np.ndarray
     wait: np.ndarray
     preemptions: list[dict]
+    io: np.ndarray
 
     @staticmethod
     def own_and_others(values: np.ndarray, at: int) -> tuple[float | None, float | None]:

@@ -218,8 +218,8 @@ class FleetServer:
         if fresh:
             self.metrics.batches.inc()
             self.metrics.events.inc(len(push.events))
-            self.clocks.observe(push.node, push.clock)
-            self.ranks.observe(push, self.clocks.offset(push.node), time.time())
+            self.clocks.observe(push.node, push.clock, push.host_boot)
+            self.ranks.observe(push, time.time())
             if self.forwarder is not None:
                 self.forwarder.add_push(push, recv_at, self.clocks.offsets.get(push.node))
             log.debug("accepted push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)

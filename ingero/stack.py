@@ -92,8 +92,10 @@ class Stack:
     ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
     be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
     fleetd listens on ``fleet_host``; ``shards`` > 1 runs that many fleetds (``--shard K/N``,
-    each forwarding to echod) and gives the agents all their endpoints. echod's directory
-    (``echod_root``, by default under ``root``) must be reachable by the postgres user."""
+    each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
+    lets each agent trace every process of the host, as with one real node (a real srun's
+    ranks carry no sim host label). echod's directory (``echod_root``, by default under
+    ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
                  hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
@@ -101,10 +103,11 @@ class Stack:
                  agent_flags: tuple = (), fleet_flags: tuple = (),
                  echod_root: Path | None = None, fleet_host: str = "127.0.0.1",
                  agent_prefix: dict[int, tuple[str, ...]] | None = None, shards: int = 1,
-                 say=lambda line: None):
+                 sim_hosts: bool = True, say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
+        self.sim_hosts = sim_hosts
         self.agent_prefix = agent_prefix or {}
         self.keys = KeyRing.create(root / "keys")
         self.daemons: list[Daemon] = []
@@ -152,7 +155,8 @@ class Stack:
         return self._start(f"ingerod-node{node}", "ingerod", [
             "--config", "/dev/null", "--source", "ebpf", "--libraries", libraries,
             "--fleet", ",".join(self.endpoints), "--node", f"node{node}", "--cluster", "sim",
-            "--match-env", f"INGERO_SIM_NODE={node}", "--push-interval", str(self.push_s),
+            *(("--match-env", f"INGERO_SIM_NODE={node}") if self.sim_hosts else ()),
+            "--push-interval", str(self.push_s),
             "--rescan-interval", "0.2", "--metrics-addr", "none",
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),

@@ -26,7 +26,7 @@ from .vocabulary import SIGNALS
 
 MAGIC = b"INGR"
 MAJOR = 1
-MINOR = 1
+MINOR = 2
 _HEADER = struct.Struct("!4sBBBB")
 HEADER_SIZE = _HEADER.size
 
@@ -42,7 +42,8 @@ STATES = ("calibrating", "active", "idle")
 ATTR_TYPES: dict[str, type] = {
     **dict.fromkeys(("rank", "comm_rank", "nranks", "seq", "pid", "local_rank", "world_size",
                      "count", "bytes", "duration_ns", "requests", "preempted_ns",
-                     "preemptor_pid", "preemptor_tgid", "peer", "root", "covered_ts_ns"), int),
+                     "preemptor_pid", "preemptor_tgid", "peer", "root", "covered_ts_ns",
+                     "exit_status", "signal"), int),
     **dict.fromkeys(("comm_hash", "op", "role", "preemptor_comm", "preemptor_job"), str),
     **dict.fromkeys(("peer_wait", "preemptor_own", "in_group"), bool),
 }
@@ -304,6 +305,8 @@ class Push(Message):
     job_nodes: int | None = None
     events: list[dict] = field(default_factory=list)
     clock: list[float] | None = None
+    host_boot: str | None = None       # the host's boot id: a new one, a new clock estimate
+
     def job_of(self, event: dict) -> str | None:
         """An event's Slurm job: its process's (a node-wide agent traces several jobs), else
         the agent's own --job."""
@@ -314,7 +317,7 @@ class Push(Message):
         "boot_id": check_text, "score": _unit, "signals": check_signals, "state": _state,
         "sent_at": _seconds, "interval": _interval, "job": _optional(check_text),
         "job_nodes": _optional(_count), "events": _event_list,
-        "clock": _optional(_clock_sample),
+        "clock": _optional(_clock_sample), "host_boot": _optional(check_text),
     }
 
 

@@ -39,6 +39,7 @@ from .sources import open_source
 log = logging.getLogger("ingerod")
 
 MAX_PENDING_EVENTS = wire.MAX_EVENTS * 16
+HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 QUIET_PUSHES = 5   # push intervals without a push to a shard before its rank verdicts lapse
 POLL_CAP = 0.1
 
@@ -54,6 +55,15 @@ def queue_dir(cfg: SimpleNamespace) -> Path | None:
 def shard_queue(directory: Path | None, shard: int) -> Path | None:
     """Shard 0's pushes where an unsharded agent's are; shard K's beside them, in shard-K/."""
     return directory if directory is None or shard == 0 else directory / f"shard-{shard}"
+
+
+def host_boot(path: Path = HOST_BOOT_ID) -> str | None:
+    """The host's boot id: fleetd starts its estimate of this node's clock afresh when it
+    changes (a reboot may step the clock; the agent's own stream goes on across it)."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def same_stream(identity: dict | None, boot_id: str) -> bool:
@@ -102,6 +112,7 @@ class Agent:
         restored = [queue.restore() for queue in queues]
         stranded(queue_dir(cfg), len(cfg.fleet))
         self.boot_id = resume([i for i, _ in restored], cfg.fleet)["boot_id"]
+        self.host_boot = host_boot()
         stream = [i for i, _ in restored if same_stream(i, self.boot_id)]
         self.health = HealthModel(cfg.warmup)
         self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
@@ -235,7 +246,7 @@ class Agent:
         push = wire.Push(link.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
                          self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
-                         link.exchange)
+                         link.exchange, self.host_boot)
         link.seq += 1
         return push
 

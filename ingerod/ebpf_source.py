@@ -69,6 +69,7 @@ class EbpfSource:
         self.next_rescan = now
         self.counting_launches = True
         self.exits: list[dict] = []           # traced processes seen gone since the last sample
+        self.exit_seen: set[int] = set()      # processes whose exit the kernel reported
         self.thread_groups: dict[int, int] = {}  # tid → tgid of the tasks that preempted targets
         self.preload()
         self.rescan(now)
@@ -92,14 +93,13 @@ class EbpfSource:
         """Follow processes that come and go, and attach libraries loaded late."""
         found = scan(self.proc, known=self.processes)
         for pid in found.keys() - self.processes.keys():
-            p = found[pid]
-            if self.wanted(p):
-                log.info("tracing pid %d (%s) job %s rank %s, %s%s", pid, p.comm, p.job, p.rank,
-                         p.role, f" of pid {p.owner}" if p.owner else "")
+            self._say_tracing(found[pid])
         for pid in self.processes.keys() - found.keys():
             if self.wanted(self.processes[pid]):
                 log.info("pid %d (%s) is gone", pid, self.processes[pid].role)
-                self.exits.append(self._host_event("process_exit", pid, time.time(), {}))
+                if pid not in self.exit_seen:      # the kernel did not say (not followed yet)
+                    self.exits.append(self._host_event("process_exit", pid, time.time(), {}))
+            self.exit_seen.discard(pid)
             self.outstanding_bytes.pop(pid, None)
             self.departed[pid] = (self.processes[pid], now)
         for pid, (_p, since) in list(self.departed.items()):
@@ -126,9 +126,15 @@ class EbpfSource:
         if known is None:
             known = self.processes[pid] = identify(self.proc, pid)
             roles(self.processes, self.proc)
+            self._say_tracing(known)
             if not self.wanted(known):
                 self.follow()
         return known
+
+    def _say_tracing(self, p: TracedProcess) -> None:
+        if self.wanted(p):
+            log.info("tracing pid %d (%s) job %s rank %s, %s%s", p.pid, p.comm, p.job, p.rank,
+                     p.role, f" of pid {p.owner}" if p.owner else "")
 
     def tags(self, process: TracedProcess) -> dict:
         owner = None if process.owner is None else self.process(process.owner)
@@ -153,6 +159,8 @@ class EbpfSource:
 
     def _on_event(self, raw) -> None:
         event = decode(raw)
+        if event["kind"] == "process_exit":
+            self.exit_seen.add(event["pid"])
         if len(self.buffered) == self.buffered.maxlen:
             self.dropped += 1
         self.buffered.append(event)

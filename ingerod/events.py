@@ -11,7 +11,7 @@ import ctypes
 from ingero.vocabulary import COPY_DIRECTIONS
 
 KINDS = {1: "collective", 2: "comm_init", 3: "comm_destroy", 4: "sync", 5: "alloc", 6: "free",
-         7: "memcpy"}
+         7: "memcpy", 8: "process_exit"}
 
 OPS = {
     1: "ncclAllReduce", 2: "ncclAllGather", 3: "ncclReduceScatter", 4: "ncclReduce",
@@ -50,8 +50,9 @@ class RawEvent(ctypes.Structure):
 def decode(raw: RawEvent) -> dict:
     """A flat dict of what the event says, with names instead of codes."""
     kind = KINDS.get(raw.kind, str(raw.kind))
-    event = {"kind": kind, "op": OPS.get(raw.op, str(raw.op)), "ts_ns": raw.ts,
-             "pid": raw.pid, "tid": raw.tid}
+    event = {"kind": kind, "ts_ns": raw.ts, "pid": raw.pid, "tid": raw.tid}
+    if raw.op:
+        event["op"] = OPS.get(raw.op, str(raw.op))
     if kind == "collective":
         event.update(comm_hash=f"{raw.comm_hash:016x}", seq=raw.seq, comm_rank=raw.rank,
                      nranks=raw.nranks, count=raw.count, bytes=raw.bytes,
@@ -75,6 +76,12 @@ def decode(raw: RawEvent) -> dict:
     elif kind in ("alloc", "free"):
         event.update(bytes=raw.bytes, addr=f"{raw.addr:#x}", duration_ns=raw.duration,
                      result=raw.result)
+    elif kind == "process_exit" and raw.result >= 0:   # -1: how it ended is not known
+        status = raw.result & 0xFFFF          # as wait(2) reports it
+        if status & 0x7F:
+            event["signal"] = status & 0x7F
+        else:
+            event["exit_status"] = status >> 8
     elif kind == "memcpy":
         event.update(bytes=raw.bytes, direction=COPY_KINDS.get(raw.datatype, str(raw.datatype)),
                      duration_ns=raw.duration)

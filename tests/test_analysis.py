@@ -144,6 +144,25 @@ def test_a_healthy_job_with_jitter_gets_no_finding(ranks, seed, jitter):
     assert judge(job(200, ranks, seed, jitter)).findings == []
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 2**32 - 1), st.floats(0.01, 0.5))
+def test_half_the_job_late_together_is_named_whole(nodes, seed, delay):
+    """2·nodes nodes of four ranks, the second half all late by the same amount: the MAD of
+    the ranks' median lags is that delay itself, yet the late half is named, and only it."""
+    ranks = 8 * nodes
+    entries = job(40, ranks, seed)
+    entries[:, ranks // 2:] += delay
+    found = judge(entries)
+    assert set(kinds(found)) == set(range(ranks // 2, ranks))
+    assert all(abs(f.lag_p50_s - delay) < 0.002 for f in found.findings)
+
+
+def test_a_late_majority_is_not_named_and_its_early_minority_not_either():
+    entries = job(40, 8)
+    entries[:, 3:] += 0.1       # five of eight behind three: the three are early
+    assert judge(entries).findings == []
+
+
 def test_too_few_instances_are_not_judged():
     entries = job(LagPolicy().min_instances - 1, 4)
     entries[:, 0] += 1.0
@@ -212,6 +231,10 @@ def test_symmetric_legs_give_the_offset_exactly():
     (causes.Facts(self_work_s=0.009, peers_self_work_s=0.006, self_work_samples=20), "slow_gpu"),
     (causes.Facts(preemptions={("ingero-hog", 4242): 40}), "host_preemption"),
     (causes.Facts(blockio_requests=5000, blockio_bytes=2**30), "io"),
+    (causes.Facts(blockio_requests=200, blockio_bytes=2**25, peers_blockio_bytes=2**21), "io"),
+    (causes.Facts(blockio_requests=5000, blockio_bytes=2**30, peers_blockio_bytes=2**29),
+     "host_work"),                        # every rank reads its input alike: no cause
+    (causes.Facts(blockio_bytes=2**22, peers_blockio_bytes=0), "host_work"),   # too little
     (causes.Facts(allocation_s=0.02, peers_allocation_s=0.001), "allocation"),
     (causes.Facts(self_work_s=0.0061, peers_self_work_s=0.006, self_work_samples=20,
                   preemptions={("python3", 7): 2}), "host_work"),
@@ -232,3 +255,13 @@ def test_severity_is_the_lag_against_the_step():
     assert causes.severity(0.29, 0.02) == "critical"
     assert causes.severity(0.003, 0.02) == "major"
     assert causes.severity(0.001, 0.02) == "minor"
+
+
+def test_a_small_stall_every_k_steps_that_costs_little_of_them_is_not_named():
+    """Every rank stalls at its epoch boundaries (workers respawning), one a little more: 10 ms
+    every 10 steps of 100 ms is 1% of them, noise; 80 ms is 8%, a straggler."""
+    entries = np.arange(40)[:, None] * 0.1 + np.random.default_rng(3).uniform(0, 0.001, (40, 8))
+    entries[::10, 4] += 0.010
+    assert judge(entries).findings == []
+    entries[::10, 4] += 0.070
+    assert kinds(judge(entries)) == {4: "periodic"}

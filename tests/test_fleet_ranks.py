@@ -43,15 +43,26 @@ def steps(ranks, first: int, last: int, late=lambda rank, step: 0.0, skew: float
             for s in range(first, last) for r in ranks]
 
 
+def exchanged(ra: RankAnalysis, node: str, offset: float, t: float = T0,
+              round_trip: float = 0.0002) -> None:
+    """One push/reply exchange of ``node`` whose clock is ``offset`` ahead of fleetd's, its
+    legs equally long."""
+    half = round_trip / 2
+    ra.clocks.observe(node, [t - half + offset, t, t, t + half + offset])
+
+
 def feed(ra: RankAnalysis, late=lambda rank, step: 0.0, until: int = 60, skew: float = 0.0,
          offset: float = 0.0, **kw) -> list:
-    """Two nodes of four ranks, ten steps a push, a tick after each."""
+    """Two nodes of four ranks, ten steps a push, a tick after each; n1's clock ``skew``
+    ahead, and its offset measured as ``offset`` (unless the test measured it already)."""
+    for node, ahead in (("n0", 0.0), ("n1", offset)):
+        if ra.clocks.at(node) is None:
+            exchanged(ra, node, ahead)
     changed = []
     for first in range(0, until, 10):
         now = T0 + (first + 10) * STEP + 0.3
-        ra.observe(push("n0", steps(range(4), first, first + 10, late, **kw)), 0.0, now)
-        ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew, **kw)),
-                   offset, now)
+        ra.observe(push("n0", steps(range(4), first, first + 10, late, **kw)), now)
+        ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew, **kw)), now)
         changed += ra.tick(now)
     return changed
 
@@ -97,7 +108,7 @@ def test_a_skewed_node_s_clock_is_corrected_before_ranks_are_compared():
 
 def test_a_loose_clock_estimate_lowers_the_confidence_and_says_why():
     ra = analysis()
-    ra.clocks.observe("n1", [100.0, 100.0, 100.0, 100.05])      # a 50 ms round trip
+    exchanged(ra, "n1", 0.0, round_trip=0.05)                   # a 50 ms round trip
     feed(ra, late=lambda r, s: 0.04 if r == 5 else 0.0)
     (verdict,) = ra.active()
     assert verdict.confidence == "low" and verdict.evidence["clock_uncertainty_ms"] == 25.0
@@ -106,26 +117,43 @@ def test_a_loose_clock_estimate_lowers_the_confidence_and_says_why():
 
 def test_a_lag_its_clock_could_explain_is_not_named():
     ra = analysis()
-    ra.clocks.observe("n1", [100.0, 100.0, 100.0, 100.05])      # n1 known to ±25 ms
+    exchanged(ra, "n1", 0.0, round_trip=0.05)                   # n1 known to ±25 ms
     feed(ra, late=lambda r, s: 0.02 if r == 5 else 0.0)
     assert ra.active() == []
-    ra = analysis()                                              # n1's clock never measured
+    ra = analysis()                                              # n1's clock known tightly
     feed(ra, late=lambda r, s: 0.02 if r == 5 else 0.0)
     assert [v.rank for v in ra.active()] == [5]
+
+
+def test_a_node_whose_clock_is_not_known_yet_is_compared_with_no_other():
+    """n1 runs 20 ms ahead and has not exchanged a push yet: its ranks' entries look 20 ms
+    late, and are not judged across nodes until its offset is known; then they are, on
+    fleetd's clock, and a rank truly late is named."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    ra.observe(push("n0", steps(range(4), 0, 40)), T0 + 2.5)
+    ra.observe(push("n1", steps(range(4, 8), 0, 40, skew=0.02)), T0 + 2.5)
+    assert ra.tick(T0 + 2.5) == [] and ra.pending_lag and \
+        {row["rank"] for row in ra.take_rows()[1]} <= set(range(4)), "n1 not compared"
+    exchanged(ra, "n1", 0.02, T0 + 2.6)
+    late = lambda r, s: 0.05 if r == 6 else 0.0  # noqa: E731
+    ra.observe(push("n0", steps(range(4), 40, 80, late)), T0 + 4.5)
+    ra.observe(push("n1", steps(range(4, 8), 40, 80, late, skew=0.02)), T0 + 4.5)
+    assert [(v.rank, round(v.lag_p50_s, 3)) for v in ra.tick(T0 + 4.5)] == [(6, 0.05)]
 
 
 def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits():
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
-    ra.observe(push("n0", events), 0.0, T0)
+    ra.observe(push("n0", events), T0)
     assert ra.tick(T0 + 10 * STEP + 1.0) == []           # inside the timeout
     assert ra.tick(T0 + 10 * STEP + 2.5) == []           # n0 has not reported since
-    ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + 2.0)
+    ra.observe(push("n0", []), T0 + 10 * STEP + 2.0)
     hung = ra.tick(T0 + 10 * STEP + 2.5)
     assert [(v.rank, v.kind, v.op) for v in hung] == [(3, "hang", "ncclAllReduce")]
     assert "never entered ncclAllReduce #10" in hung[0].findings[0]
     ra.observe(push("n0", [{"id": "n:x", "t": T0 + 1, "kind": "process_exit",
-                            "attrs": {"rank": 3, "job": "42", "pid": 1003}}]), 0.0, T0 + 3)
+                            "attrs": {"rank": 3, "job": "42", "pid": 1003}}]), T0 + 3)
     dead = ra.tick(T0 + 10 * STEP + 3.0)
     assert [(v.rank, v.kind, v.cause) for v in dead if v.cleared is None] == [(3, "died", "died")]
 
@@ -140,19 +168,19 @@ def test_a_lost_last_entry_is_no_hang_once_every_rank_that_entered_has_exited():
     other rank has exited since. No one waits on rank 3, whose own exit was not heard."""
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
-    ra.observe(push("n0", events + exits([r for r in range(8) if r != 3], T0 + 0.6)), 0.0, T0)
+    ra.observe(push("n0", events + exits([r for r in range(8) if r != 3], T0 + 0.6)), T0)
     for late in (2.5, 5.0, 9.0):
-        ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + late - 0.5)
+        ra.observe(push("n0", []), T0 + 10 * STEP + late - 0.5)
         assert ra.tick(T0 + 10 * STEP + late) == []
 
 
 def test_a_hang_named_while_its_peers_waited_stays_named_after_they_exit():
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
-    ra.observe(push("n0", events), 0.0, T0)
-    ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + 2.0)
+    ra.observe(push("n0", events), T0)
+    ra.observe(push("n0", []), T0 + 10 * STEP + 2.0)
     (hung,) = ra.tick(T0 + 10 * STEP + 2.5)
-    ra.observe(push("n0", exits([r for r in range(8) if r != 3], T0 + 3.2)), 0.0, T0 + 3.3)
+    ra.observe(push("n0", exits([r for r in range(8) if r != 3], T0 + 3.2)), T0 + 3.3)
     for late in (3.5, 4.5, 5.5, 6.5):
         ra.tick(T0 + 10 * STEP + late)
     assert (hung.kind, hung.cleared) == ("hang", None) and hung in ra.active()
@@ -163,17 +191,74 @@ def test_a_missing_rank_that_aborted_its_communicator_is_named_dead():
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 6], 10, 11)
     events.append({"id": "n:a", "t": T0 + 0.52, "kind": "comm_destroy", "attrs": {
         "op": "ncclCommAbort", "comm_hash": COMM, "comm_rank": 6, "rank": 6, "job": "42"}})
-    ra.observe(push("n0", events), 0.0, T0)
-    ra.observe(push("n0", []), 0.0, T0 + 10 * STEP + 2.0)
+    ra.observe(push("n0", events), T0)
+    ra.observe(push("n0", []), T0 + 10 * STEP + 2.0)
     (dead,) = ra.tick(T0 + 10 * STEP + 2.5)
     assert (dead.rank, dead.kind) == (6, "died")
     assert "aborted its NCCL communicator" in dead.findings[0]
 
 
+def crash(rank: int, t: float, **how) -> dict:
+    return {"id": f"n:c{rank}", "t": t, "kind": "process_exit",
+            "attrs": {"rank": rank, "job": "42", "pid": 1000 + rank, **how}}
+
+
+def aborts(ranks, t: float) -> list[dict]:
+    return [{"id": f"n:a{r}", "t": t, "kind": "comm_destroy", "attrs": {
+        "op": "ncclCommAbort", "comm_hash": COMM, "comm_rank": r, "rank": r, "job": "42"}}
+        for r in ranks]
+
+
+def test_a_rank_that_crashed_while_its_peers_wait_is_dead_at_once():
+    ra = analysis(hang_timeout=30.0)
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
+    ra.observe(push("n0", events + [crash(3, T0 + 0.45, signal=9)]), T0 + 0.6)
+    (dead,) = ra.tick(T0 + 0.7)                           # not 30 s later
+    assert (dead.rank, dead.kind) == (3, "died") and "exited failing" in dead.findings[0]
+
+
+def test_a_rank_that_exited_with_status_0_while_its_peers_wait_is_not_dead_at_once():
+    ra = analysis(hang_timeout=30.0)
+    events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
+    ra.observe(push("n0", events + [crash(3, T0 + 0.45, exit_status=0)]), T0 + 0.6)
+    assert ra.tick(T0 + 0.7) == []
+
+
+def test_a_hang_the_peers_gave_up_on_is_named_when_they_give_up_not_after_the_timeout():
+    """The peers' NCCL timeout (here 3 s) is shorter than fleetd's hang timeout (30 s): they
+    abort and exit failing. Rank 3, which never came, is named hung then; and hung it stays
+    when the launcher kills it afterwards."""
+    ra = analysis(hang_timeout=30.0)
+    peers = [r for r in range(8) if r != 3]
+    events = steps(range(8), 0, 10) + steps(peers, 10, 11)
+    ra.observe(push("n0", events), T0 + 1.0)
+    assert ra.tick(T0 + 2.0) == []
+    ra.observe(push("n0", aborts(peers, T0 + 3.5)
+                    + [crash(r, T0 + 3.6, exit_status=3) for r in peers]), T0 + 3.7)
+    assert ra.tick(T0 + 3.8) == [], "what n0 saw of rank 3 until then may be on its way"
+    ra.observe(push("n0", []), T0 + 4.8)
+    (hung,) = ra.tick(T0 + 4.9)
+    assert (hung.rank, hung.kind) == (3, "hang") and "gave up after waiting" in hung.findings[0]
+    ra.observe(push("n0", [crash(3, T0 + 9.0, signal=9)]), T0 + 9.1)
+    for t in (9.2, 10.0, 11.0):
+        ra.tick(T0 + t)
+    assert (hung.kind, hung.cleared) == ("hang", None)
+
+
+def test_a_rank_that_died_before_its_peers_gave_up_is_dead():
+    ra = analysis(hang_timeout=30.0)
+    peers = [r for r in range(8) if r != 3]
+    events = steps(range(8), 0, 10) + steps(peers, 10, 11) + [crash(3, T0 + 0.45)]  # how?
+    ra.observe(push("n0", events + aborts(peers, T0 + 3.5)), T0 + 3.7)
+    ra.observe(push("n0", []), T0 + 4.8)
+    (dead,) = ra.tick(T0 + 4.9)
+    assert (dead.rank, dead.kind) == (3, "died")
+
+
 def test_a_silent_node_s_missing_rank_is_named_after_twice_the_timeout():
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
-    ra.observe(push("n0", events), 0.0, T0)
+    ra.observe(push("n0", events), T0)
     assert ra.tick(T0 + 10 * STEP + 3.0) == []
     (hung,) = ra.tick(T0 + 10 * STEP + 4.5)
     assert hung.kind == "hang" and "n0 has not reported since" in hung.findings[0]
@@ -183,7 +268,7 @@ def test_a_lost_entry_is_not_a_hang_when_the_rank_went_on():
     ra = analysis()
     events = [e for e in steps(range(8), 0, 20)
               if not (e["attrs"]["seq"] == 5 and e["attrs"]["comm_rank"] == 4)]
-    ra.observe(push("n0", events), 0.0, T0)
+    ra.observe(push("n0", events), T0)
     assert ra.tick(T0 + 20 * STEP + 5.0) == []
     (window,) = ra.jobs[("c", "42")].comms.values()
     assert window.incomplete == 1 and window.stalled(T0 + 100, 2.0) == []
@@ -197,7 +282,7 @@ def test_two_jobs_on_one_node_are_analysed_apart():
                         late=lambda r, s: 0.1 if r == 1 else 0.0)
                   + steps(range(4), first, first + 10, nranks=4, comm="b" * 16, job="2",
                           late=lambda r, s: 0.1 if r == 2 else 0.0))
-        ra.observe(push("node", events), 0.0, now)
+        ra.observe(push("node", events), now)
         ra.tick(now)
     assert sorted((v.job, v.rank) for v in ra.active()) == [("1", 1), ("2", 2)]
 
@@ -207,7 +292,7 @@ def test_the_agent_s_job_applies_to_events_without_one():
     events = steps(range(4), 0, 20, nranks=4, late=lambda r, s: 0.1 if r == 0 else 0.0)
     for e in events:
         del e["attrs"]["job"]
-    ra.observe(push("node", events, job="77"), 0.0, T0)
+    ra.observe(push("node", events, job="77"), T0)
     ra.tick(T0 + 1)
     assert [(v.job, v.rank) for v in ra.active()] == [("77", 0)]
 
@@ -216,7 +301,7 @@ def test_unknown_communicators_and_point_to_point_are_kept_out_of_alignment():
     ra = analysis()
     unknown = steps(range(4), 0, 20, nranks=4, comm="0" * 16)
     p2p = steps(range(4), 0, 20, nranks=4, op="ncclSend", late=lambda r, s: 1.0)
-    ra.observe(push("node", unknown + p2p), 0.0, T0)
+    ra.observe(push("node", unknown + p2p), T0)
     ra.tick(T0 + 5)
     assert ra.unaligned == len(unknown) and ra.active() == []
     assert all(job.comms == {} for job in ra.jobs.values())
@@ -227,7 +312,7 @@ def test_a_slow_gpu_is_named_by_its_self_work():
     syncs = [{"id": "s", "t": T0, "kind": "sync", "attrs": {
         "rank": r, "job": "42", "duration_ns": 9_000_000 if r == 6 else 6_000_000,
         "peer_wait": False}} for r in range(8) for _ in range(10)]
-    ra.observe(push("n1", syncs), 0.0, T0)
+    ra.observe(push("n1", syncs), T0)
     feed(ra)
     assert [(v.rank, v.kind, v.cause) for v in ra.active()] == [(6, "slow_gpu", "slow_gpu")]
 
@@ -240,7 +325,7 @@ def test_preemption_by_another_process_is_the_cause_and_names_it():
     own = [{"id": "q", "t": T0 + 1, "kind": "preempted", "attrs": {
         "rank": r, "job": "42", "preemptor_pid": 1000 + r, "preemptor_comm": "rank-thread",
         "count": 50, "preemptor_own": True}} for r in range(8)]
-    ra.observe(push("n0", hog + own), 0.0, T0 + 1)
+    ra.observe(push("n0", hog + own), T0 + 1)
     feed(ra, late=lambda r, s: 0.02 if r == 2 else 0.0)
     (verdict,) = ra.active()
     assert verdict.cause == "host_preemption" and "ingero-hog (pid 4242" in verdict.findings[0]
@@ -253,7 +338,7 @@ def test_ranks_of_the_same_job_crowding_each_other_are_not_another_process():
     crowd = [{"id": "p", "t": T0 + 1, "kind": "preempted", "attrs": {
         "rank": 2, "job": "42", "preemptor_pid": 5000, "preemptor_tgid": 1003,
         "preemptor_comm": "ingero-sim-rank", "count": 40, "preemptor_own": False}}]
-    ra.observe(push("n0", crowd), 0.0, T0 + 1)
+    ra.observe(push("n0", crowd), T0 + 1)
     feed(ra, late=lambda r, s: 0.02 if r == 2 else 0.0)
     (verdict,) = ra.active()
     assert verdict.cause == "host_work" and verdict.evidence["preemptions"] == []
@@ -274,22 +359,60 @@ def test_comm_window_aligns_out_of_order_entries_and_settles_complete_instances(
 def test_clock_book_keeps_the_best_round_trips():
     book = ClockBook()
     book.observe("n", [100.25, 100.0, 100.001, 100.252])        # symmetric: offset 0.25
-    book.observe("n", [101.25, 101.3, 101.301, 101.302])        # a slow, lopsided leg
+    book.observe("n", [101.25, 101.04, 101.041, 101.293])       # a slow, lopsided leg
     assert book.offset("n") == pytest.approx(0.25, abs=0.03)
-    assert book.offset("unknown") == 0.0
+    assert book.offset("unknown") == 0.0 and book.at("unknown") is None
+
+
+def drifting_exchanges(seconds: int, ppm: float, seed: int = 1):
+    """A clock 20 ms ahead and drifting: an exchange a second, each leg 0.1 to 3 ms long."""
+    rng = np.random.default_rng(seed)
+    for second in range(seconds):
+        t1 = 1000.0 + second
+        truth = 0.02 + ppm * 1e-6 * second
+        up, down = rng.uniform(0.0001, 0.003, 2)
+        yield t1, truth, [t1 - up + truth, t1, t1 + 0.0001, t1 + 0.0001 + down + truth]
+
+
+def test_a_drifting_clock_s_offset_is_within_its_stated_uncertainty():
+    """20 ppm over ten minutes moves the offset 12 ms: the line through the best exchanges
+    keeps up, and says how sure it is; the median of the best recent ones would be ms off."""
+    book = ClockBook()
+    for t1, truth, times in drifting_exchanges(600, 20.0):
+        book.observe("n", times)
+        known = book.at("n")
+        if t1 >= 1030:
+            assert abs(known.offset_at(t1) - truth) <= known.uncertainty_at(t1), t1
+    assert known.drift == pytest.approx(20e-6, abs=3e-6)
+    assert known.uncertainty_at(t1) < 0.002
+    later = t1 + 60                                              # no exchange for a minute
+    assert abs(known.offset_at(later) - (0.02 + 20e-6 * 660)) <= known.uncertainty_at(later)
+    assert known.uncertainty_at(later) > known.uncertainty_at(t1)
+
+
+def test_a_clock_estimate_starts_afresh_on_a_new_boot_or_a_stepped_clock():
+    book = ClockBook()
+    for _t1, _truth, times in drifting_exchanges(60, 0.0):
+        book.observe("n", times, host_boot="boot-a")
+    assert book.at("n").samples == 60
+    book.observe("n", [1100.5, 1100.0, 1100.0001, 1100.5003], host_boot="boot-b")
+    assert book.at("n").samples == 1 and book.offset("n") == pytest.approx(0.5, abs=0.001)
+    book.observe("n", [1101.2, 1101.0, 1101.0001, 1101.2003], host_boot="boot-b")   # NTP step
+    assert book.at("n").samples == 1 and book.offset("n") == pytest.approx(0.2, abs=0.001)
+    assert book.resets == 2
 
 
 def test_a_tick_over_many_jobs_lets_fleetd_serve_between_them():
     ra = analysis()
     late = lambda r, s: 0.05 if r == 5 else 0.0       # noqa: E731
     for job in ("1", "2", "3"):
-        ra.observe(push("n0", steps(range(8), 0, 30, late, job=job)), 0.0, T0 + 2)
+        ra.observe(push("n0", steps(range(8), 0, 30, late, job=job)), T0 + 2)
     served = []
 
     def between():            # fleetd answers a push meanwhile, which names a fourth job
         served.append(len(served))
         if len(served) == 1:
-            ra.observe(push("n1", steps(range(8), 0, 30, late, job="4")), 0.0, T0 + 2)
+            ra.observe(push("n1", steps(range(8), 0, 30, late, job="4")), T0 + 2)
 
     changed = ra.tick(T0 + 2, between=between, every_s=0.0)
     assert len(served) == 3 and {v.job for v in changed} == {"1", "2", "3"}
@@ -308,7 +431,7 @@ def test_a_rank_named_periodic_is_not_renamed_persistent_by_two_stray_late_steps
 def test_a_job_whose_analysis_fails_costs_its_own_tick_only():
     ra = analysis()
     ra.observe(push("n9", steps(range(2), 0, 20, job="7", comm="00000000000000b7",
-                                nranks=2)), 0.0, T0)
+                                nranks=2)), T0)
     broken = ra.jobs[("c", "7")]
     broken.comms["00000000000000b7"].settle = None          # a bug in one job's state
     changed = feed(ra, late=lambda r, s: 0.29 if r == 5 and s >= 10 else 0.0)

@@ -190,6 +190,25 @@ def test_three_of_eight_at_once_each_with_its_own_cause(stack):
     assert found[1]["step"] <= 3, "slow from the first step: its onset is the start"
 
 
+def test_half_the_job_late_names_the_late_half(stack):
+    """node1's four ranks 100 ms late every step: a MAD bar over the eight ranks' median lags
+    (±100 ms) would sit at 440 ms and name nobody."""
+    result = stack.run(scenario("1013", steps=30, stragglers=[
+        {"rank": r, "kind": "host_delay", "delay_ms": 100, "from_step": 5} for r in range(4, 8)]))
+    assert result.ok, result.describe()
+    found = named(stack.verdicts("1013"))
+    assert set(found) == {4, 5, 6, 7}, found
+    assert {(v["node"], v["cause"]) for v in found.values()} == {("node1", "host_work")}
+    assert all(abs(v["lag_p50_ms"] - 100) <= 15 for v in found.values()), found
+
+
+def test_one_late_of_two_ranks_is_named(stack):
+    result = stack.run(scenario("1014", nodes=1, ranks_per_node=2, steps=30, stragglers=[
+        {"rank": 1, "kind": "host_delay", "delay_ms": 60}]))
+    assert result.ok, result.describe()
+    assert set(named(stack.verdicts("1014"))) == {1}
+
+
 def test_two_of_five_ranks_late_are_both_named(stack):
     result = stack.run(scenario("1008", nodes=1, ranks_per_node=5, steps=30, stragglers=[
         {"rank": 0, "kind": "host_delay", "delay_ms": 40},

@@ -1,53 +1,96 @@
-"""Verdicts on jobs as people launch them: srun, torchrun under srun, torchrun in the batch
-script, mpirun, and bare metal without Slurm. Each launcher tells its ranks who they are in
-its own variables (and torchrun's agent, which maps libcudart, is a process of the job that is
-no rank); the verdict must name the rank by its true RANK on the right node whatever the
-launcher.
+"""Verdicts on jobs as people run them, not as the sim's simplest job is.
 
-One stack serves the module (``ingero.stack``): echod, fleetd and four node-wide ingerods (no
---job, as the shipped unit runs them), one per simulated node, told apart by the sim's host
-label. Each test runs sim jobs of 4 nodes × 4 ranks through it and reads the answers back from
-echod's API, as ``ingero report`` does.
+Launchers: srun, torchrun under srun, torchrun in the batch script, mpirun, and bare metal
+without Slurm. Each tells its ranks who they are in its own variables (and torchrun's agent,
+which maps libcudart, is a process of the job that is no rank); the verdict must name the rank
+by its true RANK on the right node whatever the launcher.
+
+Data-loader workers: forked from each rank at every epoch, mapping libcudart, inheriting the
+rank's environment, reading input and exiting at the epoch's end. Their CPU, I/O and exits are
+the rank's own: never a foreign preemptor, never the rank's death.
+
+Jobs that fail fast: a rank that crashes while its peers wait is dead at once; a rank that
+hangs while its peers' NCCL timeout is shorter than fleetd's hang timeout is named when they
+give up, after the job has failed; both stay in ``ingero report`` after the job.
+
+One stack serves the module (``ingero.stack``): echod, fleetd (its hang timeout the default
+30 s) and four node-wide ingerods (no --job, as the shipped unit runs them), one per simulated
+node, told apart by the sim's host label. Each test runs sim jobs through it and reads the
+answers back from echod's API, or from ``ingero report`` as a user runs it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 import sim
 from ingero import stack as stack_module
+from ingero.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
+from sim.records import read_record
 
 from .support import needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
 PUSH_S = 1.0
+HANG_TIMEOUT_S = 30.0          # fleetd's default
+NCCL_TIMEOUT_S = 6.0           # the peers' own, shorter
+WORKERS = {"workers": 2, "epoch_steps": 10, "worker_cpu_ms": 2}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     sim.build()
-    stack = stack_module.Stack(tmp_path_factory.mktemp("launchers"), 4, push_s=PUSH_S,
+    stack = stack_module.Stack(tmp_path_factory.mktemp("jobs"), 4, push_s=PUSH_S,
+                               hang_timeout_s=HANG_TIMEOUT_S,
                                echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
-                               echod_root=Path(tempfile.mkdtemp(prefix="echod-launchers-")))
+                               echod_root=Path(tempfile.mkdtemp(prefix="echod-jobs-")))
     yield stack
     assert stack.stop() == [0] * 6, stack.logs()
 
 
-def run(stack, job_id: str, launcher: str, stragglers=()) -> None:
-    scenario = scenarios.parse({"name": f"job-{job_id}", "stragglers": list(stragglers), "job": {
+def scenario(job_id: str, launcher: str, stragglers=(), **job) -> scenarios.Scenario:
+    return scenarios.parse({"name": f"job-{job_id}", "stragglers": list(stragglers), "job": {
         "nodes": 4, "ranks_per_node": 4, "steps": 30, "step_ms": 30, "launcher": launcher,
-        "allreduce_bytes": 1 << 20, "timeout_s": 30, "job_id": job_id}})
-    with Cluster(scenario, stack.root / f"job-{job_id}") as cluster:
+        "allreduce_bytes": 1 << 20, "timeout_s": 30, "job_id": job_id, **job}})
+
+
+def run(stack, job_id: str, launcher: str, stragglers=(), **job) -> None:
+    with Cluster(scenario(job_id, launcher, stragglers, **job),
+                 stack.root / f"job-{job_id}") as cluster:
         result = cluster.wait()
     assert result.ok, result.describe()
     time.sleep(3 * PUSH_S + 2)
+
+
+def report(stack, job: str) -> dict[int, dict]:
+    """``ingero report -j JOB --json`` as a user runs it: a row per rank."""
+    token = stack.root / "token"
+    token.write_text(stack.token + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGERO_")}
+    done = subprocess.run([sys.executable, "-m", "ingero", "report", "-j", job, "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=stack.root, env={
+                              **env, "HOME": str(stack.root), "INGERO_URL": stack.echod.url,
+                              "INGERO_TOKEN_FILE": str(token),
+                              "INGERO_CA_CERT": str(stack.echod.cert)})
+    assert done.returncode == 0, done.stderr
+    return {row["rank"]: row for row in json.loads(done.stdout)}
+
+
+def wall(monotonic_ns: int) -> float:
+    """A sim record's CLOCK_MONOTONIC time on this host's wall clock."""
+    return monotonic_ns / 1e9 - time.monotonic() + time.time()
 
 
 def verdicts(stack, job: str) -> dict[int, dict]:
@@ -71,3 +114,92 @@ def test_a_late_rank_is_named_by_its_true_rank_and_node_under_every_launcher(sta
     assert verdicts(stack, healthy) == {}
     if launcher not in ("srun", "mpirun"):    # torchrun's agent imports torch: libcudart
         assert all(", launcher" in agent.log() for agent in stack.agents), stack.logs()
+
+
+def test_with_data_loader_workers_a_host_delayed_rank_is_its_own_host_work(stack):
+    """Two workers per rank, forked anew every 10 steps, decoding on the same two CPUs as the
+    ranks: the ranks are preempted by workers all the time, their own and each other's, and
+    none of that is a foreign preemptor."""
+    run(stack, "2201", "torchrun", [{"rank": 5, "kind": "host_delay", "delay_ms": 80,
+                                     "from_step": 8}], nodes=2, **WORKERS)
+    found = verdicts(stack, "2201")
+    assert set(found) == {5}, ({r: (v["kind"], v["cause"], v["lag_p50_ms"], v["evidence"])
+                                for r, v in found.items()}, stack.logs())
+    assert found[5]["cause"] == "host_work", found[5]
+    assert all(", helper of pid" in agent.log() for agent in stack.agents[:2]), stack.logs()
+
+
+def test_a_rank_that_hangs_after_an_epoch_boundary_is_named_hung_not_dead(stack):
+    """Its workers finish the epoch's batches and exit after it stopped: those exits are not
+    its death."""
+    with Cluster(scenario("2202", "torchrun", [{"rank": 6, "kind": "hang", "at_step": 12}],
+                          nodes=2, steps=40, timeout_s=NCCL_TIMEOUT_S, **WORKERS),
+                 stack.root / "job-2202") as cluster:
+        cluster.wait()
+    assert wait_for(lambda: 6 in verdicts(stack, "2202"), 3 * PUSH_S + 2), stack.logs()
+    time.sleep(2 * PUSH_S)
+    found = verdicts(stack, "2202")
+    assert {r: v["kind"] for r, v in found.items()} == {6: "hang"}, found
+
+
+def test_a_rank_stalled_by_its_own_workers_reads_is_named_for_its_own_work_or_io(stack):
+    """Rank 5's workers read 4 MiB a batch (its peers' 256 KiB) from a slow store: it waits for
+    its data every step. Its workers' reads and CPU are its own, whatever they cost it."""
+    run(stack, "2203", "torchrun", [{"rank": 5, "kind": "slow_input", "delay_ms": 200,
+                                     "read_kb": 4096}], nodes=2, **WORKERS)
+    found = verdicts(stack, "2203")
+    assert set(found) == {5}, (found, stack.logs())
+    assert found[5]["cause"] in ("io", "host_work"), found[5]
+
+
+def test_a_rank_that_dies_while_its_peers_wait_is_named_dead_within_two_pushes(stack):
+    with Cluster(scenario("2301", "srun", [{"rank": 6, "kind": "die", "at_step": 10}],
+                          nodes=2, steps=40, timeout_s=NCCL_TIMEOUT_S),
+                 stack.root / "job-2301") as cluster:
+        dead = wait_for(lambda: verdicts(stack, "2301").get(6, {}).get("kind") == "died", 15)
+        result = cluster.wait()
+    assert dead, stack.logs()
+    assert result.rank(6).status == "died" and result.rank(0).status == "error"
+    last = read_record(result.rank(6).record_path).at_step(9)
+    raised = datetime.fromisoformat(verdicts(stack, "2301")[6]["raised"]).timestamp()
+    assert raised - wall(last["entry_ns"]) <= 2 * PUSH_S + 0.5, (raised, last)
+    time.sleep(2 * PUSH_S)
+    assert {r: v["kind"] for r, v in verdicts(stack, "2301").items()} == {6: "died"}
+    rows = report(stack, "2301")                        # after the job: still there
+    assert rows[6]["cause"] == "died", rows[6]
+
+
+def test_a_hang_cut_short_by_the_peers_nccl_timeout_is_named_after_the_job_failed(stack):
+    """The peers give up after 6 s, far inside fleetd's 30 s: the job fails, and rank 9, which
+    never arrived at the all-reduce of step 10, is named for it."""
+    with Cluster(scenario("2302", "torchrun", [{"rank": 9, "kind": "hang", "at_step": 10}],
+                          steps=40, timeout_s=NCCL_TIMEOUT_S), stack.root / "job-2302") as cluster:
+        result = cluster.wait()
+    assert result.rank(9).status == "killed" and result.rank(0).status == "error"
+    assert wait_for(lambda: 9 in verdicts(stack, "2302"), 3 * PUSH_S + 2), stack.logs()
+    time.sleep(2 * PUSH_S)
+    found = verdicts(stack, "2302")
+    assert {r: v["kind"] for r, v in found.items()} == {9: "hang"}, found
+    assert found[9]["node"] == "node2" and "never entered ncclAllReduce" in \
+        found[9]["findings"][0], found[9]
+    rows = report(stack, "2302")
+    assert rows[9]["cause"] == "hang", rows[9]
+
+
+def test_a_healthy_job_with_jitter_polled_while_it_runs_never_names_anyone(stack):
+    """16 ranks, each with up to 6 ms of random host time a step: what a user or an alert reads
+    from find_stragglers while the job runs (fleetd's verdicts and echod's own reading of the
+    stored events, some nodes' entries still on their way) must be as right as the end."""
+    named = []
+    with Cluster(scenario("2401", "srun", steps=300, step_ms=20, jitter_ms=6),
+                 stack.root / "job-2401") as cluster:
+        while any(rank.popen.poll() is None for rank in cluster.ranks):
+            time.sleep(1.0)
+            answer = stack.tool("find_stragglers", job="2401")
+            named += answer["verdicts"] + [r for r in answer["ranks"] if r["straggler"]]
+        result = cluster.wait()
+    assert result.ok, result.describe()
+    time.sleep(3 * PUSH_S + 2)
+    answer = stack.tool("find_stragglers", job="2401")
+    assert len(answer["ranks"]) == 16 and not [r for r in answer["ranks"] if r["straggler"]]
+    assert named + answer["verdicts"] == []

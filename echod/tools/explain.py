@@ -102,13 +102,13 @@ def explain(ctx: ToolContext, args: dict) -> dict:
     the same cause rules run on the stored evidence, strongest first: host_preemption (other
     processes preempted it often: not its own threads; or, weaker, a low cpu signal), slow_gpu
     (its syncs on its own kernels take 1.3 times its peers' or more; or, weaker, a low compute
-    signal), io (heavy block I/O by it), memory_pressure (low GPU memory headroom),
+    signal), io (heavy block I/O by it and its workers), memory_pressure (low GPU memory headroom),
     network_or_peer (it waits in collectives much longer than its peers: the delay comes from
     elsewhere), host_work (late with none of these: its own host code, such as data loading,
     Python or garbage collection); none when it is not late (its median entry lag is under the
     job's bar; see find_stragglers), unknown when none of its collectives could be compared.
     confidence is high, medium or low; fix is one line to try. Evidence: its lag against its
-    peers (the bar is median + 2·1.4826·MAD of the ranks' median lags), preemptions by
+    peers (the bar is fleetd's; see find_stragglers), preemptions by
     command, block I/O, its node's health score and signals, sync self-work against
     peer-wait, and fleetd's verdict when there is one. 404 when the job is not in the
     clusters you may see or has no such rank (a rank that took part in none of its compared

@@ -177,7 +177,8 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
                      {**where.params, "kinds": list(TIMELINE_KINDS), "limit": limit + 1})
         verdicts = read_verdicts(conn, sel)
         nodes = sorted({row[1] for row in found[:limit]} | {v["node"] for v in verdicts})
-        offsets = node_offsets(conn, sel, {(cluster, node) for node in nodes})
+        offsets = {key: offset for key, (offset, _) in
+                   node_offsets(conn, sel, {(cluster, node) for node in nodes}).items()}
     slices = sorted((slice_json(row, offsets.get((cluster, row[1]), 0.0))
                      for row in found[:limit]), key=lambda s: s["t"])
     return {"cluster": cluster, "job": sel.job,

@@ -21,15 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import Connection
 
-from ingero.analysis import Bar, LagStats, entry_lags, upper_bar
+from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 
 from .collectives import Communicator, communicators, rank_nodes, read_entries
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
 from .selection import Selection, Where, Window, rows
 
-LAG_K = 2.0                            # bar = median + k·1.4826·max(MAD, floor)
-LAG_MAD_FLOOR_S = 0.0005               # so ranks a hair apart flag nothing
-LAG_MIN_SAMPLES = 3
+POLICY = LagPolicy()                   # fleetd's
 
 
 @dataclass
@@ -49,6 +47,7 @@ class RankLag:
     waited: float               # GPU-seconds it waited itself
     straggler: bool = False
     lag_p99: float | None = None
+    slack: float = 0.0          # its node's clock uncertainty, seconds
 
 
 @dataclass
@@ -95,71 +94,97 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     jobs = {key: i for i, key in enumerate(dict.fromkeys((c.cluster, c.job) for c in comms))}
     job_of = np.array([jobs[(c.cluster, c.job)] for c in comms], np.int64)
     nodes = rank_nodes(conn, comms) if comms else {}
-    stats = None
+    stats, steps, clocks = None, {}, {}
     if comms:
         comm, seq, rank, t = read_entries(conn, sel, comms, stride)
-        t = t - clock_offsets_us(conn, sel, comms, nodes, comm, rank)
-        stats = entry_lags(comm, seq, rank, t, job_of)
+        clocks = node_offsets(conn, sel, {(cluster, node)
+                                          for (cluster, _job, _rank), node in nodes.items()})
+        t = t - clock_offsets_us(comms, nodes, clocks, comm, rank)
+        stats = entry_lags(comm, seq, rank, t, job_of,
+                           np.array([c.ranks for c in comms], np.int64))
+        steps = job_steps(comms, comm, seq, rank, t)
     ranks = rank_lag_rows(stats, comms, nodes) if stats else []
-    bars = job_bars(ranks)
+    bars = job_bars(ranks, steps)
     for r in ranks:
-        bar = bars[(r.cluster, r.job)]
-        r.straggler = bool(r.samples >= LAG_MIN_SAMPLES and r.lag_median > bar.bar)
+        r.slack = clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
+        r.straggler = bool(r.samples >= POLICY.min_instances
+                           and r.lag_median - r.slack > bars[(r.cluster, r.job)].bar)
     return Survey(ranks, bars, len(comms), sum(c.instances for c in comms),
                   stats.instances if stats else 0, stride,
                   int(stats.samples.sum()) if stats else 0)
 
 
-# Per node: the median offset fleetd reported in the window; where it reported none there (a
-# window shorter than its reporting period), the one reported nearest before it, else after.
+# Per node: the median offset (and uncertainty) fleetd reported in the window; where it
+# reported none there (a window shorter than its reporting period), the one reported nearest
+# before it, else after.
 NODE_OFFSETS = """
-SELECT n.cluster, n.node, coalesce(inside.value, before.value, after.value)
+SELECT n.cluster, n.node, coalesce(inside.value, before.value, after.value),
+       coalesce(inside.uncertainty, before.uncertainty, after.uncertainty)
 FROM unnest(CAST(:clusters AS text[]), CAST(:nodes AS text[])) AS n(cluster, node)
 CROSS JOIN LATERAL (
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.clock_offset) AS value
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.clock_offset) AS value,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY s.clock_uncertainty) AS uncertainty
     FROM health_scores s
     WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
       AND {window}) inside
 LEFT JOIN LATERAL (
-    SELECT s.clock_offset AS value FROM health_scores s
+    SELECT s.clock_offset AS value, s.clock_uncertainty AS uncertainty FROM health_scores s
     WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
       AND {before}
     ORDER BY s.t DESC LIMIT 1) before ON TRUE
 LEFT JOIN LATERAL (
-    SELECT s.clock_offset AS value FROM health_scores s
+    SELECT s.clock_offset AS value, s.clock_uncertainty AS uncertainty FROM health_scores s
     WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
       AND {after}
     ORDER BY s.t LIMIT 1) after ON TRUE
 """
 
 
-def node_offsets(conn: Connection, sel: Selection,
-                 named: set[tuple[str, str | None]]) -> dict[tuple[str, str], float]:
-    """(cluster, node) → its clock's offset from fleetd's, seconds: the median fleetd reported
-    with the node's scores in the selection's window, else the nearest one it reported before
-    or after the window (absent where it reported none)."""
+def node_offsets(conn: Connection, sel: Selection, named: set[tuple[str, str | None]]
+                 ) -> dict[tuple[str, str], tuple[float, float]]:
+    """(cluster, node) → its clock's offset from fleetd's and how far off that may be,
+    seconds: the median fleetd reported with the node's scores in the selection's window, else
+    the nearest it reported before or after the window (absent where it reported none)."""
     pairs = sorted((cluster, node) for cluster, node in named if node is not None)
     window = Where().within("s.t", sel.window)
     before = Where().within("s.t", Window(until=sel.window.until))
     after = Where().within("s.t", Window(since=sel.window.since))
     sql = NODE_OFFSETS.format(window=window.sql(), before=before.sql(), after=after.sql())
-    return {(cluster, node): offset for cluster, node, offset in rows(
-        conn, sql, {**window.params, "clusters": [c for c, _ in pairs],
-                    "nodes": [n for _, n in pairs]}) if offset is not None}
+    return {(cluster, node): (offset, uncertainty or 0.0)
+            for cluster, node, offset, uncertainty in rows(
+                conn, sql, {**window.params, "clusters": [c for c, _ in pairs],
+                            "nodes": [n for _, n in pairs]}) if offset is not None}
 
 
-def clock_offsets_us(conn: Connection, sel: Selection, comms: list[Communicator],
-                     nodes: dict[tuple, str], comm: np.ndarray, rank: np.ndarray) -> np.ndarray:
+def clock_offsets_us(comms: list[Communicator], nodes: dict[tuple, str],
+                     offsets: dict[tuple[str, str], tuple[float, float]], comm: np.ndarray,
+                     rank: np.ndarray) -> np.ndarray:
     """Per entry, its node's clock offset from fleetd's (µs; see node_offsets, 0 where fleetd
     reported none), to subtract so that every node's times compare."""
-    offsets = node_offsets(conn, sel, {(cluster, node)
-                                       for (cluster, _job, _rank), node in nodes.items()})
     if not offsets or not len(comm):
         return np.zeros(len(comm), np.int64)
     pairs, where = np.unique(np.stack([comm, rank]), axis=1, return_inverse=True)
     by_pair = np.array([round(offsets.get((comms[c].cluster, nodes.get(
-        (comms[c].cluster, comms[c].job, int(r)))), 0.0) * 1e6) for c, r in pairs.T], np.int64)
+        (comms[c].cluster, comms[c].job, int(r)))), (0.0, 0.0))[0] * 1e6)
+        for c, r in pairs.T], np.int64)
     return by_pair[where.ravel()]
+
+
+def job_steps(comms: list[Communicator], comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,
+              t: np.ndarray) -> dict[tuple[str, str], float]:
+    """Per job, the time between its collectives (seconds): per communicator and rank, the
+    span of its sampled entries over their sequence span; the median of those."""
+    spans: dict[tuple[str, str], list[float]] = defaultdict(list)
+    order = np.lexsort((seq, rank, comm))
+    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
+    if not len(comm):
+        return {}
+    edges = np.flatnonzero((comm[1:] != comm[:-1]) | (rank[1:] != rank[:-1])) + 1
+    for first, last in zip(np.r_[0, edges], np.r_[edges, len(comm)] - 1):
+        if seq[last] > seq[first]:
+            c = comms[comm[first]]
+            spans[(c.cluster, c.job)].append((t[last] - t[first]) / (seq[last] - seq[first]) / 1e6)
+    return {job: float(np.median(values)) for job, values in spans.items()}
 
 
 def rank_lag_rows(stats: LagStats, comms: list[Communicator],
@@ -176,12 +201,13 @@ def rank_lag_rows(stats: LagStats, comms: list[Communicator],
     return found
 
 
-def job_bars(ranks: list[RankLag]) -> dict[tuple[str, str], Bar]:
-    """Per job, the robust bar over its ranks' median lags."""
+def job_bars(ranks: list[RankLag], steps: dict[tuple[str, str], float]
+             ) -> dict[tuple[str, str], Bar]:
+    """Per job, the bar over its ranks' median lags: fleetd's (``lag_bar``)."""
     medians: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in ranks:
         medians[(r.cluster, r.job)].append(r.lag_median)
-    return {key: upper_bar(np.array(values), LAG_K, LAG_MAD_FLOOR_S)
+    return {key: lag_bar(np.array(values), steps.get(key), POLICY)
             for key, values in medians.items()}
 
 

@@ -67,13 +67,16 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     the collective (op, comm_hash), onset step and time, lag p50/p99 (ms) with every node's
     clock corrected, the share of instances it entered last, its cost (GPU-seconds its peers
     waited, and USD when fleetd has a rate), a fix, findings and evidence. ranks is what this
-    tool computes from the stored events: for every collective instance (same
-    communicator, same sequence number, at least 2 ranks) each rank's entry lag is its entry
-    time minus the median entry of its peers there. Per rank: samples, lag median/p95/max (ms),
-    last_arrivals (instances it entered last) and idle_caused_gpu_s (GPU-seconds its peers waited
-    for it there). Per job, the bar is median + 2·1.4826·MAD of the ranks' median lags (MAD
-    floored at 0.5 ms, so identical ranks flag nothing); straggler = median lag above the bar
-    (with at least 3 samples). Evidence per rank: its node's health score in the window (min,
+    tool computes from the stored events: for every collective instance that every rank of its
+    communicator has entered (same communicator, same sequence number) each rank's entry lag is
+    its entry time minus the median entry of its peers there. Per rank: samples, lag
+    median/p95/max (ms), last_arrivals (instances it entered last) and idle_caused_gpu_s
+    (GPU-seconds its peers waited for it there). Per job, the bar is fleetd's: median +
+    3·1.4826·MAD of the ranks' median lags (MAD floored at 1 ms), or where the median lags
+    split in two groups a gap far wider than either's spread apart with at most half above
+    it, the middle of that gap, whichever is lower; never under 2 ms nor 5% of the time between
+    the job's collectives. straggler = median lag, less its node's clock uncertainty, above
+    the bar (with at least 8 samples). Evidence per rank: its node's health score in the window (min,
     average, lowest signal: low cpu = host contention, low compute = slow GPU or launch rate,
     low memory = GPU memory pressure), how often fleetd listed its node under the bar, its
     preemptions (and the top preemptor's command) and block I/O. The window defaults to the

@@ -5,7 +5,8 @@ Causes, in the order they are weighed:
     host_preemption   another process took its CPU far more often than its peers' (sched_switch
                       names it and its pid)
     slow_gpu          its syncs on its own kernels (self-work) take longer than its peers'
-    io                heavy block I/O by the rank
+    io                block I/O by the rank (its data-loader workers included) far above its
+                      peers'; without peers to compare with, heavy block I/O
     allocation        its GPU allocations take much longer than its peers'
     host_preemption   (weaker) its node's cpu health signal is low, no process named
     memory_pressure   its node's GPU memory headroom is low
@@ -51,8 +52,10 @@ SLOW_GPU_RATIO = 1.3             # self-work over the peers' median
 MIN_SELF_WORK_SAMPLES = 3
 PREEMPTION_BURST = 5             # preemptions by other processes in the window
 PREEMPTED_SHARE = 0.02           # of the window, kept off its CPU by them
-HEAVY_BLOCKIO_BYTES = 64 * 2**20
+HEAVY_BLOCKIO_BYTES = 64 * 2**20          # in the window, with no peers to compare with
 HEAVY_BLOCKIO_REQUESTS = 1000
+IO_RATIO = 4.0                           # the rank's block I/O over its peers' median
+MIN_IO_BYTES = 8 * 2**20                 # ... and at least this much in the window
 SLOW_ALLOCATION_RATIO = 3.0
 SLOW_ALLOCATION_S = 0.001
 LOW_SIGNAL = {"cpu": 0.75, "compute": 0.6, "memory": 0.5}    # a node's health signals
@@ -93,6 +96,7 @@ class Facts:
     window_s: float | None = None             # the span the host facts cover
     blockio_requests: int = 0
     blockio_bytes: int = 0
+    peers_blockio_bytes: float | None = None  # the median of its peers' (None: not compared)
     allocation_s: float | None = None
     peers_allocation_s: float | None = None
     peer_wait_s: float | None = None          # its median sync waiting on a collective
@@ -143,9 +147,11 @@ def _blame(f: Facts) -> tuple[str, str, list[str]]:
         return "slow_gpu", "high", [
             f"its own kernels take {f.self_work_s * 1e3:.2f} ms per sync, its peers' "
             f"{f.peers_self_work_s * 1e3:.2f} ms ({f.self_work_s / f.peers_self_work_s:.2f}x)"]
-    if f.blockio_bytes >= HEAVY_BLOCKIO_BYTES or f.blockio_requests >= HEAVY_BLOCKIO_REQUESTS:
+    if heavy_io(f):
+        peers = "" if f.peers_blockio_bytes is None else \
+            f", its peers' {f.peers_blockio_bytes / 2**20:.1f} MiB"
         return "io", "medium", [f"block I/O: {f.blockio_requests} requests, "
-                                f"{f.blockio_bytes / 2**20:.1f} MiB"]
+                                f"{f.blockio_bytes / 2**20:.1f} MiB{peers}"]
     if slow_allocation(f):
         return "allocation", "medium", [
             f"GPU allocations take {f.allocation_s * 1e3:.2f} ms, its peers' "
@@ -180,6 +186,15 @@ def preempted(f: Facts) -> bool:
         return False
     return (f.preempted_s is None or not f.window_s
             or f.preempted_s >= PREEMPTED_SHARE * f.window_s)
+
+
+def heavy_io(f: Facts) -> bool:
+    """Its block I/O stands out against its peers' (every rank reading its input alike is no
+    cause); with no peers to compare with, it is heavy outright."""
+    if f.peers_blockio_bytes is None:
+        return f.blockio_bytes >= HEAVY_BLOCKIO_BYTES or \
+            f.blockio_requests >= HEAVY_BLOCKIO_REQUESTS
+    return f.blockio_bytes >= MIN_IO_BYTES and f.blockio_bytes >= IO_RATIO * f.peers_blockio_bytes
 
 
 def slow_gpu(f: Facts) -> bool:

@@ -8,7 +8,12 @@
 The round trip net of fleetd's own time is ``(t3 − t0) − (t2 − t1)``; the agent's clock minus
 fleetd's is ``((t0 − t1) + (t3 − t2)) / 2``, exact when the two legs take equally long and off
 by at most half the round trip when they do not. So the samples with the smallest round trips
-are kept, and half the longest of those kept is the estimate's uncertainty.
+are trusted, and half the longest of those trusted is the estimate's uncertainty.
+
+Clocks drift (tens of ppm without NTP: 20 ppm is 12 ms in ten minutes), so an offset is a
+line in fleetd's time, fitted through the best exchange of each stretch of the samples kept;
+what it says of a time outside the span it was fitted over is looser by how far a clock may
+drift meanwhile (``DRIFT_BOUND``).
 """
 
 from __future__ import annotations
@@ -17,14 +22,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
+DRIFT_BOUND = 50e-6          # how fast a clock may drift, s/s: an undisciplined crystal's
+STRETCHES = 8                # the best exchange of each of these many stretches is fitted
+MIN_SPAN_S = 20.0            # a drift is fitted only over samples this far apart
+
 
 @dataclass(frozen=True)
 class Offset:
-    """A node's clock minus the reference clock, in seconds, give or take ``uncertainty``."""
+    """A node's clock minus the reference clock, in seconds, give or take ``uncertainty``, at
+    reference time ``at``; drifting by ``drift`` seconds a second, as fitted over the samples
+    taken from ``first`` to ``at``."""
 
     offset: float
     uncertainty: float
     samples: int
+    drift: float = 0.0
+    at: float = 0.0
+    first: float = 0.0
+
+    def offset_at(self, t):
+        """The offset at reference time ``t`` (a number or an array)."""
+        return self.offset + self.drift * (np.asarray(t, float) - self.at)
+
+    def uncertainty_at(self, t):
+        """How far ``offset_at(t)`` may be off: as at the samples within their span, and
+        looser by the drift bound the further outside it."""
+        t = np.asarray(t, float)
+        outside = np.maximum(self.first - t, 0.0) + np.maximum(t - self.at, 0.0)
+        return self.uncertainty + DRIFT_BOUND * outside
 
 
 def exchange(t0: float, t1: float, t2: float, t3: float) -> tuple[float, float]:
@@ -45,3 +70,32 @@ def best_offset(offsets: np.ndarray, round_trips: np.ndarray, keep: int = 4) -> 
     best = np.argsort(round_trips, kind="stable")[:min(keep, max(1, len(offsets) // 8))]
     return Offset(float(np.median(offsets[best])), float(round_trips[best].max()) / 2.0,
                   len(offsets))
+
+
+def fit_offset(times: np.ndarray, offsets: np.ndarray, round_trips: np.ndarray
+               ) -> Offset | None:
+    """The offset as a line through the samples (``times`` on the reference clock): the
+    exchange with the smallest round trip of each of STRETCHES stretches, fitted by least
+    squares weighted by how tight each is. Over less than MIN_SPAN_S, no drift can be told
+    from noise: the offset is ``best_offset``'s, as loose as a clock may drift over the span.
+    The uncertainty is half the longest round trip fitted plus the fit's residual."""
+    times, offsets, trips = (np.asarray(a, float) for a in (times, offsets, round_trips))
+    if not len(times):
+        return None
+    order = np.argsort(times, kind="stable")
+    times, offsets, trips = times[order], offsets[order], trips[order]
+    first, last = float(times[0]), float(times[-1])
+    best = np.array([c[np.argmin(trips[c])]
+                     for c in np.array_split(np.arange(len(times)), min(STRETCHES, len(times)))])
+    t, o, half = times[best], offsets[best], trips[best] / 2.0
+    if len(best) < 3 or t[-1] - t[0] < MIN_SPAN_S:
+        flat = best_offset(offsets, trips)
+        return Offset(flat.offset, flat.uncertainty + DRIFT_BOUND * (last - first),
+                      len(times), 0.0, last, first)
+    weight = 1.0 / (half + 1e-4) ** 2
+    centre = float(np.average(t, weights=weight))
+    mean = float(np.average(o, weights=weight))
+    drift = float(np.sum(weight * (t - centre) * (o - mean)) / np.sum(weight * (t - centre) ** 2))
+    residual = o - (mean + drift * (t - centre))
+    uncertainty = float(half.max() + np.sqrt(np.average(residual ** 2, weights=weight)))
+    return Offset(mean + drift * (last - centre), uncertainty, len(times), drift, last, first)

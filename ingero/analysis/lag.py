@@ -33,11 +33,14 @@ class LagStats:
 
 
 def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarray,
-               job_of: np.ndarray | None = None) -> LagStats | None:
+               job_of: np.ndarray | None = None,
+               nranks: np.ndarray | None = None) -> LagStats | None:
     """Entry lags from entries (communicator index, seq, rank, entry time in µs): an instance
-    is one (communicator, seq) with at least 2 entries; a rank's lag there is its time minus
-    the median entry of its peers at that instance (see ``peer_lag``); ranks are grouped by
-    ``job_of[comm]`` (default: by communicator)."""
+    is one (communicator, seq) with at least 2 entries, and with all ``nranks[comm]`` of them
+    when that is given (an instance some rank's entry has not reached yet is not judged: not
+    observed is not late); a rank's lag there is its time minus the median entry of its peers
+    at that instance (see ``peer_lag``); ranks are grouped by ``job_of[comm]`` (default: by
+    communicator)."""
     order = np.lexsort((t, seq, comm))
     comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
     starts, counts = segments(comm, seq)
@@ -46,7 +49,10 @@ def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarra
     last = t[starts + counts - 1][row_instance]
     idle = counts * t[starts + counts - 1] - np.add.reduceat(t, starts) \
         if len(starts) else np.zeros(0, np.int64)
-    keep = (counts >= 2)[row_instance]
+    whole = counts >= 2
+    if nranks is not None and len(starts):
+        whole &= counts >= nranks[comm[starts]]
+    keep = whole[row_instance]
     if not keep.any():
         return None
     job = (job_of[comm] if job_of is not None else comm)[keep]
@@ -62,7 +68,7 @@ def entry_lags(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray, t: np.ndarra
                     segment_quantile(lag, firsts, sizes, 0.99),
                     np.add.reduceat(is_last[by_rank].astype(np.int64), firsts),
                     np.add.reduceat(caused[by_rank], firsts),
-                    np.add.reduceat(waited[by_rank], firsts), int((counts >= 2).sum()))
+                    np.add.reduceat(waited[by_rank], firsts), int(whole.sum()))
 
 
 def median_of_others(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

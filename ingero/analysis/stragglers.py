@@ -10,7 +10,10 @@ Kinds:
     persistent  late at most recent instances: its median lag over them is over the bar; once
                 named, it stays named while it is late at a quarter of them (hysteresis, so a
                 rank late most of the time does not flap)
-    periodic    late at regularly spaced instances only (a stall every K steps)
+    periodic    late at regularly spaced instances only (a stall every K steps), by at least
+                ``min_lag_of_step`` of the K steps it recurs over (a stall of 10 ms every
+                10 steps of 100 ms costs 1%: the noise of a job whose every rank stalls at its
+                epoch boundaries, one of them a little more, is no straggler)
 Each comes with an onset (the instance where its late run began), its lag p50 and p99 over the
 instances it was late at, the fraction of instances it entered last, and the GPU time its peers
 spent waiting for it (``idle_caused``).
@@ -18,12 +21,14 @@ spent waiting for it (``idle_caused``).
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from .lag import peer_lag
-from .robust import upper_bar
+from .robust import MAD_TO_SIGMA, Bar, median_mad, upper_bar
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,15 @@ class Judgement:
     bar_s: float
     step_s: float | None
     median_lag_s: np.ndarray          # per column, over all instances
+
+
+@contextmanager
+def quiet():
+    """numpy's complaints about all-NaN slices: a column whose node's clock is not known yet,
+    or an instance not every rank entered, is NaN on purpose."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def step_interval(entries: np.ndarray) -> float | None:
@@ -137,25 +151,20 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     lag = peer_lag(entries)
     step = step_interval(entries)
     columns = entries.shape[1]
-    with np.errstate(all="ignore"):
+    with quiet():
         median_lag = np.nanmedian(np.where(np.isfinite(lag), lag, np.nan), axis=0) \
             if len(lag) else np.full(columns, np.nan)
     known = np.isfinite(median_lag)
     if len(entries) < policy.min_instances or known.sum() < 2:
         return Judgement([], np.inf, step, median_lag)
-    floor = max(policy.min_lag_s, policy.min_lag_of_step * (step or 0.0))
-    # Two ranks are each other's only peer: their lags mirror (+d, −d) and the MAD is the
-    # gap itself, so only the floor can tell the late one.
-    spread = upper_bar(median_lag[known], policy.k, policy.mad_floor_s).bar \
-        if known.sum() > 2 else -np.inf
-    bar = max(spread, floor)
+    bar = lag_bar(median_lag, step, policy).bar
     late = lag - (0.0 if slack is None else np.asarray(slack, float)) > bar
     idle, last = idle_caused(entries), last_share(entries)
     recent = recent_instances(entries, policy)
     findings = []
     for column in range(columns):
         finding = _judge_rank(lag[-recent:, column], lag[:, column], late[:, column], bar,
-                              policy, policy.keep_share if column in named else 0.5)
+                              policy, policy.keep_share if column in named else 0.5, step)
         if finding is not None:
             kind, start, every = finding
             late_lags = lag[late[:, column], column]
@@ -166,25 +175,72 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     return Judgement(findings, float(bar), step, median_lag)
 
 
+def lag_bar(median_lag: np.ndarray, step_s: float | None,
+            policy: LagPolicy = LagPolicy()) -> Bar:
+    """The bar a rank's lag must pass to be late, from the median lags of its job's ranks (NaN
+    where unmeasured): never under the floor (``min_lag_s``, and ``min_lag_of_step`` of a
+    step); from three ranks on, the MAD bar of the median lags, or the start of a late group
+    where they split in two (``group_bar``), whichever is lower. Two ranks are each other's
+    only peer: their lags mirror (+d, −d) and the MAD is the gap itself, so only the floor can
+    tell the late one. fleetd judges each instance against it; echod its stored medians."""
+    known = np.asarray(median_lag, float)
+    known = known[np.isfinite(known)]
+    floor = max(policy.min_lag_s, policy.min_lag_of_step * (step_s or 0.0))
+    if not len(known):
+        return Bar(np.nan, np.nan, floor)
+    spread = upper_bar(known, policy.k, policy.mad_floor_s)
+    bar = min(spread.bar, group_bar(known, policy)) if len(known) > 2 else -np.inf
+    return Bar(spread.median, spread.mad, max(bar, floor))
+
+
+def group_bar(median_lag: np.ndarray, policy: LagPolicy) -> float:
+    """Where a late group begins: the middle of the widest gap between the ranks' sorted median
+    lags that leaves at most half of them above it, when that gap is wider than k·1.4826 times
+    the spread (MAD) within either side; +inf when there is none.
+
+    Half a job late (a node of two, its four ranks 100 ms late every step) drags the MAD bar
+    with it: each rank's peers' median falls between the two halves, the median lags sit at
+    ±d, the MAD is d and the bar 4.4·d names nobody. Yet the ranks still fall into two tight
+    groups a wide gap apart, and the later one is the one the others wait for. Only a group of
+    at most half is taken as late: a majority behind a minority means the minority is early,
+    which costs only the minority's own idle time."""
+    values = np.sort(np.asarray(median_lag, float))
+    if len(values) < 3:
+        return np.inf
+    first = (len(values) + 1) // 2 - 1            # the first split leaving at most half above
+    gaps = np.diff(values)
+    split = first + int(np.argmax(gaps[first:]))
+    lower, upper = values[:split + 1], values[split + 1:]
+    within = max(median_mad(lower)[1], median_mad(upper)[1], policy.mad_floor_s)
+    if gaps[split] <= policy.k * MAD_TO_SIGMA * within:
+        return np.inf
+    return float((values[split] + values[split + 1]) / 2)
+
+
 def recent_instances(entries: np.ndarray, policy: LagPolicy) -> int:
     """How many of the last instances a persistent verdict weighs: ``recent``, or fewer when
     steps are slow (those of the last ``recent_s`` seconds), never under ``min_recent``; so a
     rank 300 ms late every step is named within a second or so, not after 9 of its steps."""
-    with np.errstate(all="ignore"):
+    with quiet():
         t = np.nanmedian(entries, axis=1)
     within = int((t >= t[-1] - policy.recent_s).sum()) if np.isfinite(t[-1]) else policy.recent
     return min(policy.recent, max(policy.min_recent, within))
 
 
 def _judge_rank(recent_lag: np.ndarray, lag: np.ndarray, late: np.ndarray, bar: float,
-                policy: LagPolicy, share: float) -> tuple[str, int, int | None] | None:
+                policy: LagPolicy, share: float, step: float | None
+                ) -> tuple[str, int, int | None] | None:
     """(kind, onset, period) for one rank, or None when it is not a straggler: persistent
     when more than ``share`` of its recent instances are late."""
     recent = late[-len(recent_lag):][np.isfinite(recent_lag)]
     if recent.size and recent.sum() > share * recent.size:
         return "persistent", onset(late), None
     every = period(late, policy)
-    if every is not None and np.median(lag[late]) >= policy.stall_over_bar * bar:
+    if every is None:
+        return None
+    stall = float(np.median(lag[late]))
+    if stall >= policy.stall_over_bar * bar and stall >= policy.min_lag_of_step * every * (
+            step or 0.0):
         return "periodic", int(np.flatnonzero(late)[0]), every
     return None
 

@@ -26,7 +26,7 @@
 
 enum event_kind {
     EV_COLLECTIVE = 1, EV_COMM_INIT = 2, EV_COMM_DESTROY = 3, EV_SYNC = 4,
-    EV_ALLOC = 5, EV_FREE = 6, EV_MEMCPY = 7,
+    EV_ALLOC = 5, EV_FREE = 6, EV_MEMCPY = 7, EV_PROCESS_EXIT = 8,
 };
 
 /* Which function an event came from; user space holds the same table (ingerod/events.py). */
@@ -61,7 +61,7 @@ struct event {
     s32 peer;        /* send/recv peer, reduce/broadcast root, else -1 */
     u32 datatype;
     u32 redop;
-    s32 result;      /* return code where the return is probed */
+    s32 result;      /* return code where the return is probed; a process's exit code */
     u32 flags;       /* EVF_* */
     u32 pad;
 };

@@ -1,4 +1,5 @@
-/* The host side of a rank: who took its CPU, and how much block I/O it issued.
+/* The host side of a rank: who took its CPU, how much block I/O it issued, and when and how
+ * it exited.
  *
  * sched_switch fires on every context switch on the machine, so the filter comes first: only
  * a target thread switching out, or a thread we saw switch out switching back in, goes on.
@@ -155,5 +156,58 @@ TRACEPOINT_PROBE(block, block_rq_issue)
         total->requests++;
         total->bytes += args->bytes;
     }
+    return 0;
+}
+
+/* How a followed process is ending, as a wait(2) status: exit_group(code) says code << 8; a
+ * signal whose default action ends the process says its number (a handled signal is followed
+ * by the handler's own exit_group, which takes its place). Read from tracepoints: the
+ * task_struct's exit_code is not, because these machines' kernel headers are not the running
+ * kernel's own. */
+#define NO_STATUS (-1)
+#define FATAL_SIGNALS 0xEF00FFFEu  /* bit n: signal n ends the process by default */
+
+/* tgid → its ending status, between the call or signal and the exit. */
+BPF_HASH(ending, u32, s32, MAX_TARGETS);
+
+TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+{
+    u32 tgid = current_tgid();
+    s32 status = (s32)((args->error_code & 0xff) << 8);
+    if (is_followed(tgid))
+        ending.update(&tgid, &status);
+    return 0;
+}
+
+TRACEPOINT_PROBE(signal, signal_generate)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    /* a signal a thread raises on itself (a crash) is its process's; another's is aimed at
+     * the process by its pid */
+    u32 tgid = (u32)args->pid == (u32)id ? id >> 32 : (u32)args->pid;
+    s32 status = args->sig;
+    if (status > 0 && status < 32 && (FATAL_SIGNALS >> status) & 1 && is_followed(tgid))
+        ending.update(&tgid, &status);
+    return 0;
+}
+
+/* A followed process ends (its main thread exits): reported at once, with how it ended, where
+ * a rescan of /proc would tell only later, and not how. A rank that crashed while its peers
+ * wait in a collective is dead then, not seconds later. */
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    struct event ev = {};
+    s32 *status;
+    if ((u32)id != tgid || !is_followed(tgid))
+        return 0;
+    fill_ids(&ev);
+    ev.ts = bpf_ktime_get_ns();
+    ev.kind = EV_PROCESS_EXIT;
+    status = ending.lookup(&tgid);
+    ev.result = status ? *status : NO_STATUS;
+    ending.delete(&tgid);
+    submit(&ev);
     return 0;
 }
