@@ -34,7 +34,8 @@ from sim.errors import LaunchError
 from sim.netns import NodeNetworks
 from sim.scenario import Scenario, Straggler
 
-STATUS_BY_EXIT = {0: "ok", 1: "died", 2: "usage", 3: "error"}
+STATUS_BY_EXIT = {0: "ok", 1: "died", 2: "usage", 3: "error", 4: "restarted"}
+EXIT_RESTART = 4
 STOP_GRACE_S = 3.0
 FAILURE_GRACE_S = 5.0
 POLL_S = 0.05
@@ -64,10 +65,19 @@ class RankProcess:
     cpu: int | None
     namespace: str | None
     popen: "subprocess.Popen | LaunchedProcess"
+    step: int = 0              # the Slurm step it runs in
+    generation: int = 0        # its elastic restarts so far
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def current(self) -> tuple[int, Path]:
+        """(generation, record) of its latest run: a launcher may have restarted it."""
+        generation = getattr(self.popen, "generation", self.generation)
+        return generation, record_of(self.record_path.parent, self.rank, self.step,
+                                     generation)
 
 
 @dataclass(frozen=True)
@@ -81,21 +91,42 @@ class RankSpec:
     cpus: set[int] | None
     record_path: Path
     log_path: Path
+    step: int = 0
+    generation: int = 0
 
 
 class LaunchedProcess:
     """A rank spawned by its node's launcher, with the part of Popen's interface the cluster
     uses. The launcher reaps it and writes how it ended to its status file; a rank outliving a
-    launcher that was killed dies with it (PR_SET_PDEATHSIG), reported as killed by SIGKILL."""
+    launcher that was killed dies with it (PR_SET_PDEATHSIG), reported as killed by SIGKILL.
+    When the launcher restarts its ranks (an elastic restart), this follows the new one."""
 
-    def __init__(self, launcher: subprocess.Popen, status: Path, rank: int, pid: int):
-        self.launcher, self.status, self.rank, self.pid = launcher, status, rank, pid
+    def __init__(self, launcher: subprocess.Popen, status: Path, rank: int, restarts: bool):
+        self.launcher, self.status, self.rank, self.restarts = launcher, status, rank, restarts
         self.returncode: int | None = None
+        self.pid, self.generation = 0, -1
+        self._read()
+
+    def _read(self) -> int | None:
+        """Take the launcher's latest word on this rank; its exit status, if it ended."""
+        code, generation = None, -1
+        for entry in launcher_lines(self.status):
+            if entry["rank"] != self.rank:
+                continue
+            if "pid" in entry:
+                self.pid, generation, code = entry["pid"], generation + 1, None
+            else:
+                code = entry["exit"]
+        self.generation = generation
+        return code
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            code = launcher_exits(self.status).get(self.rank)
-            if code is None and self.launcher.poll() is not None and not _alive(self.pid):
+            code = self._read()
+            gone = self.launcher.poll() is not None
+            if code == EXIT_RESTART and self.restarts and self.generation == 0 and not gone:
+                code = None                      # its launcher starts it again
+            if code is None and gone and not _alive(self.pid):
                 code = -signal.SIGKILL
             self.returncode = code
         return self.returncode
@@ -115,14 +146,27 @@ class LaunchedProcess:
         _signal(self.pid, signal.SIGKILL)
 
 
-def launcher_exits(status: Path) -> dict[int, int]:
-    """rank → exit status, of the ranks a launcher has reaped so far."""
-    found = {}
-    for line in status.read_text().splitlines() if status.exists() else ():
-        entry = json.loads(line)
-        if "exit" in entry:
-            found[entry["rank"]] = entry["exit"]
-    return found
+def launcher_lines(status: Path) -> list[dict]:
+    """What a launcher wrote so far: {"rank", "pid"} as it starts a rank, {"rank", "exit"}
+    as it reaps one."""
+    return [json.loads(line) for line in
+            (status.read_text().splitlines() if status.exists() else ())]
+
+
+def run_suffix(step: int, generation: int) -> str:
+    """What tells a step's (and restart's) files apart: nothing for the first run."""
+    return "" if (step, generation) == (0, 0) else f".s{step}.g{generation}"
+
+
+def record_of(workdir: Path, rank: int, step: int = 0, generation: int = 0) -> Path:
+    """Where a rank's ground truth of that step and restart is."""
+    return workdir / f"rank-{rank}{run_suffix(step, generation)}.jsonl"
+
+
+def worker_plan(spec: RankSpec) -> dict:
+    """A rank as its launcher's plan names it."""
+    return {"rank": spec.rank, "argv": spec.argv, "env": spec.env, "log": str(spec.log_path),
+            "cpus": sorted(spec.cpus) if spec.cpus else None}
 
 
 def _alive(pid: int) -> bool:
@@ -159,9 +203,11 @@ class RankResult:
     node: int
     pid: int
     exit_code: int | None     # None: killed by the launcher after the timeout
-    status: str               # ok, died, error, usage, killed
+    status: str               # ok, died, error, usage, killed, restarted
     record_path: Path
     log_path: Path
+    step: int = 0             # the Slurm step
+    generation: int = 0       # elastic restarts before this run of it
 
 
 @dataclass(frozen=True)
@@ -170,21 +216,24 @@ class ClusterResult:
 
     @property
     def ok(self) -> bool:
-        return all(r.status == "ok" for r in self.ranks)
+        return all(r.status in ("ok", "restarted") for r in self.ranks)
 
     @property
     def failed(self) -> list[RankResult]:
-        return [r for r in self.ranks if r.status != "ok"]
+        return [r for r in self.ranks if r.status not in ("ok", "restarted")]
 
-    def rank(self, rank: int) -> RankResult:
-        return next(r for r in self.ranks if r.rank == rank)
+    def rank(self, rank: int, step: int | None = None) -> RankResult:
+        """The rank's latest run (in ``step``, or in the last step)."""
+        return [r for r in self.ranks if r.rank == rank and step in (None, r.step)][-1]
 
     def describe(self) -> str:
         """One line per rank, for people."""
         lines = []
         for r in self.ranks:
             code = "killed after timeout" if r.exit_code is None else f"exit {r.exit_code}"
-            lines.append(f"rank {r.rank} (node {r.node}, local {r.local_rank}, pid {r.pid}): "
+            run = f"step {r.step}, " if r.step else ""
+            run += f"restart {r.generation}, " if r.generation else ""
+            lines.append(f"rank {r.rank} ({run}node {r.node}, local {r.local_rank}, pid {r.pid}): "
                          f"{r.status}, {code}")
         return "\n".join(lines)
 
@@ -222,9 +271,12 @@ class Cluster:
         self.hosts = list(hosts) if hosts is not None else list(range(scenario.job.nodes))
         if len(self.hosts) != scenario.job.nodes:
             raise LaunchError(f"hosts: {len(self.hosts)} labels for {scenario.job.nodes} nodes")
-        self.unique_id_path = self.workdir / "nccl-unique-id"
         self.input_path = self.workdir / "input.bin"
+        self.slurm_step = 0                   # the srun step running now (job.steps_in_job)
+        self.generation = 0                   # its elastic restarts so far (job.restart_at)
+        self.unique_ids: list[Path] = []
         self.ranks: list[RankProcess] = []
+        self.finished: list[RankResult] = []  # the ranks of the steps run before
         self.launchers: list[subprocess.Popen] = []
         self.hogs: list[HogProcess] = []
         self.rendezvous_address: str | None = None
@@ -247,18 +299,34 @@ class Cluster:
         try:
             self._write_input()
             self._start_rendezvous()
-            for node in range(self.scenario.job.nodes):
-                specs = [self._rank_spec(node, local_rank)
-                         for local_rank in range(self.scenario.job.ranks_per_node)]
-                if self.scenario.job.launcher == "srun":
-                    self.ranks += [self._start_rank(spec) for spec in specs]
-                else:
-                    self.ranks += self._start_launcher(node, specs)
-            self._start_hogs()
+            self._start_run(0, 0)
         except BaseException:
             self.stop()
             raise
         return self
+
+    @property
+    def unique_id_path(self) -> Path:
+        """Where the running step's (and generation's) rank 0 writes its ncclUniqueId."""
+        return self.workdir / ("nccl-unique-id" + self._suffix(self.slurm_step,
+                                                                 self.generation))
+
+    _suffix = staticmethod(lambda step, generation: run_suffix(step, generation))
+
+    def _start_run(self, step: int, generation: int) -> None:
+        """Start srun step ``step`` (a launcher per node, or a task per rank), or, for srun's
+        ranks, their ``generation``-th elastic restart."""
+        self.slurm_step, self.generation = step, generation
+        self.unique_ids.append(self.unique_id_path)
+        self.ranks = []
+        for node in range(self.scenario.job.nodes):
+            specs = [self._rank_spec(node, local_rank, generation)
+                     for local_rank in range(self.scenario.job.ranks_per_node)]
+            if self.scenario.job.launcher == "srun":
+                self.ranks += [self._start_rank(spec) for spec in specs]
+            else:
+                self.ranks += self._start_launcher(node, specs)
+        self._start_hogs()
 
     def _start_rendezvous(self) -> None:
         job = self.scenario.job
@@ -291,7 +359,8 @@ class Cluster:
                     per_node: int) -> dict[str, str]:
         """What srun tells a task of step 0."""
         job = self.scenario.job
-        return {"SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(task),
+        return {"SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": str(self.slurm_step),
+                "SLURM_PROCID": str(task),
                 "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
                 "SLURM_NTASKS": str(tasks), "SLURM_NTASKS_PER_NODE": str(per_node),
                 "SLURM_JOB_NUM_NODES": str(job.nodes), "SLURM_NNODES": str(job.nodes),
@@ -314,18 +383,22 @@ class Cluster:
             return self._slurm_batch()
         return {}
 
-    def _launcher_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
+    def _launcher_env(self, rank: int, node: int, local_rank: int,
+                      generation: int = 0) -> dict[str, str]:
         """What the rank's launcher tells it about itself and the job, over what the launcher
         itself inherited."""
         job = self.scenario.job
         master = (self.rendezvous_address or "tcp://127.0.0.1:29500").removeprefix("tcp://")
         where = {"MASTER_ADDR": master.rpartition(":")[0],
                  "MASTER_PORT": master.rpartition(":")[2]}
+        # an elastic restart is torchrun's own; srun's and mpirun's ranks start again as a
+        # requeued job's do
+        requeue = {"SLURM_RESTART_COUNT": str(generation)} if generation else {}
         if job.launcher == "srun":
             return {**self._slurm_task(rank, local_rank, job.world_size, node,
-                                       job.ranks_per_node), **where}
+                                       job.ranks_per_node), **where, **requeue}
         if job.launcher == "mpirun":
-            return {**self.node_env(node), "OMPI_COMM_WORLD_RANK": str(rank),
+            return {**self.node_env(node), **requeue, "OMPI_COMM_WORLD_RANK": str(rank),
                     "OMPI_COMM_WORLD_SIZE": str(job.world_size),
                     "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
                     "OMPI_COMM_WORLD_LOCAL_SIZE": str(job.ranks_per_node),
@@ -335,7 +408,7 @@ class Cluster:
                 "WORLD_SIZE": str(job.world_size), "LOCAL_WORLD_SIZE": str(job.ranks_per_node),
                 "GROUP_RANK": str(node), "ROLE_RANK": str(rank),
                 "ROLE_WORLD_SIZE": str(job.world_size), "TORCHELASTIC_RUN_ID": job.job_id,
-                "TORCHELASTIC_RESTART_COUNT": "0", **where}
+                "TORCHELASTIC_RESTART_COUNT": str(generation), **where}
 
     def _knob_env(self, rank: int, node: int) -> dict[str, str]:
         """The INGERO_SIM_* settings the sim libraries read, this rank's slow GPU included."""
@@ -353,21 +426,31 @@ class Cluster:
             "INGERO_SIM_GPU_SLOWDOWN": f"{slowdown:g}",
         }
 
-    def _rank_env(self, rank: int, node: int, local_rank: int) -> dict[str, str]:
-        return {**_plain_environ(), **self._launcher_env(rank, node, local_rank),
+    def _rank_env(self, rank: int, node: int, local_rank: int,
+                  generation: int = 0) -> dict[str, str]:
+        return {**_plain_environ(), **self._launcher_env(rank, node, local_rank, generation),
                 **self._knob_env(rank, node), **self.extra_env}
 
-    def _rank_argv(self, rank: int, record_path: Path) -> list[str]:
+    def _rank_argv(self, rank: int, record_path: Path, generation: int = 0) -> list[str]:
         job = self.scenario.job
         argv = [str(sim.rank_binary()), "--steps", str(job.steps), "--step-ms", f"{job.step_ms:g}",
                 "--kernels", str(job.kernels), "--bytes", str(job.allreduce_bytes),
                 "--dtype", job.dtype, "--host-work-ms", f"{job.host_work_ms:g}",
                 "--memcpy-every", str(job.memcpy_every),
                 "--loss-every", str(job.loss_every), "--jitter-ms", f"{job.jitter_ms:g}",
+                "--sync-every", str(job.sync_every),
                 "--record", str(record_path),
-                "--unique-id-file", str(self.unique_id_path)]
+                "--unique-id-file", str(self.workdir / (
+                    "nccl-unique-id" + self._suffix(self.slurm_step, generation)))]
+        if job.restart_at is not None:
+            argv += ["--restart-at", str(job.restart_at)] if generation == 0 else \
+                ["--first-step", str(job.restart_at)]
         if job.extra_collectives:
             argv += ["--extra", ",".join(job.extra_collectives)]
+        if job.parallel != (1, 1):
+            argv += ["--tp", str(job.parallel[0]), "--pp", str(job.parallel[1])]
+        if job.stage_work:
+            argv += ["--stage-work", ",".join(f"{ms:g}" for ms in job.stage_work)]
         if job.workers:
             argv += ["--workers", str(job.workers), "--input", str(self.input_path),
                      "--input-kb", str(job.input_kb), "--worker-cpu-ms", f"{job.worker_cpu_ms:g}"]
@@ -409,17 +492,20 @@ class Cluster:
         rest = set(os.sched_getaffinity(0)) - contended
         return rest if contended and rest else None
 
-    def _rank_spec(self, node: int, local_rank: int) -> RankSpec:
+    def _rank_spec(self, node: int, local_rank: int, generation: int = 0) -> RankSpec:
         rank = node * self.scenario.job.ranks_per_node + local_rank
-        record_path = self.workdir / f"rank-{rank}.jsonl"
-        return RankSpec(rank, local_rank, node, self._rank_argv(rank, record_path),
-                        self._rank_env(rank, node, local_rank), self.rank_cpus(rank),
-                        record_path, self.workdir / f"rank-{rank}.log")
+        suffix = self._suffix(self.slurm_step, generation)
+        record_path = record_of(self.workdir, rank, self.slurm_step, generation)
+        return RankSpec(rank, local_rank, node, self._rank_argv(rank, record_path, generation),
+                        self._rank_env(rank, node, local_rank, generation), self.rank_cpus(rank),
+                        record_path, self.workdir / f"rank-{rank}{suffix}.log",
+                        self.slurm_step, generation)
 
     def _process(self, spec: RankSpec, popen) -> RankProcess:
         namespace = self.networks.namespace(spec.node) if self.networks else None
         return RankProcess(spec.rank, spec.local_rank, spec.node, spec.record_path,
-                           spec.log_path, self.contention_cpu(spec.rank), namespace, popen)
+                           spec.log_path, self.contention_cpu(spec.rank), namespace, popen,
+                           spec.step, spec.generation)
 
     def _start_rank(self, spec: RankSpec) -> RankProcess:
         """srun's way: the rank is a task of its own."""
@@ -432,43 +518,36 @@ class Cluster:
 
     def _start_launcher(self, node: int, specs: list[RankSpec]) -> list[RankProcess]:
         """The node's launcher, which spawns its ranks; returns them once each has a pid."""
-        plan = self.workdir / f"launcher-{node}.json"
-        status = self.workdir / f"launcher-{node}.status"
+        plan = self.workdir / f"launcher-{node}{self._suffix(self.slurm_step, 0)}.json"
+        status = plan.with_suffix(".status")
         status.unlink(missing_ok=True)
         # torchrun's agent imports torch, which maps libcudart; Open MPI's orted maps none
         load = None if self.scenario.job.launcher == "mpirun" \
             else str(sim.lib_dir() / "libcudart.so.12")
+        restarts = self.scenario.job.restart_at is not None
         plan.write_text(json.dumps({
             "cwd": str(self.workdir), "status": str(status), "load": load,
-            "workers": [{"rank": s.rank, "argv": s.argv, "env": s.env, "log": str(s.log_path),
-                         "cpus": sorted(s.cpus) if s.cpus else None} for s in specs]}))
+            "workers": [worker_plan(s) for s in specs],
+            "restart": [worker_plan(self._rank_spec(s.node, s.local_rank, 1)) for s in specs]
+            if restarts else None}))
         argv = [sys.executable, "-m", "sim.launcher", str(plan)]
         if self.networks:
             argv = self.networks.wrap(node, argv)
         env = {**_plain_environ(), **self.node_env(node), **self._knob_env(-1, node),
                "PYTHONPATH": os.pathsep.join(
                    p for p in (str(sim.PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")) if p)}
-        with open(self.workdir / f"launcher-{node}.log", "w") as log:
+        with open(plan.with_suffix(".log"), "w") as log:
             launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         env=env, cwd=self.workdir, preexec_fn=_child_setup(None))
         self.launchers.append(launcher)
-        pids = self._launched_pids(launcher, status, len(specs), node)
-        return [self._process(s, LaunchedProcess(launcher, status, s.rank, pids[s.rank]))
-                for s in specs]
-
-    def _launched_pids(self, launcher: subprocess.Popen, status: Path, count: int,
-                       node: int) -> dict[int, int]:
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        while time.monotonic() < deadline:
-            lines = status.read_text().splitlines() if status.exists() else []
-            pids = {e["rank"]: e["pid"] for e in map(json.loads, lines) if "pid" in e}
-            if len(pids) == count:
-                return pids
-            if launcher.poll() is not None:
-                break
+        while len({e["rank"] for e in launcher_lines(status)}) < len(specs):
+            if launcher.poll() is not None or time.monotonic() > deadline:
+                raise LaunchError(f"node {node}'s launcher did not start its ranks; see "
+                                  f"{plan.with_suffix('.log')}")
             time.sleep(POLL_S / 5)
-        raise LaunchError(f"node {node}'s launcher did not start its ranks; see "
-                          f"{self.workdir / f'launcher-{node}.log'}")
+        return [self._process(s, LaunchedProcess(launcher, status, s.rank, restarts))
+                for s in specs]
 
     def _start_hogs(self) -> None:
         for process in self.ranks:
@@ -488,29 +567,50 @@ class Cluster:
         return 2 * job.timeout_s + 30 + job.steps * per_step_s
 
     def wait(self, timeout: float | None = None) -> ClusterResult:
-        """Wait for every rank; kill those still running at the deadline (reported "killed").
+        """Wait for every rank (of every step, and through elastic restarts); kill those still
+        running at the deadline (reported "killed").
 
         Once a rank has failed, the others get job.timeout_s (plus a margin) to notice and
         error out on their own; whatever still runs then is hung, as a launcher would judge.
         """
+        job = self.scenario.job
         deadline = time.monotonic() + (self.default_timeout() if timeout is None else timeout)
+        while True:
+            results = self._wait_ranks(deadline)
+            self.finished += results
+            restart = job.restart_at is not None and self.generation == 0 and \
+                job.launcher == "srun" and all(r.exit_code == EXIT_RESTART for r in results)
+            if restart:                       # srun's ranks: the cluster starts them again
+                self._start_run(self.slurm_step, 1)
+            elif all(r.status in ("ok", "restarted") for r in results) \
+                    and self.slurm_step + 1 < job.steps_in_job:
+                self._start_run(self.slurm_step + 1, 0)
+            else:
+                break
+        self._clean_up()
+        self.result = ClusterResult(tuple(self.finished))
+        return self.result
+
+    def _wait_ranks(self, deadline: float) -> list[RankResult]:
+        """Wait for the running ranks; kill those still running at the deadline."""
+        leaving = EXIT_RESTART if self.scenario.job.restart_at is not None else None
         while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.ranks):
-            if self._first_failure is None and any(p.popen.poll() for p in self.ranks):
+            if self._first_failure is None and any(
+                    p.popen.poll() not in (None, 0, leaving) for p in self.ranks):
                 self._first_failure = time.monotonic()
                 deadline = min(deadline, self._first_failure + self.scenario.job.timeout_s
                                + self.failure_grace_s)
             time.sleep(POLL_S)
         killed = {p.rank for p in self.ranks if p.popen.poll() is None}
         self._kill_ranks()
-        self._clean_up()
-        self.result = ClusterResult(tuple(self._result_of(p, p.rank in killed) for p in self.ranks))
-        return self.result
+        return [self._result_of(p, p.rank in killed) for p in self.ranks]
 
     def _result_of(self, process: RankProcess, killed: bool) -> RankResult:
         code = None if killed else process.popen.returncode
         status = "killed" if killed else STATUS_BY_EXIT.get(code, "died")
+        generation, record = process.current
         return RankResult(process.rank, process.local_rank, process.node, process.pid, code,
-                          status, process.record_path, process.log_path)
+                          status, record, process.log_path, process.step, generation)
 
     def _kill_ranks(self) -> None:
         for process in self.ranks:
@@ -532,10 +632,11 @@ class Cluster:
         self._kill_ranks()
         self._clean_up()
 
-    def comm_id_hash(self) -> int | None:
-        """comm_id_hash of the job's communicator, once rank 0 has written the unique id."""
+    def comm_id_hash(self, path: Path | None = None) -> int | None:
+        """comm_id_hash of the running step's communicator (or of the one whose unique id is
+        at ``path``), once its rank 0 has written the unique id."""
         try:
-            return sim.comm_id_hash(self.unique_id_path.read_bytes())
+            return sim.comm_id_hash((path or self.unique_id_path).read_bytes())
         except (OSError, ValueError):
             return None
 
@@ -564,10 +665,12 @@ class Cluster:
         self._remove_shared_memory()
 
     def _remove_shared_memory(self) -> None:
-        """A rank that died never detached from the segment; remove it for it."""
-        comm_hash = self.comm_id_hash()
-        if comm_hash is not None:
-            Path(f"/dev/shm/ingero-sim-{comm_hash:016x}").unlink(missing_ok=True)
+        """A rank that died (or left for a restart) never detached from its segment: remove
+        every step's and generation's for it."""
+        for path in self.unique_ids:
+            comm_hash = self.comm_id_hash(path)
+            if comm_hash is not None:
+                Path(f"/dev/shm/ingero-sim-{comm_hash:016x}").unlink(missing_ok=True)
 
 
 __all__ = ["Cluster", "ClusterResult", "RankProcess", "RankResult", "HogProcess",

@@ -46,9 +46,14 @@ class Job:
     extra_collectives: tuple[str, ...] = ()
     memcpy_every: int = 5
     loss_every: int = 1              # a self-work sync after the forward pass (loss.item())
+    sync_every: int = 1              # the host waits for its GPU only every N steps
     jitter_ms: float = 0.0           # random host time per step, uniform in [0, jitter_ms]
     job_id: str = "4242"
     launcher: str = "srun"
+    parallel: tuple[int, int] = (1, 1)   # (tp, pp): tensor-parallel size, pipeline stages
+    stage_work: tuple[float, ...] = ()  # GPU compute per step of each stage, ms (step_ms)
+    steps_in_job: int = 1            # srun steps of the job id, one after another
+    restart_at: int | None = None    # every rank leaves at this step and is started again
     workers: int = 0                 # data-loader worker processes per rank, forked per epoch
     epoch_steps: int = 0             # steps per epoch (workers exit and respawn); 0: one epoch
     input_kb: int = 256              # read from the input file per batch
@@ -152,6 +157,18 @@ def _collectives(value):
     return tuple(_choice(EXTRA_COLLECTIVES)(v) for v in value)
 
 
+def _parallel(value):
+    if not isinstance(value, Mapping) or set(value) - {"tp", "pp"}:
+        raise ValueError(f"must be a mapping of tp and pp, got {value!r}")
+    return tuple(_integer(1, 64)(value.get(name, 1)) for name in ("tp", "pp"))
+
+
+def _stage_work(value):
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"must be a list of milliseconds, one per pipeline stage")
+    return tuple(_number()(v) for v in value)
+
+
 def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
@@ -161,8 +178,10 @@ JOB_FIELDS: dict[str, Check] = {
     "step_ms": _number(), "kernels": _integer(1), "host_work_ms": _number(),
     "allreduce_bytes": _integer(0), "dtype": _choice(DATATYPES),
     "extra_collectives": _collectives, "memcpy_every": _integer(0),
-    "loss_every": _integer(0), "jitter_ms": _number(), "job_id": _text,
-    "launcher": _choice(LAUNCHERS), "workers": _integer(0, 16), "epoch_steps": _integer(0),
+    "loss_every": _integer(0), "sync_every": _integer(1), "jitter_ms": _number(), "job_id": _text,
+    "launcher": _choice(LAUNCHERS), "parallel": _parallel, "stage_work": _stage_work,
+    "steps_in_job": _integer(1, 16),
+    "restart_at": _optional(_integer(1)), "workers": _integer(0, 16), "epoch_steps": _integer(0),
     "input_kb": _integer(1, 65536), "worker_cpu_ms": _number(), "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
 }
 
@@ -229,7 +248,24 @@ def _straggler(data: Any, where: str, job: Job) -> Straggler:
     return Straggler(**head, **values)
 
 
+def _check_parallel(job: Job, source: str) -> None:
+    tp, pp = job.parallel
+    if job.ranks_per_node % tp:
+        raise ScenarioError(f"{source}: job.parallel.tp: {tp} must divide job.ranks_per_node "
+                            f"({job.ranks_per_node}): tensor-parallel groups lie in a node")
+    if job.world_size % (tp * pp):
+        raise ScenarioError(f"{source}: job.parallel: tp × pp ({tp * pp}) must divide the "
+                            f"world size ({job.world_size})")
+    if job.stage_work and len(job.stage_work) != pp:
+        raise ScenarioError(f"{source}: job.stage_work: one value per pipeline stage ({pp})")
+    if tp * pp > 1 and job.extra_collectives:
+        raise ScenarioError(f"{source}: job.extra_collectives: not with job.parallel")
+
+
 def _check_job(job: Job, source: str) -> Job:
+    _check_parallel(job, source)
+    if job.restart_at is not None and job.restart_at >= job.steps:
+        raise ScenarioError(f"{source}: job.restart_at: must be below job.steps ({job.steps})")
     if job.netns and job.rendezvous == "shm":
         raise ScenarioError(f"{source}: job.netns: ranks in separate network namespaces "
                             f"need job.rendezvous: tcp")
@@ -289,6 +325,10 @@ def with_job(scenario: Scenario, **changes) -> Scenario:
         raise ScenarioError(f"job.{unknown[0]}: unknown key")
     merged = {f.name: getattr(scenario.job, f.name) for f in fields(Job)} | changes
     merged["extra_collectives"] = list(merged["extra_collectives"])
+    merged["parallel"] = dict(zip(("tp", "pp"), merged["parallel"]))
+    merged["stage_work"] = list(merged["stage_work"]) or None
+    if merged["stage_work"] is None:
+        del merged["stage_work"]
     checked = _section(merged, "job", JOB_FIELDS)
     return replace(scenario, job=_check_job(Job(**checked), scenario.name))
 

@@ -19,7 +19,7 @@ import pytest
 
 import sim
 from sim import scenario as scenarios
-from sim.cluster import Cluster
+from sim.cluster import Cluster, record_of
 from sim.errors import ScenarioError
 from sim.records import read_record
 
@@ -522,6 +522,27 @@ def test_a_slow_input_stalls_its_rank_waiting_for_its_data(tmp_path):
         assert result.ok, result.describe()
         times.append(median(read_record(result.rank(1).record_path).summary["step_ns"]))
     assert times[1] > 3 * times[0], times      # 100 ms a read, two workers: ~50 ms a step
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_steps_of_a_job_and_an_elastic_restart_are_runs_of_their_own(tmp_path, launcher):
+    scenario = job_scenario(nodes=2, ranks_per_node=2, steps=12, launcher=launcher,
+                            steps_in_job=2, restart_at=5, job_id="62")
+    cluster, result = run_job(tmp_path, scenario)
+    assert result.ok, result.describe()
+    variable = "TORCHELASTIC_RESTART_COUNT" if launcher == "torchrun" else "SLURM_RESTART_COUNT"
+    hashes = set()
+    for step in (0, 1):
+        last = result.rank(3, step)
+        assert (last.step, last.generation, last.status) == (step, 1, "ok")
+        record = read_record(last.record_path)
+        assert [c["step"] for c in record.ops("ncclAllReduce")] == list(range(5, 12))
+        first = read_record(record_of(tmp_path, 3, step, 0))
+        assert [c["step"] for c in first.ops("ncclAllReduce")] == list(range(5))
+        hashes |= {record.summary["comm_id_hash"], first.collectives[0]["comm_id_hash"]}
+    assert len(hashes) == 4, "every step and every restart made its own communicator"
+    assert len({r.pid for r in result.ranks if r.rank == 3}) >= 2
+    assert cluster._launcher_env(3, 1, 1, generation=1)[variable] == "1"
 
 
 def test_every_example_scenario_validates():

@@ -18,29 +18,12 @@
 #include "ingero_sim.h"
 #include "nccl.h"
 #include "rank.h"
+#include "rank_train.h"
 
 #define UNIQUE_ID_POLL_NS 10000000LL
 
-struct training {
-    const struct rank_config *cfg;
-    int record_fd;
-    cudaStream_t stream;
-    ncclComm_t comm;
-    uint64_t comm_hash;
-    uint64_t seq;               /* collectives made on the communicator so far */
-    uint64_t sent, received;    /* Send/Recv calls so far with the one peer of each (a ring) */
-    size_t elements;            /* gradient elements all-reduced per step */
-    void *grads, *reduced, *gathered, *p2p_out, *p2p_in, *loss_device;
-    float *loss_host;
-    struct ingero_sim_kernel forward, backward, optimizer;
-    int64_t *step_ns, *sync_wait_ns;
-    int steps_done;
-    unsigned int seed;          /* for the per-step jitter */
-    struct input_pipeline input;
-    char error[256];
-};
 
-static int64_t now_ns(void)
+int64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -71,7 +54,7 @@ void burn_cpu(int64_t cpu_ns)
             sink += (uint64_t)i;
 }
 
-static int cuda_failed(struct training *t, const char *call, cudaError_t err)
+int cuda_failed(struct training *t, const char *call, cudaError_t err)
 {
     if (err == cudaSuccess)
         return 0;
@@ -79,7 +62,7 @@ static int cuda_failed(struct training *t, const char *call, cudaError_t err)
     return 1;
 }
 
-static int nccl_failed(struct training *t, const char *call, ncclResult_t result)
+int nccl_failed(struct training *t, const char *call, ncclResult_t result)
 {
     if (result == ncclSuccess)
         return 0;
@@ -182,19 +165,19 @@ static int join_communicator(struct training *t)
 
 /* A call about to be made; ``counter`` numbers it: the communicator's collectives, or the
  * Send/Recv calls with one peer (they match per peer pair, and keep their own order). */
-static struct collective_call call_begin(struct training *t, const char *op, size_t count,
+struct collective_call call_begin(struct training *t, const char *op, size_t count,
                                          int root, int peer, int step, uint64_t *counter)
 {
     return (struct collective_call){
         .op = op, .count = count, .datatype = t->cfg->datatype, .root = root, .peer = peer,
-        .seq = (*counter)++, .step = step, .entry_ns = now_ns(),
+        .seq = (*counter)++, .step = step, .entry_ns = now_ns(), .comm_hash = t->comm_hash,
     };
 }
 
-static int call_end(struct training *t, struct collective_call *call)
+int call_end(struct training *t, struct collective_call *call)
 {
     call->return_ns = now_ns();
-    record_collective(t->record_fd, t->cfg, t->comm_hash, call);
+    record_collective(t->record_fd, t->cfg, call->comm_hash, call);
     return nccl_failed(t, call->op, call->result);
 }
 
@@ -279,7 +262,7 @@ static int communicate(struct training *t, int step)
         || ((extras & EXTRA_SEND_RECV) && send_recv(t, step));
 }
 
-static int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times)
+int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times)
 {
     dim3 grid = { 132, 1, 1 }, block = { 256, 1, 1 };
     for (int i = 0; i < times; i++)
@@ -291,16 +274,16 @@ static int launch(struct training *t, const struct ingero_sim_kernel *kernel, in
 
 /* The loss read after the forward pass, as loss.item() does: a sync that covers only the rank's
  * own kernels (self-work), so a slow GPU shows in it. */
-static int read_loss(struct training *t, int step)
+int read_loss(struct training *t, int step)
 {
     int every = t->cfg->loss_every;
-    if (!every || step % every)
+    if (!every || step % every || !synced_step(t->cfg, step))
         return 0;
     return cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream));
 }
 
 /* Host time that varies from step to step (Python, the data loader): uniform in [0, jitter]. */
-static void jitter(struct training *t)
+void jitter(struct training *t)
 {
     if (t->cfg->jitter_ns > 0)
         sleep_for_ns((int64_t)((double)rand_r(&t->seed) / RAND_MAX * (double)t->cfg->jitter_ns));
@@ -318,24 +301,38 @@ static int compute_and_communicate(struct training *t, int step)
     return communicate(t, step) || launch(t, &t->optimizer, 1);
 }
 
+/* Whether the host waits for its GPU at the end of this step: every step, or only every
+ * --sync-every steps (PyTorch syncs only on .item(), a blocking copy or the allocator: between
+ * those the host enqueues steps ahead of its GPU). The allocation, the loss read and the
+ * blocking copy of a step are syncs too, so they come only with it. */
+int synced_step(const struct rank_config *cfg, int step)
+{
+    return cfg->sync_every <= 1 || step % cfg->sync_every == cfg->sync_every - 1
+        || step == cfg->steps - 1;
+}
+
 static int run_step(struct training *t, int step)
 {
     const struct rank_config *cfg = t->cfg;
     int64_t begin = now_ns();
     void *activations = NULL;
+    int synced = synced_step(cfg, step);
     burn_cpu(cfg->host_work_ns);
     if (input_next(&t->input, step) != 0)
         return cuda_failed(t, "the data loader", cudaErrorUnknown);
-    if (cuda_failed(t, "cudaMalloc", cudaMalloc(&activations, cfg->allreduce_bytes + 1))
-        || compute_and_communicate(t, step))
+    if ((synced && cuda_failed(t, "cudaMalloc",
+                               cudaMalloc(&activations, cfg->allreduce_bytes + 1)))
+        || (cfg->tp * cfg->pp > 1 ? parallel_compute(t, step) : compute_and_communicate(t, step)))
         return 1;
-    int64_t sync_begin = now_ns();
-    if (cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream)))
-        return 1;
-    t->sync_wait_ns[step] = now_ns() - sync_begin;
-    if (cuda_failed(t, "cudaFree", cudaFree(activations)))
-        return 1;
-    if (cfg->memcpy_every && step % cfg->memcpy_every == cfg->memcpy_every - 1
+    if (synced) {
+        int64_t sync_begin = now_ns();
+        if (cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream)))
+            return 1;
+        t->sync_wait_ns[step] = now_ns() - sync_begin;
+        if (cuda_failed(t, "cudaFree", cudaFree(activations)))
+            return 1;
+    }
+    if (synced && cfg->memcpy_every && step % cfg->memcpy_every == cfg->memcpy_every - 1
         && cuda_failed(t, "cudaMemcpy", cudaMemcpy(t->loss_host, t->loss_device, sizeof(float),
                                                    cudaMemcpyDeviceToHost)))
         return 1;
@@ -343,11 +340,14 @@ static int run_step(struct training *t, int step)
     return 0;
 }
 
-/* Injected faults act at the start of a step: a crash exits at once, a hang just stops. */
+/* Injected faults act at the start of a step: a crash exits at once, a hang just stops; an
+ * elastic restart leaves too (the launcher kills its workers), to be started again. */
 static void inject_fault(const struct rank_config *cfg, int step)
 {
     if (step == cfg->die_at)
         _exit(EXIT_INJECTED_DEATH);
+    if (step == cfg->restart_at)
+        _exit(EXIT_RESTART);
     if (step == cfg->hang_at)
         for (;;)
             pause();
@@ -355,7 +355,7 @@ static void inject_fault(const struct rank_config *cfg, int step)
 
 static int train(struct training *t)
 {
-    for (int step = 0; step < t->cfg->steps; step++) {
+    for (int step = t->cfg->first_step; step < t->cfg->steps; step++) {
         inject_fault(t->cfg, step);
         if (run_step(t, step))
             return 1;
@@ -410,7 +410,8 @@ int main(int argc, char **argv)
         perror(cfg.input_path ? cfg.input_path : "--workers needs --input");
         return EXIT_USAGE;
     }
-    int failed = set_up_device(&t) || join_communicator(&t) || train(&t);
+    int failed = set_up_device(&t) || join_communicator(&t)
+        || (cfg.tp * cfg.pp > 1 && parallel_join(&t)) || train(&t);
     input_close(&t.input);
     return finish(&t, failed, start_ns);
 }

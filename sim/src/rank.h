@@ -13,12 +13,15 @@
 
 #define MAX_DELAY_RULES 8
 #define MAX_WORKERS 16
+#define MAX_STAGES 16
 
 enum rank_exit {
     EXIT_OK = 0,
     EXIT_INJECTED_DEATH = 1,  /* --die-at: exits without cleanup, like a crashed process */
     EXIT_USAGE = 2,
     EXIT_GPU_ERROR = 3,       /* a CUDA or NCCL call failed, e.g. a peer never arrived */
+    EXIT_RESTART = 4,         /* --restart-at: leaves for an elastic restart (its launcher
+                               * starts every rank again, from that step) */
 };
 
 enum extra_collective {
@@ -48,8 +51,14 @@ struct rank_config {
     struct delay_rule delays[MAX_DELAY_RULES];
     int ndelays;
     int die_at, hang_at;      /* step numbers; -1: never */
+    int restart_at;           /* step to leave at, for an elastic restart; -1: never */
+    int tp, pp;               /* tensor- and pipeline-parallel sizes (1: none) */
+    int64_t stage_work_ns[MAX_STAGES];   /* GPU compute per step of each stage */
+    int stage_works;          /* how many --stage-work gave */
+    int first_step;           /* where this run of the rank starts (after a restart) */
     int memcpy_every;         /* a blocking device-to-host copy every N steps; 0: never */
     int loss_every;           /* a sync on the forward pass (loss.item()) every N steps; 0: never */
+    int sync_every;           /* the host waits for its GPU every N steps only (1: every step) */
     int64_t jitter_ns;        /* random host time per step, uniform in [0, jitter_ns] */
     int workers;              /* data-loader worker processes per epoch; 0: none */
     int epoch_steps;          /* steps per epoch (workers exit and are forked anew); 0: all */
@@ -69,6 +78,8 @@ void sleep_for_ns(int64_t ns);
 struct input_pipeline {
     const struct rank_config *cfg;
     int fds[2];               /* workers write a byte per batch ready; the rank reads */
+    int wanted[2];            /* the rank writes a byte per batch it asks for; workers read */
+    int batches, asked;       /* this epoch's batches, and how many the rank asked for */
     int workers[MAX_WORKERS]; /* this epoch's worker pids */
     int nworkers;
     void *buffer;             /* O_DIRECT-aligned, allocated before any fork */
@@ -92,6 +103,7 @@ struct collective_call {
     ncclDataType_t datatype;
     int root, peer;           /* -1 where the call has none */
     uint64_t seq;             /* per-communicator sequence, from 0 */
+    uint64_t comm_hash;       /* the communicator's, as ingerod hashes it */
     int step;
     int64_t entry_ns, return_ns;
     ncclResult_t result;

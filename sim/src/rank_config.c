@@ -25,10 +25,16 @@ static const char usage_text[] =
     "                          [,every=E][,until=U]; may repeat\n"
     "  --die-at N              exit 1 without cleanup at the start of step N\n"
     "  --hang-at N             stop calling anything at the start of step N\n"
+    "  --restart-at N          exit 4 at the start of step N, for an elastic restart\n"
+    "  --first-step N          start at step N (a run after an elastic restart)\n"
+    "  --tp N                  tensor-parallel group size (split from the world; default 1)\n"
+    "  --pp N                  pipeline stages (default 1)\n"
+    "  --stage-work MS,MS,...  GPU compute per step of each stage (default --step-ms)\n"
     "  --memcpy-every N        blocking device-to-host copy every N steps (default 5; 0 off)\n"
     "  --loss-every N          read the loss after the forward pass every N steps: a sync on\n"
     "                          the rank's own kernels, as loss.item() (default 1; 0 off)\n"
     "  --jitter-ms MS          random host time per step, uniform in [0, MS] (default 0)\n"
+    "  --sync-every N          the host waits for its GPU every N steps only (default 1)\n"
     "  --workers N             data-loader worker processes, forked each epoch (default 0)\n"
     "  --epoch-steps N         steps per epoch; workers exit and respawn (default: all)\n"
     "  --input PATH            the file the workers read batches from\n"
@@ -215,7 +221,8 @@ enum option_id {
     OPT_STEPS = 1, OPT_STEP_MS, OPT_KERNELS, OPT_BYTES, OPT_DTYPE, OPT_EXTRA, OPT_HOST_WORK,
     OPT_DELAY, OPT_DIE_AT, OPT_HANG_AT, OPT_MEMCPY_EVERY, OPT_RECORD, OPT_UNIQUE_ID, OPT_HELP,
     OPT_LOSS_EVERY, OPT_JITTER, OPT_WORKERS, OPT_EPOCH, OPT_INPUT, OPT_INPUT_KB, OPT_WORKER_CPU,
-    OPT_INPUT_STALL,
+    OPT_INPUT_STALL, OPT_RESTART_AT, OPT_FIRST_STEP, OPT_TP, OPT_PP, OPT_STAGE_WORK,
+    OPT_SYNC_EVERY,
 };
 
 static const struct option options[] = {
@@ -238,6 +245,12 @@ static const struct option options[] = {
     { "input-kb", required_argument, NULL, OPT_INPUT_KB },
     { "worker-cpu-ms", required_argument, NULL, OPT_WORKER_CPU },
     { "input-stall-ms", required_argument, NULL, OPT_INPUT_STALL },
+    { "restart-at", required_argument, NULL, OPT_RESTART_AT },
+    { "first-step", required_argument, NULL, OPT_FIRST_STEP },
+    { "sync-every", required_argument, NULL, OPT_SYNC_EVERY },
+    { "tp", required_argument, NULL, OPT_TP },
+    { "pp", required_argument, NULL, OPT_PP },
+    { "stage-work", required_argument, NULL, OPT_STAGE_WORK },
     { "record", required_argument, NULL, OPT_RECORD },
     { "unique-id-file", required_argument, NULL, OPT_UNIQUE_ID },
     { "help", no_argument, NULL, OPT_HELP },
@@ -279,6 +292,22 @@ static int set_bytes(struct rank_config *cfg, const char *arg)
     return 0;
 }
 
+/* "40,20": each stage's GPU compute per step, in ms */
+static int parse_stage_work(struct rank_config *cfg, const char *text)
+{
+    char copy[256], *save = NULL;
+    int n = 0;
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *word = strtok_r(copy, ",", &save); word; word = strtok_r(NULL, ",", &save)) {
+        double ms;
+        if (n == MAX_STAGES || parse_double(word, 0, &ms))
+            return -1;
+        cfg->stage_work_ns[n++] = (int64_t)(ms * 1e6);
+    }
+    cfg->stage_works = n;
+    return n ? 0 : -1;
+}
+
 static int set_kb(struct rank_config *cfg, const char *arg)
 {
     long n;
@@ -296,6 +325,12 @@ static int apply_option(struct rank_config *cfg, int id, const char *arg)
     case OPT_KERNELS: return set_int("--kernels", arg, 1, &cfg->kernels);
     case OPT_DIE_AT: return set_int("--die-at", arg, 0, &cfg->die_at);
     case OPT_HANG_AT: return set_int("--hang-at", arg, 0, &cfg->hang_at);
+    case OPT_RESTART_AT: return set_int("--restart-at", arg, 0, &cfg->restart_at);
+    case OPT_FIRST_STEP: return set_int("--first-step", arg, 0, &cfg->first_step);
+    case OPT_SYNC_EVERY: return set_int("--sync-every", arg, 1, &cfg->sync_every);
+    case OPT_TP: return set_int("--tp", arg, 1, &cfg->tp);
+    case OPT_PP: return set_int("--pp", arg, 1, &cfg->pp);
+    case OPT_STAGE_WORK: return parse_stage_work(cfg, arg) ? fail("--stage-work", arg) : 0;
     case OPT_MEMCPY_EVERY: return set_int("--memcpy-every", arg, 0, &cfg->memcpy_every);
     case OPT_LOSS_EVERY: return set_int("--loss-every", arg, 0, &cfg->loss_every);
     case OPT_JITTER: return set_ms("--jitter-ms", arg, &cfg->jitter_ns);
@@ -323,6 +358,7 @@ static void set_defaults(struct rank_config *cfg)
     *cfg = (struct rank_config){
         .steps = 10, .step_compute_ns = 20000000, .kernels = 4, .allreduce_bytes = 4194304,
         .datatype = ncclFloat32, .host_work_ns = 500000, .die_at = -1, .hang_at = -1,
+        .restart_at = -1, .tp = 1, .pp = 1, .sync_every = 1,
         .memcpy_every = 5, .loss_every = 1, .input_bytes = 256 * 1024,
         .worker_cpu_ns = 1000000,
     };
@@ -342,6 +378,14 @@ int rank_config_parse(struct rank_config *cfg, int argc, char **argv)
         return fail("command line", "--record and --unique-id-file are required");
     if (cfg->rank >= cfg->world_size)
         return fail("RANK", "must be below WORLD_SIZE");
+    if (cfg->world_size % (cfg->tp * cfg->pp) || cfg->pp > MAX_STAGES)
+        return fail("--tp/--pp", "must divide the world size (at most 16 stages)");
+    if (cfg->stage_works && cfg->stage_works != cfg->pp)
+        return fail("--stage-work", "needs one value per pipeline stage");
+    for (int i = cfg->stage_works; i < cfg->pp; i++)
+        cfg->stage_work_ns[i] = cfg->step_compute_ns;
+    if (cfg->first_step >= cfg->steps)
+        return fail("--first-step", "must be below --steps");
     if (cfg->workers > MAX_WORKERS)
         return fail("--workers", "more than 16");
     if (cfg->workers && !cfg->input_path)

@@ -3,9 +3,13 @@
  * rank at the start of every epoch (so they map libcudart and carry the rank's environment,
  * but never call CUDA), each reading its share of the epoch's batches from the input file
  * (real reads, O_DIRECT where the file system allows it, so they reach the block device) and
- * decoding them on the CPU, then exiting when the epoch's batches are done. A worker hands a
- * batch over by writing one byte into a pipe; the rank reads one per step and waits there when
- * its workers fall behind, as a training loop waits in next(iter(loader)).
+ * decoding them on the CPU, then exiting when the epoch's batches are done. As PyTorch's, they
+ * prefetch only PREFETCH batches each ahead of the rank: a worker takes a request (a byte the
+ * rank writes into one pipe) before it loads a batch, and hands the batch over by writing a
+ * byte into another; the rank reads one batch a step, waiting there when its workers fall
+ * behind, as a training loop waits in next(iter(loader)), and asks for one more. Once the
+ * epoch's batches are all asked for, it closes its end: the workers exit when the requests
+ * run out, near the end of the epoch.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +25,7 @@
 #include "rank.h"
 
 #define DIRECT_ALIGN 4096
+#define PREFETCH 2               /* batches each worker loads ahead: PyTorch's prefetch_factor */
 
 static size_t aligned(size_t bytes)
 {
@@ -30,7 +35,8 @@ static size_t aligned(size_t bytes)
 
 int input_open(struct input_pipeline *in, const struct rank_config *cfg)
 {
-    *in = (struct input_pipeline){ .cfg = cfg, .fds = { -1, -1 }, .epoch_end = -1 };
+    *in = (struct input_pipeline){ .cfg = cfg, .fds = { -1, -1 }, .wanted = { -1, -1 },
+                                   .epoch_end = -1 };
     if (!cfg->workers)
         return 0;
     if (!cfg->input_path || pipe2(in->fds, O_CLOEXEC) != 0)
@@ -60,17 +66,33 @@ static void load_batch(const struct input_pipeline *in, int fd, off_t size, int 
         _exit(EXIT_GPU_ERROR);
 }
 
-static void worker(const struct input_pipeline *in, int index, int first, int end)
+static void worker(const struct input_pipeline *in, int index, int first)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     prctl(PR_SET_NAME, "pt_data_worker");
+    close(in->wanted[1]);           /* else the requests would never run out */
     int fd = open_input(in->cfg->input_path);
     struct stat st;
+    char request;
     if (fd < 0 || fstat(fd, &st) != 0)
         _exit(EXIT_GPU_ERROR);
-    for (int batch = first + index; batch < end; batch += in->cfg->workers)
+    for (int batch = first + index; read(in->wanted[0], &request, 1) == 1;
+         batch += in->cfg->workers)
         load_batch(in, fd, st.st_size, batch);
     _exit(EXIT_OK);
+}
+
+/* Ask the workers for another batch; once the epoch's are all asked for, say so. */
+static int ask(struct input_pipeline *in)
+{
+    char request = 1;
+    if (in->asked < in->batches && write(in->wanted[1], &request, 1) != 1)
+        return -1;
+    if (++in->asked >= in->batches && in->wanted[1] >= 0) {
+        close(in->wanted[1]);
+        in->wanted[1] = -1;
+    }
+    return 0;
 }
 
 /* Wait for the epoch's workers: they exit once their batches are handed over. */
@@ -88,14 +110,23 @@ static int start_epoch(struct input_pipeline *in, int step)
     int epoch = cfg->epoch_steps > 0 ? cfg->epoch_steps : cfg->steps;
     reap(in);
     in->epoch_end = step + epoch < cfg->steps ? step + epoch : cfg->steps;
+    in->batches = in->epoch_end - step;
+    in->asked = 0;
+    if (in->wanted[0] >= 0)
+        close(in->wanted[0]);
+    if (pipe2(in->wanted, O_CLOEXEC) != 0)
+        return -1;
     for (int i = 0; i < cfg->workers && i < MAX_WORKERS; i++) {
         pid_t pid = fork();
         if (pid < 0)
             return -1;
         if (pid == 0)
-            worker(in, i, step, in->epoch_end);
+            worker(in, i, step);
         in->workers[in->nworkers++] = pid;
     }
+    for (int i = 0; i < PREFETCH * cfg->workers && in->asked < in->batches; i++)
+        if (ask(in) != 0)
+            return -1;
     return 0;
 }
 
@@ -109,7 +140,7 @@ int input_next(struct input_pipeline *in, int step)
     ssize_t n;
     while ((n = read(in->fds[0], &ready, 1)) < 0 && errno == EINTR)
         ;
-    return n == 1 ? 0 : -1;
+    return n == 1 ? ask(in) : -1;
 }
 
 void input_close(struct input_pipeline *in)
@@ -117,9 +148,11 @@ void input_close(struct input_pipeline *in)
     for (int i = 0; i < in->nworkers; i++)
         kill(in->workers[i], SIGKILL);
     reap(in);
-    if (in->fds[0] >= 0)
-        close(in->fds[0]);
-    if (in->fds[1] >= 0)
-        close(in->fds[1]);
+    for (int i = 0; i < 2; i++) {
+        if (in->fds[i] >= 0)
+            close(in->fds[i]);
+        if (in->wanted[i] >= 0)
+            close(in->wanted[i]);
+    }
     free(in->buffer);
 }
