@@ -48,9 +48,11 @@ class CommWindow:
     """Open and recent instances of one communicator."""
 
     def __init__(self, comm_hash: str, nranks: int, capacity: int = OPEN_CAPACITY,
-                 history: int = HISTORY):
+                 history: int = HISTORY, created: float = 0.0):
         self.comm_hash = comm_hash
         self.nranks = nranks
+        self.created = created    # when fleetd first heard of it (its clock)
+        self.bar = np.inf         # the lag bar of its last judgement
         self.open = np.full((capacity, nranks), np.nan)
         self.open_seq = np.full(capacity, -1, np.int64)
         self.open_op = np.full(capacity, -1, np.int64)
@@ -80,10 +82,16 @@ class CommWindow:
         np.maximum.at(self.latest, column, seq)
         return int((~good).sum())
 
-    def settle(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def settle(self, unseen: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
         """Move the instances every rank entered to the history, in sequence order; returns
-        the newly complete (seq, op, entries)."""
-        done = (self.open_seq >= 0) & np.isfinite(self.open).all(axis=1)
+        the newly complete (seq, op, entries). ``unseen`` columns (no agent can tell where
+        their ranks are) are not waited for: they stay NaN, and the others are judged."""
+        entered = np.isfinite(self.open)
+        if unseen is not None and unseen.any():
+            entered |= unseen
+        done = (self.open_seq >= 0) & entered.all(axis=1) & \
+            (np.isfinite(self.open).sum(axis=1) >= 2)
         rows = np.flatnonzero(done)
         rows = rows[np.argsort(self.open_seq[rows], kind="stable")]
         seq, op, entries = self.open_seq[rows].copy(), self.open_op[rows].copy(), \

@@ -30,12 +30,17 @@ from ingero.wire import Push
 
 from .alignment import CommWindow, Entries, OpCodes
 from .clocks import ClockBook
-from .rankstate import JobState, PeerFacts, RankFacts, Verdict
+from .rankstate import RUN_TAGS, JobState, PeerFacts, RankFacts, Verdict
 
 log = logging.getLogger("fleetd")
 
 UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
+MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
+AHEAD_SHARE = 0.25                   # a late rank whose syncs wait on its GPU more than this
+                                     # share of its peers' is ahead of its queue: no cost
+UNCOVERED_AFTER = 3                  # push intervals a communicator runs before a rank no
+UNCOVERED_AFTER_S = 5.0              # agent told of is taken as uncovered (and this long)
 SERVE_EVERY_S = 0.005                # judging between two chances for fleetd to answer pushes
 
 
@@ -44,6 +49,21 @@ def foreign(preempted: dict, job: str | None) -> bool:
     tree (its data-loader workers are its own work) and not another process of its job."""
     other_job = preempted.get("preemptor_job")
     return not preempted.get("preemptor_own") and (other_job is None or other_job != job)
+
+
+def ahead(facts: causes.Facts) -> bool:
+    """Whether a rank late on the host is ahead of its GPU queue: its syncs on collectives
+    still wait on its own GPU, more than AHEAD_SHARE of what its peers' wait. A rank whose host
+    paces it waits on nothing there (its GPU went idle), and its peers wait on it."""
+    return (facts.peer_wait_s is not None and facts.peers_peer_wait_s is not None
+            and facts.peers_peer_wait_s > 0
+            and facts.peer_wait_s > AHEAD_SHARE * facts.peers_peer_wait_s)
+
+
+def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
+    """GPU-seconds its lag over the bar kept its peers waiting, at these instances."""
+    over = np.asarray(lag, float) - (bar if np.isfinite(bar) else 0.0)
+    return float(np.nansum(np.clip(over, 0.0, None))) * max(nranks - 1, 1)
 
 
 def by_program(taken: dict[tuple[str, int], tuple[int, int]]) -> dict[str, int]:
@@ -65,13 +85,13 @@ class RankAnalysis:
         self.job_ttl = cfg.job_ttl
         self.rate = rate_usd_per_gpu_hour
         self.clocks = clocks or ClockBook()
-        self.jobs: dict[tuple[str, str | None], JobState] = {}
+        self.jobs: dict[tuple, JobState] = {}       # (cluster, job, run) → its state
         self.ops = OpCodes()
         self.unaligned = 0            # collectives on communicators never seen created
         self.heard: dict[str, tuple[float, float]] = {}   # node → (last push, its interval)
         self.pending_rows: list[dict] = []
         self.pending_lag: list[dict] = []
-        self.live_by_node: dict[str | None, set[int]] = {}    # node → ranks under a verdict
+        self.live_by_node: dict[str | None, set[tuple]] = {}  # node → (job, rank) named
         self.failed = 0               # a job's tick that raised (a bug): counted, logged, skipped
         self.failures = RateLimitedLog(log, 60.0)
 
@@ -86,37 +106,74 @@ class RankAnalysis:
         collectives: dict[tuple, list] = defaultdict(list)
         for event in push.events:
             a = event["attrs"]
-            job = self._job(push.cluster, push.job_of(event), now)
+            job = self._job(push.cluster, push.job_of(event),
+                            tuple(a.get(tag) for tag in RUN_TAGS), now)
             kind = event["kind"]
             if kind == "collective":
-                self._collective(job, push.node, event, a, collectives)
+                self._collective(job, push.node, event, a, collectives, event["t"] - offset)
             elif "rank" in a and a["rank"] is not None:
                 self._fact(job, push.node, kind, a, event["t"] - offset)
+            elif kind == "agent_restart":
+                self._restarted(push.node, a.get("untraced_from") or event["t"] - offset)
+        for job in {id(j): j for j in self.jobs.values() if j.unresolved}.values():
+            for comm in [c for c in job.unresolved if c in job.split_comms]:
+                for node, event, a, t in job.unresolved.pop(comm):
+                    self._collective(job, node, event, a, collectives, t)
         for (job, comm, nranks), rows in collectives.items():
             window = job.comms.get(comm)
             if window is None or window.nranks != nranks:
-                window = job.comms[comm] = CommWindow(comm, nranks)
+                window = job.comms[comm] = CommWindow(comm, nranks, created=now)
             seq, column, t, op = (np.array(x) for x in zip(*rows))
             window.add(Entries(seq.astype(np.int64), column.astype(np.int64), t.astype(float),
                                op.astype(np.int64)))
 
-    def _job(self, cluster: str, job: str | None, now: float) -> JobState:
-        state = self.jobs.get((cluster, job))
+    def _job(self, cluster: str, job: str | None, run: tuple, now: float) -> JobState:
+        """The state of one run: steps of one job, a requeue, an elastic restart are runs of
+        their own (their own ranks, exits, verdicts and cost)."""
+        state = self.jobs.get((cluster, job, run))
         if state is None:
-            state = self.jobs[(cluster, job)] = JobState(cluster, job, started=now)
+            state = self.jobs[(cluster, job, run)] = JobState(cluster, job, run, started=now)
         state.last_event = now
         return state
 
-    def _collective(self, job: JobState, node: str, event: dict, a: dict, into: dict) -> None:
+    def _restarted(self, node: str, since: float) -> None:
+        """``node``'s agent restarted: the communicators its ranks made before are unknown to
+        it now, so their collectives cannot be placed; those ranks are not waited for there
+        (they are not missing: no one can tell), and their peers are judged without them."""
+        for job in self.jobs.values():
+            for facts in job.facts.values():
+                if facts.node == node and facts.blind_since is None:
+                    facts.blind_since = since
+        log.info("node %s's agent restarted: its ranks' collectives on the communicators it "
+                 "made before are not placed from then on", node)
+
+    def _collective(self, job: JobState, node: str, event: dict, a: dict, into: dict,
+                    t: float) -> None:
         comm, nranks, column = a.get("comm_hash"), a.get("nranks"), a.get("comm_rank")
         if a.get("op") in POINT_TO_POINT:
             return
+        if comm and comm != UNKNOWN_COMM and (column is None or column < 0) \
+                and a.get("rank") is not None:         # on a communicator made by a split
+            known = job.split_comms.get(comm, {}).get(a["rank"])
+            if known is None:
+                held = job.unresolved.setdefault(comm, [])
+                if len(held) < MAX_UNRESOLVED:
+                    held.append((node, event, a, t))   # placed once the split is resolved
+                return
+            column, nranks = known
         if not comm or comm == UNKNOWN_COMM or not nranks or nranks < 1 or column is None:
-            self.unaligned += 1
+            self.unaligned += 1        # kept out, and counted
+            rank = a.get("rank")
+            if comm in (None, UNKNOWN_COMM) and rank is not None \
+                    and job.facts[rank].blind_since is None:
+                job.facts[rank].node = node          # alive and calling, on a communicator
+                job.facts[rank].blind_since = t      # its agent did not see made
             return
         rank = a.get("rank") if a.get("rank") is not None else column
         job.columns.setdefault(comm, {})[column] = rank
         facts = job.facts[rank]
+        if facts.pid is not None and a.get("pid") not in (None, facts.pid):
+            facts.exited_at = facts.crashed = facts.aborted_at = None   # a new process of it
         facts.node, facts.pid = node, a.get("pid")
         into[(job, comm, nranks)].append((a.get("seq", -1), column, event["t"],
                                           self.ops.code(a.get("op", "?"))))
@@ -141,6 +198,26 @@ class RankAnalysis:
                 facts.crashed = a.get("signal") is not None or a.get("exit_status") != 0
         elif kind == "comm_destroy" and a.get("op") == "ncclCommAbort":
             facts.aborted_at = t
+        elif kind == "comm_init" and a.get("parent_hash") is not None:
+            self._split(job, a)
+
+    def _split(self, job: JobState, a: dict) -> None:
+        """One rank's ncclCommSplit: once every rank of the parent has split, each new
+        communicator's ranks are numbered as NCCL numbers them (by key, then parent rank,
+        among the ranks of one colour), and the collectives held for it are placed."""
+        members = job.splits.setdefault((a["parent_hash"], a.get("split", 0)), {})
+        members[a.get("parent_rank", -1)] = (a.get("color", -1), a.get("key", 0),
+                                             a.get("comm_hash"), a["rank"])
+        if len(members) < (a.get("parent_nranks") or 0):
+            return
+        colours: dict[int, list] = defaultdict(list)
+        for parent_rank, (colour, key, comm, rank) in members.items():
+            if colour >= 0:                              # NCCL_SPLIT_NOCOLOR: no new comm
+                colours[colour].append((key, parent_rank, comm, rank))
+        for group in colours.values():
+            for comm_rank, (_key, _parent, comm, rank) in enumerate(sorted(group)):
+                job.split_comms.setdefault(comm, {})[rank] = (comm_rank, len(group))
+        del job.splits[(a["parent_hash"], a.get("split", 0))]
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -171,7 +248,7 @@ class RankAnalysis:
         self.pending_rows += [v.row() for v in changed]
         self.live_by_node = defaultdict(set)
         for verdict in self.active():
-            self.live_by_node[verdict.node].add(verdict.rank)
+            self.live_by_node[verdict.node].add((verdict.job, verdict.rank))
         return changed
 
     def _judge_job(self, job: JobState, now: float) -> list[Verdict]:
@@ -179,21 +256,49 @@ class RankAnalysis:
         job.peers = None
         found: dict[tuple[int, str], Verdict] = {}
         for comm, window in job.comms.items():
-            self._settle(job, comm, window)
+            self._settle(job, comm, window, now)
             found.update(self._judge_lag(job, comm, window, now))
             found.update(self._judge_missing(job, comm, window, now))
         found.update(self._judge_work(job, now, {rank for rank, _ in found}))
         return self._merge(job, found, now)
 
-    def _settle(self, job: JobState, comm: str, window: CommWindow) -> None:
-        seq, _op, raw = window.settle()
+    def _unseen(self, job: JobState, window: CommWindow, ranks: list[int],
+                now: float) -> np.ndarray:
+        """Per column, whether no agent can tell where its rank is: its agent restarted since
+        the communicator was made (blind), or no agent has ever told of the rank while the
+        communicator ran a few push intervals (uncovered: its node runs none)."""
+        unseen = np.zeros(window.nranks, bool)
+        settled = now - window.created >= max(UNCOVERED_AFTER_S,
+                                              UNCOVERED_AFTER * self._interval())
+        for column, rank in enumerate(ranks):
+            facts = job.facts.get(rank)
+            if facts is None or not facts.node:
+                unseen[column] = settled and window.latest[column] < 0
+            elif facts.blind_since is not None:      # made before its agent restarted
+                unseen[column] = facts.blind_since >= window.created - self._interval()
+        newly = {ranks[c] for c in np.flatnonzero(unseen)
+                 if job.facts.get(ranks[c]) is None} - job.uncovered
+        if newly:
+            job.uncovered |= newly
+            log.warning("job %s: rank(s) %s never told of by any agent (their node runs none, "
+                        "or not for this job): not judged, and their peers judged without them",
+                        job.job, ",".join(map(str, sorted(newly))))
+        return unseen
+
+    def _interval(self) -> float:
+        """The longest push interval of the nodes heard from."""
+        return max((interval for _t, interval in self.heard.values()), default=1.0)
+
+    def _settle(self, job: JobState, comm: str, window: CommWindow, now: float) -> None:
+        ranks = self._ranks(job, comm, window.nranks)
+        seq, _op, raw = window.settle(self._unseen(job, window, ranks, now))
         if not len(seq):
             return
-        ranks = self._ranks(job, comm, window.nranks)
         entries = self._on_fleet_clock(job, ranks, raw)
         for column, idle in enumerate(idle_caused(entries)):
             job.facts[ranks[column]].idle_caused_s += idle
         lag = peer_lag(entries)      # complete, but NaN where a node's clock is not known yet
+        self._charge(job, comm, window, ranks, entries, lag)
         known = np.isfinite(lag).all(axis=0)
         if known.sum() < 2:
             return
@@ -208,6 +313,18 @@ class RankAnalysis:
                 "node": job.facts[ranks[column]].node or None,
                 "samples": len(seq), "lag_median_ns": median, "lag_p95_ns": p95,
                 "lag_max_ns": largest})
+
+    def _charge(self, job: JobState, comm: str, window: CommWindow, ranks: list[int],
+                entries: np.ndarray, lag: np.ndarray) -> None:
+        """What the newly settled instances cost, on the verdicts live on this communicator:
+        from each verdict's onset, only the part of the rank's lag over the bar, once for
+        each peer kept waiting (GPU-seconds)."""
+        for column, rank in enumerate(ranks):
+            verdict = job.verdicts.get((rank, "lag"))
+            if verdict is None or verdict.cleared is not None or verdict.comm_hash != comm:
+                continue
+            since = np.nan_to_num(np.nanmedian(entries, axis=1), nan=-np.inf) >= verdict.onset
+            verdict.cost_gpu_s += excess(lag[since, column], window.bar, window.nranks)
 
     def _on_fleet_clock(self, job: JobState, ranks: list[int], raw: np.ndarray) -> np.ndarray:
         """Entry times (instances × columns, each column as its node timed it) on fleetd's
@@ -241,10 +358,15 @@ class RankAnalysis:
                           if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
                           and v.kind == "persistent")
         judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries))
+        window.bar = judgement.bar_s
+        lag = peer_lag(entries)
         found = {}
         for f in judgement.findings:
             rank = ranks[f.column]
             facts = self._facts_of(job, rank, now)
+            if f.kind == "persistent" and ahead(facts):
+                self._say_ahead(job, rank, f)
+                continue
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
                               diagnosis.cause, confidence=diagnosis.confidence,
@@ -257,9 +379,19 @@ class RankAnalysis:
                               last_share=f.last_share, period=f.period,
                               occurrences=f.occurrences,
                               evidence=self._evidence(facts, judgement.bar_s, judgement.step_s))
+            verdict.cost_gpu_s = excess(lag[f.onset:, f.column], judgement.bar_s, window.nranks)
             self._clock_caveat(verdict)
             found[(rank, "lag")] = verdict
         return found
+
+    def _say_ahead(self, job: JobState, rank: int, f) -> None:
+        """A rank late on the host whose syncs still wait on its own GPU: its host is ahead of
+        its GPU queue, and its lateness delays nobody. Said once, named never."""
+        if rank not in job.ahead:
+            job.ahead.add(rank)
+            log.info("job %s rank %d enters collectives %.1f ms late on the host but its GPU "
+                     "queue is still ahead of its peers' need (its syncs still wait on its own "
+                     "GPU): no straggler, no cost", job.job, rank, f.lag_p50_s * 1e3)
 
     def _clock_slack(self, job: JobState, ranks: list[int], entries: np.ndarray) -> np.ndarray:
         """Per column, how far its node's clock estimate may be off at the latest entries (0
@@ -283,12 +415,15 @@ class RankAnalysis:
             verdict.confidence = "low"
 
     def _judge_work(self, job: JobState, now: float, named: set[int]) -> dict:
-        """A rank whose own kernels are slow though it is not (yet) late at collectives."""
+        """A rank whose own kernels are slow, against the ranks doing its work, though it is
+        not (yet) late at collectives."""
         peers = self._peers(job, now)
         found = {}
-        for rank in np.array(peers.ranks)[slow_workers(peers.work, self.policy)]:
-            rank = int(rank)
-            if rank in named:
+        slow = slow_workers(peers.work, self.policy) if peers.alike is None else [
+            slow_workers(peers.work[np.r_[at, peers.like(at)]], self.policy)[0]
+            for at in range(len(peers.ranks))]
+        for at, rank in enumerate(peers.ranks):
+            if rank in named or not slow[at]:
                 continue
             facts = self._facts_of(job, rank, now)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
@@ -311,6 +446,10 @@ class RankAnalysis:
             return {}
         seq, op, columns = stalled[0]
         ranks = self._ranks(job, comm, window.nranks)
+        unseen = self._unseen(job, window, ranks, now)
+        columns = [c for c in columns if not unseen[c] and job.facts.get(ranks[c]) is not None]
+        if not columns:
+            return {}                  # not observed is never missing
         opened = self._on_fleet_clock(job, ranks, window.open[seq % len(window.open_seq)][None])
         if not np.isfinite(opened).any():
             return {}      # entered only by ranks of nodes whose clocks are not known yet
@@ -333,7 +472,7 @@ class RankAnalysis:
             kind = self._missing(job.facts[rank], began, gave_up, now)
             if kind is not None:
                 found[(rank, "missing")] = self._missing_verdict(
-                    job, comm, rank, kind, op, seq, began, gave_up, now)
+                    job, comm, rank, kind, op, seq, began, gave_up, now, len(entered))
         return found
 
     def _missing(self, facts: RankFacts, began: float, gave_up: float | None,
@@ -354,7 +493,8 @@ class RankAnalysis:
         return "died" if gone_at is not None else "hang"
 
     def _missing_verdict(self, job: JobState, comm: str, rank: int, kind: str, op: int,
-                         seq: int, began: float, gave_up: float | None, now: float) -> Verdict:
+                         seq: int, began: float, gave_up: float | None, now: float,
+                         waiting: int) -> Verdict:
         facts = job.facts[rank]
         waited = (gave_up if gave_up is not None else now) - began
         why = (f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its peers "
@@ -370,7 +510,8 @@ class RankAnalysis:
                        severity="critical",
                        fix=causes.FIXES[kind].format(node=facts.node or "its node"),
                        findings=[why], op=self.ops.names[op], comm_hash=comm, onset=began,
-                       lag_p50_s=waited, evidence={"seq": seq, "waited_s": round(waited, 3)})
+                       lag_p50_s=waited, cost_gpu_s=waited * waiting,
+                       evidence={"seq": seq, "waited_s": round(waited, 3)})
 
     def _silent(self, node: str, since: float) -> bool:
         """Whether ``node`` has not pushed, one push interval after ``since``, since then: what
@@ -414,8 +555,27 @@ class RankAnalysis:
                   for r in ranks]
             job.peers = PeerFacts(ranks, *(np.array(m, float) for m in medians),
                                   [self._preemptions(job, job.facts[r], now) for r in ranks],
-                                  np.array(io, float))
+                                  np.array(io, float), self._alike(job, ranks))
         return job.peers
+
+    @staticmethod
+    def _alike(job: JobState, ranks: list[int]) -> list[np.ndarray] | None:
+        """Per rank, the ranks doing the same work: those it shares a communicator smaller
+        than the job with (its tensor- and data-parallel groups, its pipeline stage's), whose
+        kernels are its kernels' peers; None when it has none (every rank is its peer). A
+        pipeline's stages do unequal work by design, and are never compared with each other."""
+        widest = max((w.nranks for w in job.comms.values()), default=0)
+        index = {rank: i for i, rank in enumerate(ranks)}
+        alike: dict[int, set[int]] = defaultdict(set)
+        for comm, window in job.comms.items():
+            members = set(job.columns.get(comm, {}).values()) & index.keys()
+            if window.nranks < widest and window.op_counts:      # collectives, not p2p only
+                for member in members:
+                    alike[member] |= members - {member}
+        if not alike:
+            return None
+        return [np.array(sorted(index[m] for m in alike.get(rank, ())), np.int64)
+                for rank in ranks]
 
     @staticmethod
     def _preemptions(job: JobState, facts: RankFacts,
@@ -450,10 +610,11 @@ class RankAnalysis:
     def _merge(self, job: JobState, found: dict, now: float) -> list[Verdict]:
         changed = []
         for key, fresh in found.items():
+            if any(value is not None for value in job.run):
+                fresh.evidence["run"] = job.run_json()
             current = job.verdicts.get(key)
             if current is None or current.cleared is not None:
                 fresh.first_seen = fresh.last_seen = now
-                fresh.cost_gpu_s = job.facts[fresh.rank].idle_caused_s
                 fresh.cost_usd = self._usd(fresh.cost_gpu_s)
                 job.verdicts[key] = fresh
                 changed.append(fresh)
@@ -476,11 +637,12 @@ class RankAnalysis:
         material = (fresh.kind, fresh.cause, fresh.period) != (current.kind, current.cause,
                                                               current.period)
         for name in ("kind", "cause", "confidence", "severity", "fix", "findings", "op",
-                     "comm_hash", "lag_p50_s", "lag_p99_s", "last_share", "period",
-                     "occurrences", "evidence"):
+                     "lag_p50_s", "lag_p99_s", "last_share", "period", "occurrences",
+                     "evidence"):
             setattr(current, name, getattr(fresh, name))
         current.misses = 0
-        current.cost_gpu_s = job.facts[current.rank].idle_caused_s
+        if fresh.kind in ("hang", "died"):      # the peers' wait so far
+            current.cost_gpu_s = fresh.cost_gpu_s
         current.cost_usd = self._usd(current.cost_gpu_s)
         if material or now - current.last_seen >= 10.0:
             current.last_seen = now
@@ -506,10 +668,10 @@ class RankAnalysis:
         """Instances dropped for a lost entry, in the jobs still tracked."""
         return sum(w.incomplete for job in self.jobs.values() for w in job.comms.values())
 
-    def straggler_ranks(self, node: str) -> list[int]:
-        """The ranks on ``node`` under a live verdict as of the last tick, for the push reply
-        (asked once a push: an index, not a walk over every job's verdicts)."""
-        return sorted(self.live_by_node.get(node, ()))
+    def straggler_ranks(self, node: str) -> list[tuple[str | None, int]]:
+        """(job, rank) of the ranks on ``node`` under a live verdict as of the last tick, for
+        the push reply (asked once a push: an index, not a walk over every job's verdicts)."""
+        return sorted(self.live_by_node.get(node, ()), key=lambda jr: (str(jr[0]), jr[1]))
 
     def active(self) -> list[Verdict]:
         return [v for job in self.jobs.values() for v in job.verdicts.values()

@@ -33,6 +33,8 @@ class RankFacts:
     crashed: bool | None = None         # it exited failing (a signal, a non-zero status); None:
                                         # how it ended is not known (seen gone at a rescan)
     aborted_at: float | None = None     # it aborted its communicator: NCCL failed in it
+    blind_since: float | None = None    # its agent no longer knows its communicators (the
+                                        # agent restarted): its collectives cannot be placed
     idle_caused_s: float = 0.0
 
     def gave_up_at(self) -> float | None:
@@ -106,11 +108,18 @@ class PeerFacts:
     wait: np.ndarray
     preemptions: list[dict]
     io: np.ndarray
+    alike: list[np.ndarray] | None = None   # per rank, the indices of the ranks doing its
+                                            # work (its stage's); None: every other rank
 
-    @staticmethod
-    def own_and_others(values: np.ndarray, at: int) -> tuple[float | None, float | None]:
+    def like(self, at: int) -> np.ndarray:
+        """The indices of the ranks its work is compared with."""
+        if self.alike is not None and len(self.alike[at]):
+            return self.alike[at]
+        return np.delete(np.arange(len(self.ranks)), at)
+
+    def own_and_others(self, values: np.ndarray, at: int) -> tuple[float | None, float | None]:
         """The rank's value and the median of its peers' (None where unmeasured)."""
-        others = np.delete(values, at)
+        others = values[self.like(at)]
         others = others[np.isfinite(others)]
         own = values[at]
         return (float(own) if np.isfinite(own) else None,
@@ -119,12 +128,30 @@ class PeerFacts:
 
 @dataclass(eq=False)
 class JobState:
+    """One run of a job: its Slurm step, requeue and elastic restart (or, without a job id,
+    its world communicator) tell runs of one job id apart."""
+
     cluster: str
     job: str | None
+    run: tuple = (None, None, None)     # (step, requeue, restart) as its processes say
     comms: dict[str, CommWindow] = field(default_factory=dict)
     columns: dict[str, dict[int, int]] = field(default_factory=dict)   # comm → column → rank
     facts: dict[int, RankFacts] = field(default_factory=lambda: defaultdict(RankFacts))
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
+    uncovered: set[int] = field(default_factory=set)   # ranks no agent has ever told of
+    ahead: set[int] = field(default_factory=set)       # late on the host, ahead of the GPU
+    # ncclCommSplit: (parent, split) → parent rank → (colour, key, new comm, rank); once every
+    # rank of the parent has split, each new comm's rank → (comm rank, size)
+    splits: dict[tuple[str, int], dict[int, tuple]] = field(default_factory=dict)
+    split_comms: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    unresolved: dict[str, list] = field(default_factory=dict)   # comm → collectives waiting
     peers: PeerFacts | None = None      # this tick's, built when first needed
     started: float = 0.0
     last_event: float = 0.0
+
+    def run_json(self) -> dict:
+        """The run as verdicts carry it: what is known of step, requeue and restart."""
+        return {name: value for name, value in zip(RUN_TAGS, self.run) if value is not None}
+
+
+RUN_TAGS = ("step", "requeue", "restart")

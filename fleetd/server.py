@@ -227,14 +227,15 @@ class FleetServer:
             self.metrics.resent.inc()
             log.debug("resend push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         _, cohort = self.fleet.observe(push, self.clock())     # handled: now it is recorded
-        ranks = self.ranks.straggler_ranks(push.node)
+        named = self.ranks.straggler_ranks(push.node)
         return wire.Reply(
             ack=push.seq, cohort=cohort.name,
             threshold=cohort.threshold if cohort.computed else None,
             quorum_met=cohort.quorum_met, panic=cohort.panic,
-            straggler=push.node in cohort.stragglers or bool(ranks), recv_at=recv_at,
+            straggler=push.node in cohort.stragglers or bool(named), recv_at=recv_at,
             sent_at=time.time(), agent_sent_at=push.sent_at, duplicate=not fresh,
-            straggler_ranks=ranks)
+            straggler_ranks=[rank for _job, rank in named],
+            straggler_jobs=[job for job, _rank in named])
 
     def check_owner(self, push: wire.Push) -> None:
         """Events of a job another shard owns are kept (nothing accepted is lost) but that job's

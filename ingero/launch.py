@@ -95,6 +95,7 @@ class Daemon:
         self.module = module
         self.terminated = False
         self.argv = argv
+        self.env = env
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
@@ -142,6 +143,14 @@ class Daemon:
         self.process.kill()
         self.process.wait()
         self._log.close()
+
+    def restarted(self, down_s: float = 0.0) -> "Daemon":
+        """kill -9, a pause, and the same command in the same environment again, its output
+        appended to the same log: what systemd's Restart= does after a crash."""
+        self.kill()
+        time.sleep(down_s)
+        return Daemon(self.name, self.argv, self.log_path.parent, env=self.env,
+                      module=self.module)
 
 
 def stop_all(daemons: list[Daemon], timeout: float = 10.0) -> list[int]:

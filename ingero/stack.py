@@ -164,6 +164,18 @@ class Stack:
             *self.keys.ingerod_flags(), *self.agent_flags], env,
             self.agent_prefix.get(node, ()))
 
+    def restart_agent(self, node: int, down_s: float = 0.0) -> Daemon:
+        """kill -9 ``node``'s agent and start it again, as systemd would; returns once it
+        pushes again (it compiles its probes anew first)."""
+        old = self.agents[node]
+        before = old.log().count("pushing to")
+        new = self.agents[node] = old.restarted(down_s)
+        self.daemons[self.daemons.index(old)] = new
+        if not wait_for(lambda: new.log().count("pushing to") > before or not new.alive(),
+                        START_TIMEOUT_S) or not new.alive():
+            raise RuntimeError(f"node{node}'s agent did not come back:\n{new.log()[-4000:]}")
+        return new
+
     @property
     def token(self) -> str:
         return self.echod.tokens["ops"]

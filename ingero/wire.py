@@ -43,8 +43,10 @@ ATTR_TYPES: dict[str, type] = {
     **dict.fromkeys(("rank", "comm_rank", "nranks", "seq", "pid", "local_rank", "world_size",
                      "count", "bytes", "duration_ns", "requests", "preempted_ns",
                      "preemptor_pid", "preemptor_tgid", "peer", "root", "covered_ts_ns",
-                     "exit_status", "signal"), int),
-    **dict.fromkeys(("comm_hash", "op", "role", "preemptor_comm", "preemptor_job"), str),
+                     "exit_status", "signal", "requeue", "restart", "color", "key",
+                     "parent_rank", "parent_nranks", "split"), int),
+    **dict.fromkeys(("comm_hash", "op", "role", "preemptor_comm", "preemptor_job",
+                     "parent_hash"), str),
     **dict.fromkeys(("peer_wait", "preemptor_own", "in_group"), bool),
 }
 
@@ -337,12 +339,20 @@ class Reply(Message):
     agent_sent_at: float
     duplicate: bool = False
     straggler_ranks: list[int] = field(default_factory=list)
+    straggler_jobs: list[str | None] | None = None    # each rank's job (since 1.2)
     CHECKS: ClassVar[dict[str, Any]] = {
         "ack": lambda n, v: check_int(n, v), "cohort": check_text,
         "threshold": _optional(check_float), "quorum_met": check_bool, "panic": check_bool,
         "straggler": check_bool, "recv_at": _seconds, "sent_at": _seconds,
         "agent_sent_at": _seconds, "duplicate": check_bool, "straggler_ranks": _ranks,
+        "straggler_jobs": _optional(lambda n, v: check_list(
+            n, v, _optional(check_text), MAX_EVENTS)),
     }
+
+    def stragglers(self) -> list[tuple[str | None, int]]:
+        """(job, rank) of each rank named; an older fleetd names ranks only."""
+        jobs = self.straggler_jobs or [None] * len(self.straggler_ranks)
+        return list(zip(jobs, self.straggler_ranks))
 
 
 @dataclass

@@ -98,6 +98,11 @@ def stranded(directory: Path | None, shards_now: int) -> None:
                         "not sent", path, k)
 
 
+def named(heard: list[list[tuple]]) -> list[tuple[str | None, int]]:
+    """Every shard's (job, rank) named, once each."""
+    return sorted(set().union(*heard), key=lambda jr: (str(jr[0]), jr[1]))
+
+
 class Agent:
     def __init__(self, cfg: SimpleNamespace, flags: SignalFlags | None = None,
                  notifier: Notifier | None = None, clock=time.monotonic):
@@ -135,11 +140,11 @@ class Agent:
         self.restarted_from = max((i["t"] for i in stream if "t" in i), default=None)
         self.pending: list[deque[dict]] = [deque() for _ in self.links]   # per shard
         self.job_events = [0] * len(self.links)   # this cycle's events with a job, per shard
-        self.heard: list[list[int]] = [[] for _ in self.links]   # straggler ranks, per shard
+        self.heard: list[list[tuple]] = [[] for _ in self.links]   # (job, rank), per shard
         self.last_pushed: dict[int, float] = {}
         self.mode = "none"
         self.state = "calibrating"
-        self.straggler_ranks: list[int] = []
+        self.straggler_ranks: list[tuple[str | None, int]] = []     # (job, rank)
         self.spool = JobSpool(cfg.jobs_dir, cfg.job, self.metrics)
         self.spooled: dict[tuple[int, int], list[str]] = {}  # (shard, seq) → its job records
         self.control = None
@@ -220,7 +225,7 @@ class Agent:
                 continue
             if now - self.last_pushed.get(k, now) > QUIET_PUSHES * self.cfg.push_interval:
                 self.heard[k] = []   # no word of this shard's jobs for a while: it judges
-                self.heard_ranks(sorted(set().union(*self.heard)))   # none of ours now
+                self.heard_ranks(named(self.heard))                  # none of ours now
 
     def go_home(self, now: float) -> None:
         """The node's score goes to the shard of the job it had the most events of this cycle
@@ -287,8 +292,8 @@ class Agent:
             self.records_acked(shard, message.ack)
             self.detector.heard(message.threshold, message.quorum_met, message.cohort,
                                 self.clock())
-            self.heard[shard] = message.straggler_ranks
-            self.heard_ranks(sorted(set().union(*self.heard)))
+            self.heard[shard] = message.stragglers()
+            self.heard_ranks(named(self.heard))
         elif isinstance(message, wire.Welcome):
             log.info("fleetd %s at %s answered", message.server_version, self.cfg.fleet[shard])
 
@@ -331,19 +336,23 @@ class Agent:
             log.info("job %s ended and its end record is delivered; stopping", self.cfg.job)
             self.flags.stop = True
 
-    def heard_ranks(self, ranks: list[int]) -> None:
-        """fleetd's rank verdicts for this node: the agent's events and metrics say the same."""
+    def heard_ranks(self, ranks: list[tuple[str | None, int]]) -> None:
+        """fleetd's rank verdicts for this node, (job, rank): the agent's events and metrics
+        say the same, per job (two jobs on a node may each have a rank 5)."""
         if ranks == self.straggler_ranks:
             return
-        raised = sorted(set(ranks) - set(self.straggler_ranks))
-        cleared = sorted(set(self.straggler_ranks) - set(ranks))
+        raised = set(ranks) - set(self.straggler_ranks)
+        cleared = set(self.straggler_ranks) - set(ranks)
         self.straggler_ranks = list(ranks)
         self.metrics.straggler_ranks.set(len(ranks))
         for kind, which in (("rank_straggler", raised), ("rank_resolved", cleared)):
-            if which:
-                log.warning("fleetd: %s %s", kind.replace("_", " "), which)
+            for job in sorted({j for j, _ in which}, key=str):
+                of_job = sorted(rank for j, rank in which if j == job)
+                log.warning("fleetd: %s %s%s", kind.replace("_", " "), of_job,
+                            "" if job is None else f" (job {job})")
                 self.add_events([{"kind": kind, "t": time.time(), "attrs": {
-                    "ranks": ",".join(map(str, which))}}])
+                    "ranks": ",".join(map(str, of_job)),
+                    **({} if job is None else {"job": job})}}])
 
     def _mode_change(self, mode: str) -> None:
         """Noticed on every pass of the loop, not only at push time."""

@@ -75,6 +75,8 @@ class TracedProcess:
     started: int | None = None   # clock ticks after boot: with the pid, which process it is
     ppid: int | None = None
     told_by: str | None = None   # which launcher's variables gave rank and world size
+    requeue: int | None = None   # SLURM_RESTART_COUNT: the job's how-manieth requeue
+    restart: int | None = None   # TORCHELASTIC_RESTART_COUNT: torchrun's elastic restarts
     said: tuple[int, int] | None = None   # (rank, world size) NCCL was given for the job's
     role: str = "rank"           # rank, helper or launcher (see ``roles``)
     owner: int | None = None     # a helper's rank process
@@ -90,13 +92,15 @@ class TracedProcess:
 
     def identity(self) -> tuple:
         """What a forked child inherits unchanged: the same for a rank and its helpers."""
-        return self.job, self.step, self.rank, self.local_rank, self.world_size
+        return (self.job, self.step, self.requeue, self.restart, self.rank, self.local_rank,
+                self.world_size)
 
     def tags(self, owner: "TracedProcess | None" = None) -> dict:
         """What every event of this process carries: a helper's are its rank's, and say so; a
         launcher's name no rank."""
         who = owner if self.role == "helper" and owner is not None else self
-        tags = {"pid": self.pid, "job": who.job, "step": who.step}
+        tags = {"pid": self.pid, "job": who.job, "step": who.step, "requeue": who.requeue,
+                "restart": who.restart}
         if self.role != "launcher":
             rank, world = who.said or (who.rank, who.world_size)
             tags.update(rank=rank, local_rank=who.local_rank, world_size=world)
@@ -245,7 +249,8 @@ def identify(proc: Path, pid: int) -> TracedProcess:
     return TracedProcess(pid=pid, comm=comm, job=job_of(env, proc, pid),
                          step=env.get("SLURM_STEP_ID"), rank=rank, local_rank=local_rank,
                          world_size=world_size, environ=env, started=started, ppid=ppid,
-                         told_by=told_by)
+                         told_by=told_by, requeue=_int(env, "SLURM_RESTART_COUNT"),
+                         restart=_int(env, "TORCHELASTIC_RESTART_COUNT"))
 
 
 def scan(proc: Path = Path("/proc"), own_pid: int | None = None,

@@ -33,6 +33,7 @@ REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 COPY_KINDS = dict(enumerate(COPY_DIRECTIONS))
 
 IN_GROUP, PEER_WAIT = 1, 2
+SPLIT = 23
 
 
 class RawEvent(ctypes.Structure):
@@ -67,6 +68,11 @@ def decode(raw: RawEvent) -> dict:
                      duration_ns=raw.duration)
         if kind == "comm_destroy":
             event["collectives"] = raw.seq
+        elif raw.op == SPLIT and raw.result > 0:   # the parent is known: how the split goes
+            event.update(parent_hash=f"{raw.covered_ts:016x}", color=raw.peer,
+                         key=ctypes.c_int32(raw.count & 0xFFFFFFFF).value,
+                         parent_rank=ctypes.c_int32(raw.redop).value,
+                         parent_nranks=raw.result, split=raw.datatype)
     elif kind == "sync":
         event.update(duration_ns=raw.duration, stream=f"{raw.stream:#x}", result=raw.result,
                      peer_wait=bool(raw.flags & PEER_WAIT))

@@ -130,8 +130,19 @@ def test_a_ranks_workers_are_its_helpers_and_torchruns_agent_is_no_rank(tmp_path
     for pid in (301, 302):
         helper = found[pid]
         assert helper.role == "helper" and helper.owner == 200
-        assert helper.tags(found[200]) == {"pid": pid, "job": "88", "step": "0", "rank": 9,
+        assert helper.tags(found[200]) == {"pid": pid, "job": "88", "step": "0",
+                                           "requeue": None, "restart": None, "rank": 9,
                                            "local_rank": 1, "world_size": 16,
                                            "role": "helper"}
     found[301].learn(9, 16)                            # NCCL says it is a rank after all
     assert scan(proc, own_pid=1, known=found)[301].role == "rank"
+
+
+def test_a_requeue_and_an_elastic_restart_are_part_of_who_a_process_is(tmp_path):
+    library = tmp_path / "libcudart.so.12"
+    library.write_bytes(b"\x7fELF")
+    fake_process(tmp_path / "proc", 60, library, env(
+        SLURM_JOB_ID=5, SLURM_STEP_ID=1, SLURM_RESTART_COUNT=2, RANK=3,
+        TORCHELASTIC_RESTART_COUNT=1), started=1)
+    tags = scan(tmp_path / "proc", own_pid=1)[60].tags()
+    assert (tags["job"], tags["step"], tags["requeue"], tags["restart"]) == ("5", "1", 2, 1)

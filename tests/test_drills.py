@@ -40,11 +40,7 @@ LATE_RANK, DELAY_MS = 3, 40
 
 def kill_and_restart(daemon: Daemon, down_s: float = 2.0) -> tuple[Daemon, float]:
     """kill -9, a pause, the same command again; returns the new daemon and when it started."""
-    daemon.process.kill()
-    daemon.process.wait()
-    time.sleep(down_s)
-    return Daemon(daemon.name, daemon.argv, daemon.log_path.parent,
-                  module=daemon.module), time.time()
+    return daemon.restarted(down_s), time.time()
 
 
 def stored(engine, job: str) -> int:

@@ -92,7 +92,7 @@ def test_a_late_rank_is_raised_once_updated_and_cleared_when_it_recovers():
 def test_the_reply_names_the_live_straggler_ranks_of_a_node():
     ra = analysis()
     feed(ra, late=lambda r, s: 0.05 if r in (2, 6) else 0.0)
-    assert ra.straggler_ranks("n0") == [2] and ra.straggler_ranks("n1") == [6]
+    assert ra.straggler_ranks("n0") == [("42", 2)] and ra.straggler_ranks("n1") == [("42", 6)]
 
 
 def test_a_skewed_node_s_clock_is_corrected_before_ranks_are_compared():
@@ -270,7 +270,7 @@ def test_a_lost_entry_is_not_a_hang_when_the_rank_went_on():
               if not (e["attrs"]["seq"] == 5 and e["attrs"]["comm_rank"] == 4)]
     ra.observe(push("n0", events), T0)
     assert ra.tick(T0 + 20 * STEP + 5.0) == []
-    (window,) = ra.jobs[("c", "42")].comms.values()
+    (window,) = ra.jobs[("c", "42", (None, None, None))].comms.values()
     assert window.incomplete == 1 and window.stalled(T0 + 100, 2.0) == []
 
 
@@ -416,7 +416,8 @@ def test_a_tick_over_many_jobs_lets_fleetd_serve_between_them():
 
     changed = ra.tick(T0 + 2, between=between, every_s=0.0)
     assert len(served) == 3 and {v.job for v in changed} == {"1", "2", "3"}
-    assert ra.straggler_ranks("n0") == [5] and ra.straggler_ranks("n1") == []
+    assert ra.straggler_ranks("n0") == [("1", 5), ("2", 5), ("3", 5)]
+    assert ra.straggler_ranks("n1") == []
     assert {v.job for v in ra.tick(T0 + 2.5)} == {"4"}, "the job that came meanwhile, next tick"
 
 
@@ -432,8 +433,147 @@ def test_a_job_whose_analysis_fails_costs_its_own_tick_only():
     ra = analysis()
     ra.observe(push("n9", steps(range(2), 0, 20, job="7", comm="00000000000000b7",
                                 nranks=2)), T0)
-    broken = ra.jobs[("c", "7")]
+    broken = ra.jobs[("c", "7", (None, None, None))]
     broken.comms["00000000000000b7"].settle = None          # a bug in one job's state
     changed = feed(ra, late=lambda r, s: 0.29 if r == 5 and s >= 10 else 0.0)
     assert {(v.job, v.rank) for v in changed} == {("42", 5)}, "the other job was judged"
-    assert ra.failed == len(range(0, 60, 10)) and ("c", "7") in ra.jobs
+    assert ra.failed == len(range(0, 60, 10)) and ("c", "7", (None, None, None)) in ra.jobs
+
+
+def unplaced(ranks, first: int, last: int, t0: float = T0) -> list[dict]:
+    """What a restarted agent sends for ranks whose communicator it did not see made."""
+    return [{"id": f"n1:u:{s}:{r}", "t": t0 + s * STEP, "kind": "collective", "attrs": {
+        "op": "ncclAllReduce", "comm_hash": "0000000000000000", "seq": 0, "comm_rank": -1,
+        "nranks": -1, "rank": r, "job": "42", "pid": 1000 + r}}
+        for s in range(first, last) for r in ranks]
+
+
+def test_an_agent_restart_mid_job_names_no_hang_and_the_job_is_still_judged():
+    """n1's agent restarts after step 20: from then on its ranks' collectives come unplaced
+    (it did not see their communicator made). They are not missing: no one can tell; n0's
+    ranks go on being judged without them, and rank 2, late from step 30, is named."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    exchanged(ra, "n1", 0.0)
+    late = lambda r, s: 0.05 if r == 2 and s >= 30 else 0.0  # noqa: E731
+    ra.observe(push("n0", steps(range(4), 0, 20, late)), T0 + 1.2)
+    ra.observe(push("n1", steps(range(4, 8), 0, 20)), T0 + 1.2)
+    ra.tick(T0 + 1.2)
+    restart = {"id": "n1:r", "t": T0 + 1.3, "kind": "agent_restart",
+               "attrs": {"untraced_from": T0 + 1.0, "untraced_s": 0.3}}
+    changed = []
+    for first in range(20, 80, 10):
+        now = T0 + (first + 10) * STEP + 0.3 + 40.0     # long past the hang timeout
+        ra.observe(push("n0", steps(range(4), first, first + 10, late)), now)
+        ra.observe(push("n1", ([restart] if first == 20 else [])
+                        + unplaced(range(4, 8), first, first + 10)), now)
+        changed += ra.tick(now)
+    assert {(v.rank, v.kind) for v in changed} == {(2, "persistent")}
+    assert ra.unaligned == 4 * 60
+
+
+def test_ranks_no_agent_ever_told_of_are_not_judged_and_their_peers_are():
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    late = lambda r, s: 0.05 if r == 1 else 0.0  # noqa: E731
+    changed = []
+    for first in range(0, 60, 10):
+        now = T0 + (first + 10) * STEP + 0.3 + 3 * first     # 2 to 60 s in
+        ra.observe(push("n0", steps(range(4), first, first + 10, late)), now)
+        changed += ra.tick(now)
+    assert {(v.rank, v.kind) for v in changed} == {(1, "persistent")}
+    assert ra.jobs[("c", "42", (None, None, None))].uncovered == {4, 5, 6, 7}
+
+
+WORLD = "00000000000c0de0"
+
+
+def tp_comm(group: int) -> str:
+    return f"{0x7e000 + group:016x}"
+
+
+def split(rank: int, group: int, t: float) -> dict:
+    """Rank ``rank``'s ncclCommSplit of the world into tensor-parallel pairs, as ingerod
+    reports it: the new comm's rank and size left to fleetd."""
+    return {"id": f"n:s{rank}", "t": t, "kind": "comm_init", "attrs": {
+        "op": "ncclCommSplit", "comm_hash": tp_comm(group), "comm_rank": -1, "nranks": -1,
+        "parent_hash": WORLD, "split": 0, "parent_rank": rank, "parent_nranks": 8,
+        "color": group, "key": rank, "rank": rank, "job": "42", "pid": 1000 + rank}}
+
+
+def tp_steps(ranks, first: int, last: int, late=lambda rank, step: 0.0) -> list[dict]:
+    return [{"id": f"n:tp{r}:{s}", "t": T0 + s * STEP + 0.0001 * r + late(r, s),
+             "kind": "collective", "attrs": {
+                 "op": "ncclAllReduce", "comm_hash": tp_comm(r // 2), "seq": s,
+                 "comm_rank": -1, "nranks": -1, "rank": r, "job": "42", "pid": 1000 + r}}
+            for s in range(first, last) for r in ranks]
+
+
+def test_a_late_rank_is_found_from_its_tensor_parallel_group_alone():
+    """Four tensor-parallel pairs split from the world, which runs no collective itself. The
+    pairs' collectives come before every rank's split is heard: they wait, and are placed
+    once each pair's ranks are numbered as NCCL numbers them."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    exchanged(ra, "n1", 0.0)
+    late = lambda r, s: 0.04 if r == 5 and s >= 5 else 0.0  # noqa: E731
+    ra.observe(push("n0", [split(r, r // 2, T0) for r in range(4)]
+                    + tp_steps(range(4), 0, 30, late)), T0 + 1.6)
+    ra.observe(push("n1", tp_steps(range(4, 8), 0, 30, late)), T0 + 1.6)
+    assert ra.tick(T0 + 1.6) == [] and ra.jobs[("c", "42", (None, None, None))].unresolved
+    ra.observe(push("n1", [split(r, r // 2, T0) for r in range(4, 8)]), T0 + 1.7)
+    (verdict,) = ra.tick(T0 + 1.7)
+    assert (verdict.rank, verdict.node, verdict.comm_hash) == (5, "n1", tp_comm(2))
+    job = ra.jobs[("c", "42", (None, None, None))]
+    assert job.split_comms[tp_comm(2)] == {4: (0, 2), 5: (1, 2)} and not job.unresolved
+
+
+def test_a_pipeline_stage_doing_more_work_is_no_slow_gpu_but_a_slow_gpu_within_it_is():
+    """Two stages of four ranks (each stage its own data-parallel group of four, besides the
+    world): stage 1's kernels take twice stage 0's by design; rank 6's 1.4 times its stage's."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    exchanged(ra, "n1", 0.0)
+    def syncs(rank: int) -> list[dict]:
+        ms = (6.0 if rank < 4 else 12.0) * (1.4 if rank == 6 else 1.0)
+        return [{"id": f"n:w{rank}:{i}", "t": T0 + i * STEP, "kind": "sync", "attrs": {
+            "duration_ns": int(ms * 1e6), "peer_wait": False, "rank": rank, "job": "42",
+            "pid": 1000 + rank}} for i in range(20)]
+    stage = lambda comm: [{**e, "attrs": {**e["attrs"], "comm_hash": comm, "nranks": 4,  # noqa
+                                          "comm_rank": e["attrs"]["comm_rank"] % 4}}
+                          for e in steps(range(4) if comm.endswith("1") else range(4, 8),
+                                         0, 20)]
+    ra.observe(push("n0", steps(range(4), 0, 20) + stage("00000000005a0001")
+                    + [e for r in range(4) for e in syncs(r)]), T0 + 1.2)
+    ra.observe(push("n1", steps(range(4, 8), 0, 20) + stage("00000000005a0002")
+                    + [e for r in range(4, 8) for e in syncs(r)]), T0 + 1.2)
+    assert [(v.rank, v.kind) for v in ra.tick(T0 + 1.2)] == [(6, "slow_gpu")]
+
+
+def waits(ranks, ms: dict, node_events: int = 20) -> list[dict]:
+    """Syncs on collectives (peer-wait): how long each rank waited there, in ms."""
+    return [{"id": f"n:pw{r}:{i}", "t": T0 + i * STEP, "kind": "sync", "attrs": {
+        "duration_ns": int(ms[r] * 1e6), "peer_wait": True, "rank": r, "job": "42",
+        "pid": 1000 + r}} for r in ranks for i in range(node_events)]
+
+
+@pytest.mark.parametrize("own_wait_ms, named", [(60.0, False), (4.0, True)])
+def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(own_wait_ms, named):
+    """Rank 5 enters every collective 30 ms after its peers. If its syncs on them still wait
+    on its own GPU about as long as its peers' (its host runs ahead of its GPU queue), its
+    lateness delays no one: not named. If its syncs wait on nothing while its peers' wait, its
+    host paces it and its peers wait on it: named."""
+    ra = analysis()
+    ra.observe(push("n1", waits(range(8), {r: own_wait_ms if r == 5 else 70.0
+                                           for r in range(8)})), T0)
+    changed = feed(ra, late=lambda r, s: 0.03 if r == 5 else 0.0, until=60)
+    assert bool([v for v in ra.active() if v.rank == 5]) == named, changed
+
+
+def test_a_verdict_costs_from_its_onset_only_the_lag_over_the_bar():
+    ra = analysis(clear_ticks=100)
+    feed(ra, late=lambda r, s: 0.05 if r == 5 and s >= 30 else 0.0, until=60)
+    (verdict,) = ra.active()
+    bar = ra.jobs[("c", "42", (None, None, None))].comms[COMM].bar
+    late_instances = 30                            # 30 to 59, none before its onset
+    assert verdict.cost_gpu_s == pytest.approx(late_instances * 7 * (0.05 - bar), rel=0.05)

@@ -159,8 +159,10 @@ def test_a_string_rank_is_a_bad_frame_and_every_other_job_is_still_judged(spawn,
                              "comm_rank": r, "nranks": 8, "rank": rank_of(r), "job": job,
                              "pid": 100 + r}}
                   for s in range(40) for r in ranks]
+        before = time.time() - 1        # the exchange of a push before: clocks known
         return wire.encode(wire.Push(0, node, "c", "b", 0.9, SIG, "active", time.time(), 1.0,
-                                     events=events))
+                                     events=events, clock=[before, before, before,
+                                                           before + 0.0002]))
 
     bad, good = dealer(), [dealer(), dealer()]
     bad.send_multipart(push("n9", "9", range(8), rank_of=str))

@@ -9,6 +9,13 @@ Data-loader workers: forked from each rank at every epoch, mapping libcudart, in
 rank's environment, reading input and exiting at the epoch's end. Their CPU, I/O and exits are
 the rank's own: never a foreign preemptor, never the rank's death.
 
+Tensor, pipeline and data parallelism: every group a communicator split from the world, the
+pipeline's stages doing unequal work by design and exchanging activations with send/recv.
+
+Agents that restart: an agent killed and restarted mid-job (as systemd would) no longer knows
+the communicators its ranks made; nobody is named hung for it, and the job is still judged. A
+node whose agent never ran is reported uncovered, and its ranks are never named.
+
 Jobs that fail fast: a rank that crashes while its peers wait is dead at once; a rank that
 hangs while its peers' NCCL timeout is shorter than fleetd's hang timeout is named when they
 give up, after the job has failed; both stay in ``ingero report`` after the job.
@@ -66,9 +73,11 @@ def scenario(job_id: str, launcher: str, stragglers=(), **job) -> scenarios.Scen
         "allreduce_bytes": 1 << 20, "timeout_s": 30, "job_id": job_id, **job}})
 
 
-def run(stack, job_id: str, launcher: str, stragglers=(), **job) -> None:
+def run(stack, job_id: str, launcher: str, stragglers=(), hosts=None, env=None,
+        workdir: str | None = None, **job) -> None:
     with Cluster(scenario(job_id, launcher, stragglers, **job),
-                 stack.root / f"job-{job_id}") as cluster:
+                 stack.root / (workdir or f"job-{job_id}"), hosts=hosts,
+                 extra_env=env) as cluster:
         result = cluster.wait()
     assert result.ok, result.describe()
     time.sleep(3 * PUSH_S + 2)
@@ -203,3 +212,87 @@ def test_a_healthy_job_with_jitter_polled_while_it_runs_never_names_anyone(stack
     answer = stack.tool("find_stragglers", job="2401")
     assert len(answer["ranks"]) == 16 and not [r for r in answer["ranks"] if r["straggler"]]
     assert named + answer["verdicts"] == []
+
+
+def test_an_agent_restarted_mid_job_names_no_hang_and_the_job_is_still_judged(stack):
+    """node1's agent is killed -9 a second into the job and started again; rank 2, on node0,
+    turns late after that. node1's ranks, whose communicator the new agent did not see made,
+    are not waited for; rank 2 is named."""
+    with Cluster(scenario("2501", "srun", [{"rank": 2, "kind": "host_delay", "delay_ms": 40,
+                                            "from_step": 150}], nodes=2, steps=400,
+                          step_ms=20), stack.root / "job-2501") as cluster:
+        time.sleep(1.0)
+        killed = time.time()
+        stack.restart_agent(1)
+        result = cluster.wait()
+    assert result.ok, result.describe()
+    time.sleep(3 * PUSH_S + 2)
+    found = verdicts(stack, "2501")
+    assert set(found) == {2}, (found, stack.logs())
+    assert datetime.fromisoformat(found[2]["raised"]).timestamp() > killed
+    assert "node node1's agent restarted" in stack.fleetd.log()
+
+
+def test_a_node_whose_agent_never_ran_is_reported_uncovered_and_never_named(stack):
+    run(stack, "2502", "srun", [{"rank": 1, "kind": "host_delay", "delay_ms": 40}], nodes=3,
+        steps=60, hosts=[0, 1, 9])                  # no agent traces host 9
+    assert set(verdicts(stack, "2502")) == {1}
+    assert "job 2502: rank(s) 8,9,10,11 never told of by any agent" in stack.fleetd.log()
+
+
+def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_their_own(stack):
+    """Job 2601 runs two srun steps, rank 1 late in both; then it is requeued, rank 3 late;
+    then a bare-metal torchrun (no Slurm) on the same nodes, rank 5 late. Each run is judged
+    apart: its own verdicts, each with its own cost, none inheriting another's."""
+    late = lambda rank: [{"rank": rank, "kind": "host_delay", "delay_ms": 40}]  # noqa: E731
+    run(stack, "2601", "srun", late(1), nodes=2, steps=30, steps_in_job=2)
+    run(stack, "2601", "srun", late(3), nodes=2, steps=30, env={"SLURM_RESTART_COUNT": "1"},
+        workdir="job-2601-requeued")
+    run(stack, "exp-2601", "bare", late(5), nodes=2, steps=30)
+    found = sorted(stack.tool("find_stragglers", job="2601")["verdicts"],
+                   key=lambda v: (v["rank"], v["evidence"].get("run", {}).get("step", "")))
+    runs = [(v["rank"], v["evidence"].get("run")) for v in found]
+    assert runs == [(1, {"step": "0"}), (1, {"step": "1"}), (3, {"step": "0", "requeue": 1})], \
+        (runs, stack.logs())
+    steps = [v["cost_gpu_seconds"] for v in found[:2]]
+    assert all(0 < cost < 1.5 * min(steps) for cost in steps), "no run carries another's cost"
+    bare = stack.tool("find_stragglers", job="exp-2601")["verdicts"]
+    assert [(v["rank"], v["evidence"].get("run")) for v in bare] == [(5, {"restart": 0})]
+
+
+PARALLEL = {"parallel": {"tp": 2, "pp": 2}, "stage_work": [30, 15], "nodes": 2, "steps": 40}
+
+
+def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack):
+    """tp = 2, pp = 2 on two nodes: tensor-parallel pairs, data-parallel pairs and pipeline
+    pairs, all split from a world that carries no collective; stage 0's kernels take twice
+    stage 1's. Healthy, nobody is named; a GPU 1.4 times slower is named slow_gpu against its
+    stage (stage 0's: every sync of a later stage covers a receive, so its kernels show only
+    through lateness); a rank late on the host is found from its groups' collectives."""
+    run(stack, "2701", "torchrun", **PARALLEL)
+    assert verdicts(stack, "2701") == {}
+    run(stack, "2702", "torchrun", [{"rank": 2, "kind": "slow_gpu", "factor": 1.4}], **PARALLEL)
+    slow = verdicts(stack, "2702")
+    assert {r: v["kind"] for r, v in slow.items()} == {2: "slow_gpu"}, (slow, stack.logs())
+    run(stack, "2703", "torchrun", [{"rank": 6, "kind": "host_delay", "delay_ms": 40,
+                                     "from_step": 5}], **PARALLEL)
+    late = verdicts(stack, "2703")
+    assert {r: (v["kind"], v["cause"]) for r, v in late.items()} == {
+        6: ("persistent", "host_work")}, (late, stack.logs())
+    groups = {f"{c['comm_id_hash']:016x}"
+              for c in read_record(stack.root / "job-2703" / "rank-6.jsonl").ops("ncclAllReduce")}
+    assert late[6]["node"] == "node1" and late[6]["comm_hash"] in groups, late[6]
+
+
+def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue_is_named(stack):
+    """The hosts sync with their GPUs every 10 steps only, enqueueing steps ahead of them in
+    between. Rank 5's host spends 6 ms more a step: its collectives are enqueued tens of ms
+    after its peers', yet its GPU queue still runs ahead of 20 ms of GPU work a step, and
+    nobody waits. With 30 ms more, it falls behind its queue, and everyone waits for it."""
+    ahead = {"nodes": 2, "steps": 80, "step_ms": 20, "sync_every": 10}
+    run(stack, "2801", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 6}], **ahead)
+    assert verdicts(stack, "2801") == {}
+    assert "job 2801 rank 5 enters collectives" in stack.fleetd.log()
+    run(stack, "2802", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30}], **ahead)
+    behind = verdicts(stack, "2802")
+    assert set(behind) == {5} and behind[5]["cost_gpu_seconds"] > 0, (behind, stack.logs())

@@ -35,11 +35,15 @@ struct init_args {
     u64 ts;
     u64 comm_out;    /* ncclComm_t* the call fills in */
     u64 hash;
-    u64 parent;      /* ncclCommSplit: the parent communicator */
+    u64 parent;      /* ncclCommSplit: the parent communicator's hash */
     s32 rank;
     s32 nranks;
     u32 op;
     s32 color;
+    s32 key;         /* ncclCommSplit: orders the ranks of one colour */
+    s32 parent_rank; /* ncclCommSplit: this rank in the parent, and the parent's size */
+    s32 parent_nranks;
+    u32 split;       /* ncclCommSplit: how many splits of the parent came before */
 };
 
 struct p2p_key {
@@ -89,20 +93,21 @@ static __always_inline u64 hash_unique_id(u64 address)
     return hash;
 }
 
-static __always_inline int remember_init(u32 op, u64 comm_out, u64 hash, s32 rank, s32 nranks)
+static __always_inline int remember(struct init_args *args)
 {
     u64 id = bpf_get_current_pid_tgid();
-    struct init_args args = {};
     if (!is_target(id >> 32))
         return 0;
-    args.ts = bpf_ktime_get_ns();
-    args.comm_out = comm_out;
-    args.hash = hash;
-    args.rank = rank;
-    args.nranks = nranks;
-    args.op = op;
-    inits.update(&id, &args);
+    args->ts = bpf_ktime_get_ns();
+    inits.update(&id, args);
     return 0;
+}
+
+static __always_inline int remember_init(u32 op, u64 comm_out, u64 hash, s32 rank, s32 nranks)
+{
+    struct init_args args = {.comm_out = comm_out, .hash = hash, .rank = rank,
+                             .nranks = nranks, .op = op};
+    return remember(&args);
 }
 
 /* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) */
@@ -132,21 +137,29 @@ int nccl_comm_init_all(struct pt_regs *ctx)
 /* ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)
  * Ranks that pass the same color share the new communicator: hash the parent, the color and
  * how many splits the parent has made (every rank splits it in the same order), so that each
- * split, and each color of it, is a communicator of its own. */
+ * split, and each color of it, is a communicator of its own. The new communicator's rank and
+ * size are NCCL's to decide (by key, then parent rank, among those of the colour): the event
+ * carries what decides them, and fleetd, which hears every rank of the parent, works them out. */
 int nccl_comm_split(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct comm_key parent = {.tgid = id >> 32, .handle = PT_REGS_PARM1(ctx)};
     struct comm_info *info = comms.lookup(&parent);
-    u64 color = (u64)(s64)(s32)PT_REGS_PARM2(ctx);
-    u64 hash;
+    struct init_args args = {.comm_out = PT_REGS_PARM4(ctx), .rank = -1, .nranks = -1,
+                             .op = OP_COMM_SPLIT, .color = (s32)PT_REGS_PARM2(ctx),
+                             .key = (s32)PT_REGS_PARM3(ctx), .parent_rank = -1,
+                             .parent_nranks = -1};
+    u64 color = (u64)(s64)args.color;
     if (info) {
-        hash = splitmix64(info->hash ^ color ^ ((u64)info->splits << 32));
-        info->splits++;
+        args.hash = splitmix64(info->hash ^ color ^ ((u64)info->splits << 32));
+        args.parent = info->hash;
+        args.parent_rank = info->rank;
+        args.parent_nranks = info->nranks;
+        args.split = info->splits++;
     } else {
-        hash = splitmix64(parent.handle ^ color);
+        args.hash = splitmix64(parent.handle ^ color);
     }
-    return remember_init(OP_COMM_SPLIT, PT_REGS_PARM4(ctx), hash, -1, -1);
+    return remember(&args);
 }
 
 static __always_inline void register_comm(struct init_args *args, u64 handle, s32 rank,
@@ -165,6 +178,14 @@ static __always_inline void register_comm(struct init_args *args, u64 handle, s3
     ev.addr = handle;
     ev.rank = rank;
     ev.nranks = nranks;
+    if (args->op == OP_COMM_SPLIT) {  /* what decides the new rank and size */
+        ev.covered_ts = args->parent;
+        ev.peer = args->color;
+        ev.count = (u64)(s64)args->key;
+        ev.redop = (u32)args->parent_rank;
+        ev.result = args->parent_nranks;
+        ev.datatype = args->split;
+    }
     submit(&ev);
 }
 
