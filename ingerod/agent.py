@@ -210,13 +210,18 @@ class Agent:
                           verdict.straggler, self.reachable(now))
         self.go_home(now)
         for k, link in enumerate(self.links):
-            if self.pending[k] or k == self.home:
+            first = True
+            while self.pending[k] or (first and k == self.home):
+                # as many pushes as the backlog needs: a node tracing thousands of events a
+                # second must not fall behind at one batch an interval (fleetd would judge
+                # what arrives late, or drop it)
                 self.last_pushed[k] = now
-                push = self.build_push(k, assessment)
+                push = self.build_push(k, assessment, exchange=first)
                 link.push(push, {"boot_id": self.boot_id, "seq": link.seq,   # the next
                                  "event_seq": self.event_seq, "t": push.sent_at,
                                  "fleet": ",".join(self.cfg.fleet)})
                 self.metrics.pushed.inc()
+                first = False
             if link.fell_off:   # the records those pushes carried are read again
                 for seq in link.fell_off:
                     self.spool.unsent(self.spooled.pop((k, seq), []))
@@ -242,7 +247,9 @@ class Agent:
             self.links[busiest].on_demand = False
             self.links[busiest].woke = now
 
-    def build_push(self, shard: int, assessment) -> wire.Push:
+    def build_push(self, shard: int, assessment, exchange: bool = True) -> wire.Push:
+        """The next batch of ``shard``'s pending events; the last clock exchange goes with the
+        first push of a cycle only (a second copy would count twice)."""
         pending, link = self.pending[shard], self.links[shard]
         batch = [pending.popleft() for _ in range(min(len(pending), wire.MAX_EVENTS))]
         spooled = [event.pop("spool") for event in batch if "spool" in event]
@@ -251,7 +258,7 @@ class Agent:
         push = wire.Push(link.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
                          self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
-                         link.exchange, self.host_boot)
+                         link.exchange if exchange else None, self.host_boot)
         link.seq += 1
         return push
 
