@@ -53,6 +53,8 @@ class CommWindow:
         self.nranks = nranks
         self.created = created    # when fleetd first heard of it (its clock)
         self.bar = np.inf         # the lag bar of its last judgement
+        self.last_added = created # when entries last came (fleetd's clock)
+        self.destroyed = False    # the job destroyed it (ncclCommDestroy)
         self.open = np.full((capacity, nranks), np.nan)
         self.open_seq = np.full(capacity, -1, np.int64)
         self.open_op = np.full(capacity, -1, np.int64)
@@ -65,12 +67,25 @@ class CommWindow:
         self.overwritten = 0      # open instances pushed out of the ring unfinished
         self.latest = np.full(nranks, -1, np.int64)   # the furthest instance each rank entered
         self.incomplete = 0       # instances dropped because an entry never came (lost)
+        self.too_late = 0         # entries for instances the ring no longer holds
 
     def add(self, batch: Entries) -> int:
-        """Write entries into their open instances; returns how many were out of range."""
+        """Write entries into their open instances; returns how many were out of range. An
+        entry for an instance older than the ring holds (it arrived too late: a backlog) is
+        dropped and counted, never written over a newer open instance's row."""
         good = (batch.column >= 0) & (batch.column < self.nranks) & (batch.seq >= 0)
+        newest = max(int(self.latest.max()), int(batch.seq[good].max(initial=-1)))
+        stale = good & (batch.seq <= newest - len(self.open_seq))
+        self.too_late += int(stale.sum())
+        good &= ~stale
         seq, column = batch.seq[good], batch.column[good]
         rows = seq % len(self.open_seq)
+        older = self.open_seq[rows] > seq             # its row holds a newer instance by now
+        if older.any():
+            self.too_late += int(older.sum())
+            keep = ~older
+            seq, column, rows = seq[keep], column[keep], rows[keep]
+            good[np.flatnonzero(good)[older]] = False
         fresh = self.open_seq[rows] != seq
         if fresh.any():
             claimed = rows[fresh]

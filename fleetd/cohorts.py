@@ -44,6 +44,8 @@ class SeqWindow:
         self.size = size
         self.seen: set[int] = set()
         self.order: deque[int] = deque()
+        self.last_seen = 0.0          # when its agent last pushed (fleetd's clock)
+        self.interval = 1.0           # its agent's push interval
 
     def new(self, seq: int) -> bool:
         """Whether ``seq`` was not accepted yet (nothing is recorded)."""
@@ -117,6 +119,8 @@ class Fleet:
         self.max_nodes = max_nodes
         self.nodes: dict[str, NodeState] = {}
         self.cohorts: dict[str, CohortState] = {}
+        # (node, boot id) → the push numbers its agent sent: two agents of one node (per-job
+        # ingerod@JOB units, each with a boot id of its own) keep a window each
         self.windows: dict[tuple[str, str], SeqWindow] = {}
 
     def full(self, node: str) -> bool:
@@ -133,10 +137,9 @@ class Fleet:
         """Record a push; returns whether it is new (not a resend) and the node's cohort."""
         window = self.windows.setdefault((push.node, push.boot_id), SeqWindow())
         fresh = window.accept(push.seq)
+        window.last_seen, window.interval = now, push.interval
         node = self.nodes.get(push.node)
         if node is None or node.boot_id != push.boot_id:
-            if node is not None:
-                self.windows.pop((node.node, node.boot_id), None)
             node = NodeState(push.node, push.cluster, push.boot_id, cohort_of(push), push.interval)
             self.nodes[push.node] = node
         node.last_seen = now
@@ -153,8 +156,10 @@ class Fleet:
                 if now - n.last_seen > n.interval * self.policy.ttl_multiplier]
         for name in gone:
             node = self.nodes.pop(name)
-            self.windows.pop((node.node, node.boot_id), None)
             log.info("node %s expired after %.1fs without a push", name, now - node.last_seen)
+        for key in [k for k, w in self.windows.items()
+                    if now - w.last_seen > w.interval * self.policy.ttl_multiplier]:
+            del self.windows[key]          # that agent's stream has gone quiet
         return gone
 
     def recompute(self, now: float) -> list[Edge]:

@@ -14,6 +14,7 @@ summaries are forwarded to echod. Nothing here touches a socket or reads the wal
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,10 +36,13 @@ from .rankstate import RUN_TAGS, JobState, PeerFacts, RankFacts, Verdict
 log = logging.getLogger("fleetd")
 
 UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
+PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
 MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
-AHEAD_SHARE = 0.25                   # a late rank whose syncs wait on its GPU more than this
-                                     # share of its peers' is ahead of its queue: no cost
+COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits at collectives
+                                     # grew by this share of it at its onset
+WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
+WINDOW_IDLE_INTERVALS = 10           # this many push intervals)
 UNCOVERED_AFTER = 3                  # push intervals a communicator runs before a rank no
 UNCOVERED_AFTER_S = 5.0              # agent told of is taken as uncovered (and this long)
 SERVE_EVERY_S = 0.005                # judging between two chances for fleetd to answer pushes
@@ -51,19 +55,40 @@ def foreign(preempted: dict, job: str | None) -> bool:
     return not preempted.get("preemptor_own") and (other_job is None or other_job != job)
 
 
-def ahead(facts: causes.Facts) -> bool:
-    """Whether a rank late on the host is ahead of its GPU queue: its syncs on collectives
-    still wait on its own GPU, more than AHEAD_SHARE of what its peers' wait. A rank whose host
-    paces it waits on nothing there (its GPU went idle), and its peers wait on it."""
-    return (facts.peer_wait_s is not None and facts.peers_peer_wait_s is not None
-            and facts.peers_peer_wait_s > 0
-            and facts.peer_wait_s > AHEAD_SHARE * facts.peers_peer_wait_s)
+def absorbed(waited_s: float, lag_s: float, later_s: float) -> bool:
+    """Whether a rank's GPU queue absorbed its host's lateness: at its syncs on collectives
+    it still waited, beyond what a later rank kept it waiting (``later_s``), at least as long
+    as it was late (its GPU was still busy when its host came: it ran ahead of it)."""
+    return waited_s - max(0.0, later_s) >= lag_s
+
+
+def waits_grew(before: list[int], after: list[int], lag_s: float,
+               floor_s: float) -> bool | None:
+    """Whether the peers' syncs on collectives (their waits, ns) grew at a rank's onset by a
+    share of its lag: the proof that its lateness costs. A rank late on the host but still
+    ahead of its GPU queue delays no collective, and its peers wait no longer than before.
+    Too few syncs before (a rank late from the start): it costs; too few since its onset
+    (hosts that sync every few steps only): None, not known yet."""
+    if len(before) < 3:
+        return True
+    if len(after) < 2:
+        return None
+    grew = (statistics.median(after) - statistics.median(before)) / 1e9
+    return grew >= max(floor_s, COST_SHARE * lag_s)
 
 
 def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
     """GPU-seconds its lag over the bar kept its peers waiting, at these instances."""
     over = np.asarray(lag, float) - (bar if np.isfinite(bar) else 0.0)
     return float(np.nansum(np.clip(over, 0.0, None))) * max(nranks - 1, 1)
+
+
+def pair_of(comm: str, me: int, peer: int, op: str) -> tuple[str, int, int]:
+    """Send/Recv between two ranks of ``comm`` as a communicator of their own: the pair (the
+    sender's and the receiver's communicator ranks), its Send the first column and its Recv the
+    second, in the pair's own sequence (Send/Recv match per peer pair, in order)."""
+    sender, receiver = (me, peer) if op == "ncclSend" else (peer, me)
+    return f"{comm}{PAIR}{sender}{PAIR}{receiver}", int(op != "ncclSend"), 2
 
 
 def by_program(taken: dict[tuple[str, int], tuple[int, int]]) -> dict[str, int]:
@@ -123,6 +148,7 @@ class RankAnalysis:
             window = job.comms.get(comm)
             if window is None or window.nranks != nranks:
                 window = job.comms[comm] = CommWindow(comm, nranks, created=now)
+            window.last_added = now
             seq, column, t, op = (np.array(x) for x in zip(*rows))
             window.add(Entries(seq.astype(np.int64), column.astype(np.int64), t.astype(float),
                                op.astype(np.int64)))
@@ -134,6 +160,7 @@ class RankAnalysis:
         if state is None:
             state = self.jobs[(cluster, job, run)] = JobState(cluster, job, run, started=now)
         state.last_event = now
+        state.changed = True
         return state
 
     def _restarted(self, node: str, since: float) -> None:
@@ -150,8 +177,6 @@ class RankAnalysis:
     def _collective(self, job: JobState, node: str, event: dict, a: dict, into: dict,
                     t: float) -> None:
         comm, nranks, column = a.get("comm_hash"), a.get("nranks"), a.get("comm_rank")
-        if a.get("op") in POINT_TO_POINT:
-            return
         if comm and comm != UNKNOWN_COMM and (column is None or column < 0) \
                 and a.get("rank") is not None:         # on a communicator made by a split
             known = job.split_comms.get(comm, {}).get(a["rank"])
@@ -170,6 +195,11 @@ class RankAnalysis:
                 job.facts[rank].blind_since = t      # its agent did not see made
             return
         rank = a.get("rank") if a.get("rank") is not None else column
+        if a.get("op") in POINT_TO_POINT:
+            if a.get("peer") is None or not 0 <= a["peer"] < nranks:
+                self.unaligned += 1
+                return
+            comm, column, nranks = pair_of(comm, column, a["peer"], a["op"])
         job.columns.setdefault(comm, {})[column] = rank
         facts = job.facts[rank]
         if facts.pid is not None and a.get("pid") not in (None, facts.pid):
@@ -182,8 +212,11 @@ class RankAnalysis:
         facts = job.facts[a["rank"]]
         facts.node = node
         if kind == "sync" and a.get("duration_ns") is not None:
-            (facts.peer_wait_ns if a.get("peer_wait") else facts.self_work_ns).append(
-                a["duration_ns"])
+            if a.get("peer_wait"):
+                facts.peer_wait_ns.append(a["duration_ns"])
+                facts.peer_wait_t.append(t)
+            else:
+                facts.self_work_ns.append(a["duration_ns"])
         elif kind == "alloc" and a.get("duration_ns") is not None:
             facts.allocation_ns.append(a["duration_ns"])
         elif kind == "preempted" and foreign(a, job.job):
@@ -198,6 +231,8 @@ class RankAnalysis:
                 facts.crashed = a.get("signal") is not None or a.get("exit_status") != 0
         elif kind == "comm_destroy" and a.get("op") == "ncclCommAbort":
             facts.aborted_at = t
+        elif kind == "comm_destroy" and a.get("comm_hash") in job.comms:
+            job.comms[a["comm_hash"]].destroyed = True     # the job is done with it
         elif kind == "comm_init" and a.get("parent_hash") is not None:
             self._split(job, a)
 
@@ -255,12 +290,33 @@ class RankAnalysis:
         """Settle and judge one job's communicators; the verdicts that changed."""
         job.peers = None
         found: dict[tuple[int, str], Verdict] = {}
-        for comm, window in job.comms.items():
-            self._settle(job, comm, window, now)
-            found.update(self._judge_lag(job, comm, window, now))
+        judged = set()
+        for comm, window in list(job.comms.items()):
+            job.changed |= self._settle(job, comm, window, now)
+            if job.changed:
+                found.update(self._judge_lag(job, comm, window, now))
+                judged.add(comm)
             found.update(self._judge_missing(job, comm, window, now))
-        found.update(self._judge_work(job, now, {rank for rank, _ in found}))
+            if self._retired(window, now):
+                del job.comms[comm]      # judged to its last instance: what it found stands
+        if job.changed:
+            found.update(self._judge_work(job, now, {rank for rank, _ in found}))
+            judged.add(None)
+        # Nothing new on a communicator, or it is retired: what was found on it holds (only
+        # time can make a rank missing, and that is judged every tick).
+        found.update({key: v for key, v in job.verdicts.items()
+                      if key[1] == "lag" and v.cleared is None and key not in found
+                      and v.comm_hash not in judged})
+        job.changed = False
         return self._merge(job, found, now)
+
+    def _retired(self, window: CommWindow, now: float) -> bool:
+        """A communicator the job destroyed, or has not used for WINDOW_IDLE_S, with nothing
+        of it left open (an instance some rank never entered is a hang's evidence)."""
+        if window.open_seq.max() >= 0:
+            return False
+        return window.destroyed or now - window.last_added > max(
+            WINDOW_IDLE_S, WINDOW_IDLE_INTERVALS * self._interval())
 
     def _unseen(self, job: JobState, window: CommWindow, ranks: list[int],
                 now: float) -> np.ndarray:
@@ -289,19 +345,20 @@ class RankAnalysis:
         """The longest push interval of the nodes heard from."""
         return max((interval for _t, interval in self.heard.values()), default=1.0)
 
-    def _settle(self, job: JobState, comm: str, window: CommWindow, now: float) -> None:
+    def _settle(self, job: JobState, comm: str, window: CommWindow, now: float) -> bool:
+        """Move the instances now complete to the history; whether there were any."""
         ranks = self._ranks(job, comm, window.nranks)
         seq, _op, raw = window.settle(self._unseen(job, window, ranks, now))
         if not len(seq):
-            return
+            return False
         entries = self._on_fleet_clock(job, ranks, raw)
         for column, idle in enumerate(idle_caused(entries)):
             job.facts[ranks[column]].idle_caused_s += idle
         lag = peer_lag(entries)      # complete, but NaN where a node's clock is not known yet
         self._charge(job, comm, window, ranks, entries, lag)
         known = np.isfinite(lag).all(axis=0)
-        if known.sum() < 2:
-            return
+        if known.sum() < 2 or PAIR in comm:
+            return True
         t = float(np.nanmedian(entries[-1]))
         summary = (np.quantile(lag[:, known], [0.5, 0.95, 1.0], axis=0) * 1e9).round() \
             .astype(np.int64)
@@ -313,6 +370,7 @@ class RankAnalysis:
                 "node": job.facts[ranks[column]].node or None,
                 "samples": len(seq), "lag_median_ns": median, "lag_p95_ns": p95,
                 "lag_max_ns": largest})
+        return True
 
     def _charge(self, job: JobState, comm: str, window: CommWindow, ranks: list[int],
                 entries: np.ndarray, lag: np.ndarray) -> None:
@@ -325,6 +383,7 @@ class RankAnalysis:
                 continue
             since = np.nan_to_num(np.nanmedian(entries, axis=1), nan=-np.inf) >= verdict.onset
             verdict.cost_gpu_s += excess(lag[since, column], window.bar, window.nranks)
+            verdict.cost_usd = self._usd(verdict.cost_gpu_s)
 
     def _on_fleet_clock(self, job: JobState, ranks: list[int], raw: np.ndarray) -> np.ndarray:
         """Entry times (instances × columns, each column as its node timed it) on fleetd's
@@ -348,8 +407,8 @@ class RankAnalysis:
 
     def _judge_lag(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
         op, rows = window.dominant()
-        if op is None:
-            return {}
+        if op is None or PAIR in comm:
+            return {}        # a pipeline's receives wait on their sends by design: not lag
         ranks = self._ranks(job, comm, window.nranks)
         entries, steps = self._on_fleet_clock(job, ranks, window.entries[rows]), window.step[rows]
         # Hysteresis for a persistent verdict only: a rank named periodic, late one instance
@@ -364,8 +423,11 @@ class RankAnalysis:
         for f in judgement.findings:
             rank = ranks[f.column]
             facts = self._facts_of(job, rank, now)
-            if f.kind == "persistent" and ahead(facts):
-                self._say_ahead(job, rank, f)
+            costs = f.kind != "persistent" or self._costs(
+                job, ranks, f, float(np.nanmedian(entries[f.onset])), judgement.median_lag_s)
+            if not costs:
+                if costs is False:
+                    self._say_ahead(job, rank, f)
                 continue
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
@@ -384,14 +446,34 @@ class RankAnalysis:
             found[(rank, "lag")] = verdict
         return found
 
+    def _costs(self, job: JobState, ranks: list[int], f, onset: float,
+               median_lag: np.ndarray) -> bool | None:
+        """Whether the rank's lateness delays its peers. Where there is a before, whether
+        their waits at collectives grew from its onset on (``waits_grew``); for a rank late
+        from the first instances judged, whether its own syncs there waited less than its
+        lateness, once what a later rank kept it waiting is taken off (``absorbed``)."""
+        if f.onset < self.policy.min_instances:
+            own = job.facts[ranks[f.column]].peer_wait_ns
+            later = float(np.nanmax(median_lag)) - float(median_lag[f.column])
+            return not own or not absorbed(statistics.median(own) / 1e9, f.lag_p50_s, later)
+        before, after = [], []
+        for column, rank in enumerate(ranks):
+            facts = job.facts.get(rank)
+            if column == f.column or facts is None:
+                continue
+            for t, ns in zip(facts.peer_wait_t, facts.peer_wait_ns):
+                (after if t >= onset else before).append(ns)
+        return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s)
+
     def _say_ahead(self, job: JobState, rank: int, f) -> None:
-        """A rank late on the host whose syncs still wait on its own GPU: its host is ahead of
-        its GPU queue, and its lateness delays nobody. Said once, named never."""
+        """A rank late on the host whose peers wait no longer for it: its host is ahead of
+        its GPU queue (or a later rank's lateness hides its own), and it delays nobody. Said
+        once, named never."""
         if rank not in job.ahead:
             job.ahead.add(rank)
-            log.info("job %s rank %d enters collectives %.1f ms late on the host but its GPU "
-                     "queue is still ahead of its peers' need (its syncs still wait on its own "
-                     "GPU): no straggler, no cost", job.job, rank, f.lag_p50_s * 1e3)
+            log.info("job %s rank %d enters collectives %.1f ms late on the host but its peers "
+                     "wait no longer at them since (its GPU queue is still ahead): no "
+                     "straggler, no cost", job.job, rank, f.lag_p50_s * 1e3)
 
     def _clock_slack(self, job: JobState, ranks: list[int], entries: np.ndarray) -> np.ndarray:
         """Per column, how far its node's clock estimate may be off at the latest entries (0
@@ -471,6 +553,8 @@ class RankAnalysis:
                 continue
             kind = self._missing(job.facts[rank], began, gave_up, now)
             if kind is not None:
+                if PAIR in comm:          # its own side of the pair: the Send or the Recv
+                    op = self.ops.code("ncclSend" if column == 0 else "ncclRecv")
                 found[(rank, "missing")] = self._missing_verdict(
                     job, comm, rank, kind, op, seq, began, gave_up, now, len(entered))
         return found
@@ -497,7 +581,10 @@ class RankAnalysis:
                          waiting: int) -> Verdict:
         facts = job.facts[rank]
         waited = (gave_up if gave_up is not None else now) - began
-        why = (f"never entered {self.ops.names[op]} #{seq} on communicator {comm}; its peers "
+        comm, _, pair = comm.partition(PAIR)
+        where = f"communicator {comm}" + (
+            f" (the Send/Recv of its ranks {pair.replace(PAIR, ' to ')})" if pair else "")
+        why = (f"never entered {self.ops.names[op]} #{seq} on {where}; its peers "
                + (f"gave up after waiting {waited:.1f} s (NCCL failed or timed out in them)"
                   if gave_up is not None else f"have waited {waited:.1f} s")
                + (" and its process exited" if facts.exited_at is not None else "")
@@ -511,7 +598,8 @@ class RankAnalysis:
                        fix=causes.FIXES[kind].format(node=facts.node or "its node"),
                        findings=[why], op=self.ops.names[op], comm_hash=comm, onset=began,
                        lag_p50_s=waited, cost_gpu_s=waited * waiting,
-                       evidence={"seq": seq, "waited_s": round(waited, 3)})
+                       evidence={"seq": seq, "waited_s": round(waited, 3),
+                                 **({"pair": pair} if pair else {})})
 
     def _silent(self, node: str, since: float) -> bool:
         """Whether ``node`` has not pushed, one push interval after ``since``, since then: what
@@ -553,8 +641,9 @@ class RankAnalysis:
                        for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
             io = [sum(b for t, _r, b in job.facts[r].blockio if t >= now - HOST_FACTS_S)
                   for r in ranks]
+            pids = {f.pid for f in job.facts.values() if f.pid is not None}
             job.peers = PeerFacts(ranks, *(np.array(m, float) for m in medians),
-                                  [self._preemptions(job, job.facts[r], now) for r in ranks],
+                                  [self._preemptions(job.facts[r], pids, now) for r in ranks],
                                   np.array(io, float), self._alike(job, ranks))
         return job.peers
 
@@ -569,7 +658,7 @@ class RankAnalysis:
         alike: dict[int, set[int]] = defaultdict(set)
         for comm, window in job.comms.items():
             members = set(job.columns.get(comm, {}).values()) & index.keys()
-            if window.nranks < widest and window.op_counts:      # collectives, not p2p only
+            if window.nranks < widest and window.op_counts and PAIR not in comm:
                 for member in members:
                     alike[member] |= members - {member}
         if not alike:
@@ -578,14 +667,18 @@ class RankAnalysis:
                 for rank in ranks]
 
     @staticmethod
-    def _preemptions(job: JobState, facts: RankFacts,
+    def _preemptions(facts: RankFacts, ranks: set[int],
                      now: float) -> dict[tuple[str, int], tuple[int, int]]:
         """Who else took the rank's CPU lately, how often and for how long (ns): processes
-        other than the job's own ranks (ranks crowding each other are the job's own doing)."""
-        ranks = {f.pid for f in job.facts.values() if f.pid is not None}
+        other than the job's own ranks (``ranks``: their pids; ranks crowding each other are
+        the job's own doing). What is older than the window is let go on the way."""
+        while facts.preemptions and facts.preemptions[0][0] < now - HOST_FACTS_S:
+            facts.preemptions.popleft()
+        while facts.blockio and facts.blockio[0][0] < now - HOST_FACTS_S:
+            facts.blockio.popleft()
         taken: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
         for t, comm, pid, count, tgid, ns in facts.preemptions:
-            if t >= now - HOST_FACTS_S and (pid if tgid is None else tgid) not in ranks:
+            if (pid if tgid is None else tgid) not in ranks:
                 taken[(comm, pid)][0] += count
                 taken[(comm, pid)][1] += ns
         return {who: (n, ns) for who, (n, ns) in taken.items()}

@@ -25,6 +25,7 @@ class RankFacts:
     pid: int | None = None
     self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
+    peer_wait_t: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))   # when
     allocation_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     # (t, comm, pid, count, the preemptor's process, ns it kept the rank off its CPU)
     preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))
@@ -148,6 +149,7 @@ class JobState:
     peers: PeerFacts | None = None      # this tick's, built when first needed
     started: float = 0.0
     last_event: float = 0.0
+    changed: bool = True                # events arrived since its last judgement
 
     def run_json(self) -> dict:
         """The run as verdicts carry it: what is known of step, requeue and restart."""

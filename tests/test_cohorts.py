@@ -141,3 +141,24 @@ def test_a_push_is_recorded_only_once_it_was_handled():
     assert fleet.new(push) and fleet.new(push), "asking records nothing"
     assert fleet.observe(push, 1.0)[0] is True
     assert not fleet.new(push) and fleet.observe(push, 1.0)[0] is False
+
+
+def test_two_agents_of_one_node_keep_a_window_each():
+    """Two per-job agents on one host (ingerod@JOB units, node = the hostname) push under
+    boot ids of their own: neither's pushes are taken for the other's, nor its resends for
+    new ones."""
+    from fleetd.cohorts import Fleet, ThresholdPolicy
+    from ingero import wire
+
+    fleet = Fleet(ThresholdPolicy(), {}, 100)
+    sig = {s: 1.0 for s in wire.SIGNALS}
+    a = [wire.Push(seq, "host", "c", "boot-a", 0.9, sig, "active", 1.0, 1.0, "1")
+         for seq in range(3)]
+    b = [wire.Push(seq, "host", "c", "boot-b", 0.9, sig, "active", 1.0, 1.0, "2")
+         for seq in range(3)]
+    for push_a, push_b in zip(a, b):
+        assert fleet.observe(push_a, 1.0)[0] and fleet.observe(push_b, 1.0)[0]
+    assert not fleet.observe(a[1], 2.0)[0] and not fleet.observe(b[2], 2.0)[0], "resends"
+    assert set(fleet.windows) == {("host", "boot-a"), ("host", "boot-b")}
+    fleet.expire(100.0)
+    assert fleet.windows == {}

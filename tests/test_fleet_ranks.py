@@ -297,14 +297,44 @@ def test_the_agent_s_job_applies_to_events_without_one():
     assert [(v.job, v.rank) for v in ra.active()] == [("77", 0)]
 
 
-def test_unknown_communicators_and_point_to_point_are_kept_out_of_alignment():
+def ring(ranks, first: int, last: int, late=lambda rank, step: 0.0) -> list[dict]:
+    """Each rank sends to the next and receives from the one before, in a pipeline's order."""
+    n = len(ranks)
+    events = []
+    for s in range(first, last):
+        for r in ranks:
+            for op, peer, lag in (("ncclSend", (r + 1) % n, late(r, s)),
+                                  ("ncclRecv", (r - 1) % n, 0.0)):
+                events.append({"id": f"n:{op}{r}:{s}", "t": T0 + s * STEP + lag,
+                               "kind": "collective", "attrs": {
+                                   "op": op, "comm_hash": COMM, "seq": s, "comm_rank": r,
+                                   "nranks": n, "peer": peer, "rank": r, "job": "42",
+                                   "pid": 1000 + r}})
+    return events
+
+
+def test_unknown_communicators_are_kept_out_and_send_recv_pairs_are_not_lag():
+    """A receive waits on its send in a pipeline by design: a sender 1 s late is no lag. And a
+    communicator whose creation the agent did not see cannot be placed at all."""
     ra = analysis()
     unknown = steps(range(4), 0, 20, nranks=4, comm="0" * 16)
-    p2p = steps(range(4), 0, 20, nranks=4, op="ncclSend", late=lambda r, s: 1.0)
-    ra.observe(push("node", unknown + p2p), T0)
-    ra.tick(T0 + 5)
+    ra.observe(push("node", unknown + ring(range(4), 0, 20, late=lambda r, s: 1.0)), T0)
+    ra.tick(T0 + 25)
     assert ra.unaligned == len(unknown) and ra.active() == []
-    assert all(job.comms == {} for job in ra.jobs.values())
+    (job,) = ra.jobs.values()
+    assert set(job.comms) == {f"{COMM}>{r}>{(r + 1) % 4}" for r in range(4)}
+
+
+def test_a_rank_that_never_sends_its_activations_is_named_from_its_pairs():
+    """A pipeline of four single-rank stages, nothing but Send/Recv: rank 2 stops sending at
+    step 12; rank 3 waits in its receive."""
+    ra = analysis()
+    events = [e for e in ring(range(4), 0, 20)
+              if not (e["attrs"]["rank"] == 2 and e["attrs"]["seq"] >= 12)]
+    ra.observe(push("node", events), T0 + 1.0)
+    ra.observe(push("node", []), T0 + 3.0)
+    hung = [v for v in ra.tick(T0 + 3.5) if v.kind == "hang"]
+    assert [v.rank for v in hung] == [2] and "ncclSend #12" in hung[0].findings[0]
 
 
 def test_a_slow_gpu_is_named_by_its_self_work():
@@ -550,23 +580,22 @@ def test_a_pipeline_stage_doing_more_work_is_no_slow_gpu_but_a_slow_gpu_within_i
     assert [(v.rank, v.kind) for v in ra.tick(T0 + 1.2)] == [(6, "slow_gpu")]
 
 
-def waits(ranks, ms: dict, node_events: int = 20) -> list[dict]:
-    """Syncs on collectives (peer-wait): how long each rank waited there, in ms."""
-    return [{"id": f"n:pw{r}:{i}", "t": T0 + i * STEP, "kind": "sync", "attrs": {
-        "duration_ns": int(ms[r] * 1e6), "peer_wait": True, "rank": r, "job": "42",
-        "pid": 1000 + r}} for r in ranks for i in range(node_events)]
+def waits(ranks, ms_before: float, ms_after: float, onset_step: int) -> list[dict]:
+    """Each rank's sync on each step's collective (peer-wait): how long it waited there."""
+    return [{"id": f"n:pw{r}:{s}", "t": T0 + s * STEP + 0.01, "kind": "sync", "attrs": {
+        "duration_ns": int((ms_before if s < onset_step else ms_after) * 1e6),
+        "peer_wait": True, "rank": r, "job": "42", "pid": 1000 + r}}
+        for r in ranks for s in range(60)]
 
 
-@pytest.mark.parametrize("own_wait_ms, named", [(60.0, False), (4.0, True)])
-def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(own_wait_ms, named):
-    """Rank 5 enters every collective 30 ms after its peers. If its syncs on them still wait
-    on its own GPU about as long as its peers' (its host runs ahead of its GPU queue), its
-    lateness delays no one: not named. If its syncs wait on nothing while its peers' wait, its
-    host paces it and its peers wait on it: named."""
+@pytest.mark.parametrize("after_ms, named", [(70.0, False), (100.0, True)])
+def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, named):
+    """Rank 5 enters every collective 30 ms after its peers from step 30. If its peers wait
+    no longer at their syncs since (70 ms before and after: its host runs ahead of its GPU
+    queue), its lateness delays no one: not named. If their waits grew by 30 ms, it is."""
     ra = analysis()
-    ra.observe(push("n1", waits(range(8), {r: own_wait_ms if r == 5 else 70.0
-                                           for r in range(8)})), T0)
-    changed = feed(ra, late=lambda r, s: 0.03 if r == 5 else 0.0, until=60)
+    ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, after_ms, 30)), T0)
+    changed = feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=60)
     assert bool([v for v in ra.active() if v.rank == 5]) == named, changed
 
 
@@ -577,3 +606,57 @@ def test_a_verdict_costs_from_its_onset_only_the_lag_over_the_bar():
     bar = ra.jobs[("c", "42", (None, None, None))].comms[COMM].bar
     late_instances = 30                            # 30 to 59, none before its onset
     assert verdict.cost_gpu_s == pytest.approx(late_instances * 7 * (0.05 - bar), rel=0.05)
+
+
+def test_an_entry_older_than_the_ring_is_dropped_and_never_takes_a_newer_instances_row():
+    window = CommWindow(COMM, 2, capacity=8)
+    ops = np.zeros(8, np.int64)
+    window.add(Entries(np.arange(8, 16), np.zeros(8, np.int64), np.arange(8, 16) * 1.0, ops))
+    late = Entries(np.array([3, 0]), np.array([1, 1]), np.array([3.0, 0.0]), ops[:2])
+    window.add(late)                       # a backlog: instances 3 and 0, long gone by
+    assert window.too_late == 2
+    assert window.open_seq[3] == 11 and np.isnan(window.open[3, 1]), "row 3 is seq 11's"
+
+
+def destroys(ranks, t: float) -> list[dict]:
+    return [{"id": f"n:d{r}", "t": t, "kind": "comm_destroy", "attrs": {
+        "op": "ncclCommDestroy", "comm_hash": COMM, "comm_rank": r, "nranks": 8, "rank": r,
+        "job": "42", "pid": 1000 + r}} for r in ranks]
+
+
+def test_a_communicator_the_job_destroyed_or_left_idle_retires_and_its_verdicts_stand():
+    ra = analysis(clear_ticks=2)
+    feed(ra, late=lambda r, s: 0.05 if r == 5 else 0.0)
+    (verdict,) = ra.active()
+    job = ra.jobs[("c", "42", (None, None, None))]
+    ra.observe(push("n0", destroys(range(8), T0 + 3.1)), T0 + 3.2)
+    for t in (3.3, 3.8, 4.3):
+        ra.tick(T0 + t)
+    assert COMM not in job.comms, "retired"
+    assert ra.active() == [verdict] and verdict.cleared is None, "the rank never recovered"
+    idle = analysis(clear_ticks=2)
+    feed(idle, late=lambda r, s: 0.05 if r == 5 else 0.0)
+    for t in (10.0, 40.0, 60.0):              # unused for under a minute: kept
+        idle.tick(T0 + t)
+    assert idle.jobs[("c", "42", (None, None, None))].comms
+    for t in (70.0, 70.5, 71.0):
+        idle.tick(T0 + t)
+    assert not idle.jobs[("c", "42", (None, None, None))].comms and len(idle.active()) == 1
+    feed(idle, until=60)                      # used again, its rank 5 on time: judged, cleared
+    assert idle.active() == []
+
+
+def test_a_short_job_whose_last_push_ends_its_communicator_is_judged_to_the_end():
+    """A job over within one push interval: its instances complete in the tick that sees
+    its communicator destroyed. They are judged before it retires."""
+    ra = analysis(clear_ticks=2)
+    for node, ahead in (("n0", 0.0), ("n1", 0.0)):
+        exchanged(ra, node, ahead)
+    late = lambda r, s: 0.05 if r == 5 else 0.0       # noqa: E731
+    now = T0 + 60 * STEP + 0.3
+    ra.observe(push("n0", steps(range(4), 0, 60, late) + destroys(range(4), now - 0.1)), now)
+    ra.observe(push("n1", steps(range(4, 8), 0, 60, late) + destroys(range(4, 8), now - 0.1)),
+               now)
+    ra.tick(now)
+    assert [(v.rank, v.kind) for v in ra.active()] == [(5, "persistent")]
+    assert not ra.jobs[("c", "42", (None, None, None))].comms

@@ -286,13 +286,16 @@ def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack)
 
 def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue_is_named(stack):
     """The hosts sync with their GPUs every 10 steps only, enqueueing steps ahead of them in
-    between. Rank 5's host spends 6 ms more a step: its collectives are enqueued tens of ms
-    after its peers', yet its GPU queue still runs ahead of 20 ms of GPU work a step, and
-    nobody waits. With 30 ms more, it falls behind its queue, and everyone waits for it."""
-    ahead = {"nodes": 2, "steps": 80, "step_ms": 20, "sync_every": 10}
-    run(stack, "2801", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 6}], **ahead)
+    between. From step 40 rank 5's host spends 6 ms more a step: its collectives are enqueued
+    tens of ms after its peers', yet its GPU queue still runs ahead of 20 ms of GPU work a
+    step, and its peers wait no longer than before. With 30 ms more, it falls behind its
+    queue, and everyone waits for it."""
+    ahead = {"nodes": 2, "steps": 100, "step_ms": 20, "sync_every": 10}
+    run(stack, "2801", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 6,
+                                 "from_step": 40}], **ahead)
     assert verdicts(stack, "2801") == {}
     assert "job 2801 rank 5 enters collectives" in stack.fleetd.log()
-    run(stack, "2802", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30}], **ahead)
+    run(stack, "2802", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30,
+                                 "from_step": 40}], **ahead)
     behind = verdicts(stack, "2802")
     assert set(behind) == {5} and behind[5]["cost_gpu_seconds"] > 0, (behind, stack.logs())
