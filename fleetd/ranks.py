@@ -24,7 +24,7 @@ import numpy as np
 
 from ingero.analysis import causes
 from ingero.analysis.lag import peer_lag
-from ingero.analysis.stragglers import LagPolicy, idle_caused, judge, slow_workers
+from ingero.analysis.stragglers import LagPolicy, idle_caused, judge, quiet, slow_workers
 from ingero.runtime import RateLimitedLog
 from ingero.vocabulary import POINT_TO_POINT
 from ingero.wire import Push
@@ -39,6 +39,7 @@ UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see create
 PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
 MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
+PASSED_DOWN = ("host_work", "network_or_peer")   # causes a lateness passed down may look like
 COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits at collectives
                                      # grew by this share of it at its onset
 WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
@@ -55,25 +56,22 @@ def foreign(preempted: dict, job: str | None) -> bool:
     return not preempted.get("preemptor_own") and (other_job is None or other_job != job)
 
 
-def absorbed(waited_s: float, lag_s: float, later_s: float) -> bool:
-    """Whether a rank's GPU queue absorbed its host's lateness: at its syncs on collectives
-    it still waited, beyond what a later rank kept it waiting (``later_s``), at least as long
-    as it was late (its GPU was still busy when its host came: it ran ahead of it)."""
-    return waited_s - max(0.0, later_s) >= lag_s
-
-
-def waits_grew(before: list[int], after: list[int], lag_s: float,
-               floor_s: float) -> bool | None:
+def waits_grew(before: list[int], after: list[int], lag_s: float, floor_s: float,
+               later_s: float = 0.0, enough: int = 2) -> bool | None:
     """Whether the peers' syncs on collectives (their waits, ns) grew at a rank's onset by a
-    share of its lag: the proof that its lateness costs. A rank late on the host but still
+    share of its lag, on average (a host that syncs on a blocking read and at its step's end
+    waits long at one and briefly at the other: a median of both flips between them): the
+    proof that its lateness costs. A rank late on the host but still
     ahead of its GPU queue delays no collective, and its peers wait no longer than before.
-    Too few syncs before (a rank late from the start): it costs; too few since its onset
-    (hosts that sync every few steps only): None, not known yet."""
+    What a rank later than it (by ``later_s`` more) made them wait is not its own: the
+    GPU queues absorbed that much less of the later rank's lag. Too few syncs before: it
+    costs; fewer than ``enough`` since its onset (hosts that sync every few steps only):
+    None, not known yet."""
     if len(before) < 3:
         return True
-    if len(after) < 2:
+    if len(after) < max(2, enough):
         return None
-    grew = (statistics.median(after) - statistics.median(before)) / 1e9
+    grew = (statistics.fmean(after) - statistics.fmean(before)) / 1e9 - max(0.0, later_s)
     return grew >= max(floor_s, COST_SHARE * lag_s)
 
 
@@ -212,6 +210,7 @@ class RankAnalysis:
         facts = job.facts[a["rank"]]
         facts.node = node
         if kind == "sync" and a.get("duration_ns") is not None:
+            facts.sync_end.append(t + a["duration_ns"] / 1e9)
             if a.get("peer_wait"):
                 facts.peer_wait_ns.append(a["duration_ns"])
                 facts.peer_wait_t.append(t)
@@ -394,6 +393,10 @@ class RankAnalysis:
         fits = [self.clocks.at(node) for node in nodes]
         if len(set(nodes)) == 1 and fits[0] is None:
             return raw
+        for node in {n for n, fit in zip(nodes, fits) if fit is None and n} - job.unclocked:
+            job.unclocked.add(node)
+            log.info("job %s: node %s's clock is not known yet (no push/reply exchange): its "
+                     "ranks are compared with no other node's until it is", job.job, node)
         offset = np.array([f.offset if f else np.nan for f in fits])
         drift = np.array([f.drift if f else 0.0 for f in fits])
         at = np.array([f.at if f else 0.0 for f in fits])
@@ -423,13 +426,19 @@ class RankAnalysis:
         for f in judgement.findings:
             rank = ranks[f.column]
             facts = self._facts_of(job, rank, now)
+            with quiet():
+                since = np.nanmedian(lag[f.onset:], axis=0)
+            diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
+            if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
+                    self._inherited(job, ranks, entries[f.onset:], f):
+                self._say_inherited(job, rank, f)
+                continue
             costs = f.kind != "persistent" or self._costs(
-                job, ranks, f, float(np.nanmedian(entries[f.onset])), judgement.median_lag_s)
+                job, ranks, f, float(np.nanmedian(entries[f.onset])), since)
             if not costs:
                 if costs is False:
                     self._say_ahead(job, rank, f)
                 continue
-            diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
                               diagnosis.cause, confidence=diagnosis.confidence,
                               severity=causes.severity(f.lag_p50_s, judgement.step_s),
@@ -448,22 +457,58 @@ class RankAnalysis:
 
     def _costs(self, job: JobState, ranks: list[int], f, onset: float,
                median_lag: np.ndarray) -> bool | None:
-        """Whether the rank's lateness delays its peers. Where there is a before, whether
-        their waits at collectives grew from its onset on (``waits_grew``); for a rank late
-        from the first instances judged, whether its own syncs there waited less than its
-        lateness, once what a later rank kept it waiting is taken off (``absorbed``)."""
+        """Whether the rank's lateness delays its peers: whether their waits at collectives
+        grew from its onset on, beyond what a later rank explains (``median_lag``: each
+        column's median lag since the onset; see ``waits_grew``). A rank late from the first
+        instances judged has no before to weigh them against: it is taken to cost (its own
+        waits cannot tell: every rank's sync ends with the collective, so its peers wait
+        longer than it by its lateness whether its GPU absorbed it or not)."""
         if f.onset < self.policy.min_instances:
-            own = job.facts[ranks[f.column]].peer_wait_ns
-            later = float(np.nanmax(median_lag)) - float(median_lag[f.column])
-            return not own or not absorbed(statistics.median(own) / 1e9, f.lag_p50_s, later)
-        before, after = [], []
+            return True
+        before, after, peers = [], [], 0
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
-            if column == f.column or facts is None:
+            if column == f.column or facts is None or not facts.peer_wait_ns:
                 continue
+            peers += 1
             for t, ns in zip(facts.peer_wait_t, facts.peer_wait_ns):
                 (after if t >= onset else before).append(ns)
-        return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s)
+        with quiet():
+            later = float(np.nanmax(median_lag) - median_lag[f.column])
+        return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later,
+                          enough=2 * peers)
+
+    def _inherited(self, job: JobState, ranks: list[int], entries: np.ndarray, f) -> bool:
+        """Whether the rank's lateness was passed down to it: the time from its last sync's
+        return to its entry (``entries``: since the onset, on fleetd's clock, as the syncs
+        are kept) is no longer than its peers' by a share of its lag, so its host came late
+        only because its GPU finished late; and its own kernels are no slower (asked
+        before): its GPU was kept waiting by a peer elsewhere (a pipeline stage's send,
+        another group's collective). The rank that held it up is judged where it was late
+        itself."""
+        gaps = np.full(len(ranks), np.nan)
+        for column, rank in enumerate(ranks):
+            facts = job.facts.get(rank)
+            ends = np.sort(np.fromiter(facts.sync_end, float)) if facts else np.empty(0)
+            if not len(ends):
+                return False
+            at = np.searchsorted(ends, entries[:, column], side="right") - 1
+            with quiet():
+                gaps[column] = np.nanmedian(np.where(at >= 0, entries[:, column] - ends[at],
+                                                     np.nan))
+        others = np.delete(gaps, f.column)
+        if not np.isfinite(gaps[f.column]) or not np.isfinite(others).any():
+            return False
+        return gaps[f.column] - float(np.nanmedian(others)) < COST_SHARE * f.lag_p50_s
+
+    def _say_inherited(self, job: JobState, rank: int, f) -> None:
+        """Said once, named never: the lateness is another rank's, passed down."""
+        if rank not in job.ahead:
+            job.ahead.add(rank)
+            log.info("job %s rank %d enters collectives %.1f ms late because it waited on a "
+                     "peer elsewhere first (a pipeline stage's send, another group's "
+                     "collective): not its own lateness, no straggler", job.job, rank,
+                     f.lag_p50_s * 1e3)
 
     def _say_ahead(self, job: JobState, rank: int, f) -> None:
         """A rank late on the host whose peers wait no longer for it: its host is ahead of

@@ -26,6 +26,7 @@ class RankFacts:
     self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_t: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))   # when
+    sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # its node's
     allocation_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     # (t, comm, pid, count, the preemptor's process, ns it kept the rank off its CPU)
     preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))
@@ -141,6 +142,7 @@ class JobState:
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
     uncovered: set[int] = field(default_factory=set)   # ranks no agent has ever told of
     ahead: set[int] = field(default_factory=set)       # late on the host, ahead of the GPU
+    unclocked: set[str] = field(default_factory=set)   # nodes left out until their clock is known
     # ncclCommSplit: (parent, split) → parent rank → (colour, key, new comm, rank); once every
     # rank of the parent has split, each new comm's rank → (comm rank, size)
     splits: dict[tuple[str, int], dict[int, tuple]] = field(default_factory=dict)

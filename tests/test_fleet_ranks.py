@@ -125,10 +125,11 @@ def test_a_lag_its_clock_could_explain_is_not_named():
     assert [v.rank for v in ra.active()] == [5]
 
 
-def test_a_node_whose_clock_is_not_known_yet_is_compared_with_no_other():
+def test_a_node_whose_clock_is_not_known_yet_is_compared_with_no_other(caplog):
     """n1 runs 20 ms ahead and has not exchanged a push yet: its ranks' entries look 20 ms
-    late, and are not judged across nodes until its offset is known; then they are, on
-    fleetd's clock, and a rank truly late is named."""
+    late, and are not judged across nodes until its offset is known (said once); then they
+    are, on fleetd's clock, and a rank truly late is named."""
+    caplog.set_level("INFO", "fleetd")
     ra = analysis()
     exchanged(ra, "n0", 0.0)
     ra.observe(push("n0", steps(range(4), 0, 40)), T0 + 2.5)
@@ -140,6 +141,7 @@ def test_a_node_whose_clock_is_not_known_yet_is_compared_with_no_other():
     ra.observe(push("n0", steps(range(4), 40, 80, late)), T0 + 4.5)
     ra.observe(push("n1", steps(range(4, 8), 40, 80, late, skew=0.02)), T0 + 4.5)
     assert [(v.rank, round(v.lag_p50_s, 3)) for v in ra.tick(T0 + 4.5)] == [(6, 0.05)]
+    assert caplog.text.count("node n1's clock is not known yet") == 1
 
 
 def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits():
@@ -597,6 +599,34 @@ def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, nam
     ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, after_ms, 30)), T0)
     changed = feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=60)
     assert bool([v for v in ra.active() if v.rank == 5]) == named, changed
+
+
+def test_a_rank_whose_lateness_a_later_rank_covers_costs_nobody():
+    """From step 30 rank 5 enters 120 ms late and rank 2 40 ms late, their GPU queues
+    absorbing 80 ms of it: the peers wait 40 ms longer, all of it rank 5's doing (its GPU's
+    collective comes 40 ms late; rank 2's, on time). Rank 2 is not named."""
+    ra = analysis()
+    ra.observe(push("n1", waits([0, 1, 3, 4, 6, 7], 100.0, 140.0, 30)), T0)
+    lags = {5: 0.12, 2: 0.04}
+    feed(ra, late=lambda r, s: lags.get(r, 0.0) if s >= 30 else 0.0, until=60)
+    assert [v.rank for v in ra.active()] == [5]
+
+
+@pytest.mark.parametrize("passed_down", [True, False])
+def test_a_rank_late_because_its_gpu_waited_on_a_peer_elsewhere_is_not_named(passed_down):
+    """Rank 5 enters every collective 30 ms after its peers, each rank 1 ms after its sync
+    returns. Where rank 5's sync returned 30 ms late (its GPU waited on a pipeline stage's
+    send: a lateness passed down to it), it is not named; where its sync returned on time
+    and the 30 ms went to its host, it is."""
+    late = lambda r, s: 0.03 if r == 5 else 0.0  # noqa: E731
+    syncs = [{"id": f"n:sy{r}:{s}", "kind": "sync",
+              "t": T0 + s * STEP + 0.0001 * r + (late(r, s) if passed_down else 0.0) - 0.011,
+              "attrs": {"duration_ns": 10_000_000, "peer_wait": True, "rank": r, "job": "42",
+                        "pid": 1000 + r}} for r in range(8) for s in range(60)]
+    ra = analysis()
+    ra.observe(push("n1", syncs), T0)
+    feed(ra, late=late, until=60)
+    assert [v.rank for v in ra.active()] == ([] if passed_down else [5])
 
 
 def test_a_verdict_costs_from_its_onset_only_the_lag_over_the_bar():

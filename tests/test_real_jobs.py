@@ -266,14 +266,15 @@ PARALLEL = {"parallel": {"tp": 2, "pp": 2}, "stage_work": [30, 15], "nodes": 2, 
 def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack):
     """tp = 2, pp = 2 on two nodes: tensor-parallel pairs, data-parallel pairs and pipeline
     pairs, all split from a world that carries no collective; stage 0's kernels take twice
-    stage 1's. Healthy, nobody is named; a GPU 1.4 times slower is named slow_gpu against its
-    stage (stage 0's: every sync of a later stage covers a receive, so its kernels show only
-    through lateness); a rank late on the host is found from its groups' collectives."""
+    stage 1's. Healthy, nobody is named; a GPU 1.4 times slower is named, cause slow_gpu,
+    and the stage-1 ranks it holds up through their receives are not (they come late to their
+    data-parallel groups only because their GPUs waited); a rank late on the host is found
+    from its groups' collectives."""
     run(stack, "2701", "torchrun", **PARALLEL)
     assert verdicts(stack, "2701") == {}
     run(stack, "2702", "torchrun", [{"rank": 2, "kind": "slow_gpu", "factor": 1.4}], **PARALLEL)
     slow = verdicts(stack, "2702")
-    assert {r: v["kind"] for r, v in slow.items()} == {2: "slow_gpu"}, (slow, stack.logs())
+    assert {r: v["cause"] for r, v in slow.items()} == {2: "slow_gpu"}, (slow, stack.logs())
     run(stack, "2703", "torchrun", [{"rank": 6, "kind": "host_delay", "delay_ms": 40,
                                      "from_step": 5}], **PARALLEL)
     late = verdicts(stack, "2703")

@@ -66,7 +66,8 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     periodic, with the period in steps; slow_gpu; hang; died), cause, confidence, severity,
     the collective (op, comm_hash), onset step and time, lag p50/p99 (ms) with every node's
     clock corrected, the share of instances it entered last, its cost (GPU-seconds its peers
-    waited, and USD when fleetd has a rate), a fix, findings and evidence. ranks is what this
+    waited for its lateness over the bar since its onset, and USD when fleetd has a rate), a
+    fix, findings and evidence. ranks is what this
     tool computes from the stored events: for every collective instance that every rank of its
     communicator has entered (same communicator, same sequence number) each rank's entry lag is
     its entry time minus the median entry of its peers there. Per rank: samples, lag
