@@ -211,6 +211,7 @@ class RankAnalysis:
         facts.node = node
         if kind == "sync" and a.get("duration_ns") is not None:
             facts.sync_end.append(t + a["duration_ns"] / 1e9)
+            facts.sync_on.append(a.get("comm_hash") if a.get("peer_wait") else None)
             if a.get("peer_wait"):
                 facts.peer_wait_ns.append(a["duration_ns"])
                 facts.peer_wait_t.append(t)
@@ -332,7 +333,7 @@ class RankAnalysis:
             elif facts.blind_since is not None:      # made before its agent restarted
                 unseen[column] = facts.blind_since >= window.created - self._interval()
         newly = {ranks[c] for c in np.flatnonzero(unseen)
-                 if job.facts.get(ranks[c]) is None} - job.uncovered
+                 if not getattr(job.facts.get(ranks[c]), "node", "")} - job.uncovered
         if newly:
             job.uncovered |= newly
             log.warning("job %s: rank(s) %s never told of by any agent (their node runs none, "
@@ -430,7 +431,7 @@ class RankAnalysis:
                 since = np.nanmedian(lag[f.onset:], axis=0)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
-                    self._inherited(job, ranks, entries[f.onset:], f):
+                    self._inherited(job, comm, ranks, entries[f.onset:], f):
                 self._say_inherited(job, rank, f)
                 continue
             costs = f.kind != "persistent" or self._costs(
@@ -478,24 +479,32 @@ class RankAnalysis:
         return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later,
                           enough=2 * peers)
 
-    def _inherited(self, job: JobState, ranks: list[int], entries: np.ndarray, f) -> bool:
-        """Whether the rank's lateness was passed down to it: the time from its last sync's
-        return to its entry (``entries``: since the onset, on fleetd's clock, as the syncs
-        are kept) is no longer than its peers' by a share of its lag, so its host came late
-        only because its GPU finished late; and its own kernels are no slower (asked
-        before): its GPU was kept waiting by a peer elsewhere (a pipeline stage's send,
-        another group's collective). The rank that held it up is judged where it was late
-        itself."""
+    def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,
+                   f) -> bool:
+        """Whether the rank's lateness was passed down to it. Its host came from a sync that
+        waited on a collective of another communicator (a pipeline stage's send, another
+        group's collective) at most of its entries since the onset (``entries``, on
+        fleetd's clock, as the syncs are kept); and from that sync's return to its entry
+        it took no longer than its peers did from theirs, by a share of its lag: its host
+        came late only because its GPU was kept waiting elsewhere (its own kernels are no
+        slower: asked before). The rank that held it up is judged where it was late."""
         gaps = np.full(len(ranks), np.nan)
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
-            ends = np.sort(np.fromiter(facts.sync_end, float)) if facts else np.empty(0)
-            if not len(ends):
-                return False
-            at = np.searchsorted(ends, entries[:, column], side="right") - 1
-            with quiet():
-                gaps[column] = np.nanmedian(np.where(at >= 0, entries[:, column] - ends[at],
-                                                     np.nan))
+            if facts is None or not facts.sync_end:
+                continue
+            ends = np.fromiter(facts.sync_end, float)
+            order = np.argsort(ends, kind="stable")
+            ends, entered = ends[order], entries[:, column][np.isfinite(entries[:, column])]
+            at = np.searchsorted(ends, entered, side="right") - 1
+            entered, at = entered[at >= 0], at[at >= 0]
+            if not len(at):
+                continue
+            gaps[column] = np.median(entered - ends[at])
+            if column == f.column:
+                on = [facts.sync_on[i] for i in order[at]]
+                if sum(c is not None and c != comm for c in on) * 2 <= len(on):
+                    return False
         others = np.delete(gaps, f.column)
         if not np.isfinite(gaps[f.column]) or not np.isfinite(others).any():
             return False

@@ -26,7 +26,9 @@ class RankFacts:
     self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_t: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))   # when
-    sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # its node's
+    sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # returns
+    sync_on: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))   # and what
+    # each waited on: the communicator of the collective it covered (None: its own kernels)
     allocation_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     # (t, comm, pid, count, the preemptor's process, ns it kept the rank off its CPU)
     preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))

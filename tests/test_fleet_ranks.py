@@ -504,7 +504,10 @@ def test_an_agent_restart_mid_job_names_no_hang_and_the_job_is_still_judged():
     assert ra.unaligned == 4 * 60
 
 
-def test_ranks_no_agent_ever_told_of_are_not_judged_and_their_peers_are():
+@pytest.mark.parametrize("looked_up", [False, True])
+def test_ranks_no_agent_ever_told_of_are_not_judged_and_their_peers_are(looked_up):
+    """Ranks 4 to 7 are never told of; whether or not a rule looked their facts up first
+    (an empty record, no node), they are reported uncovered once."""
     ra = analysis()
     exchanged(ra, "n0", 0.0)
     late = lambda r, s: 0.05 if r == 1 else 0.0  # noqa: E731
@@ -512,6 +515,8 @@ def test_ranks_no_agent_ever_told_of_are_not_judged_and_their_peers_are():
     for first in range(0, 60, 10):
         now = T0 + (first + 10) * STEP + 0.3 + 3 * first     # 2 to 60 s in
         ra.observe(push("n0", steps(range(4), first, first + 10, late)), now)
+        if looked_up and first == 0:
+            assert ra.jobs[("c", "42", (None, None, None))].facts[5].node == ""
         changed += ra.tick(now)
     assert {(v.rank, v.kind) for v in changed} == {(1, "persistent")}
     assert ra.jobs[("c", "42", (None, None, None))].uncovered == {4, 5, 6, 7}
@@ -612,21 +617,27 @@ def test_a_rank_whose_lateness_a_later_rank_covers_costs_nobody():
     assert [v.rank for v in ra.active()] == [5]
 
 
-@pytest.mark.parametrize("passed_down", [True, False])
-def test_a_rank_late_because_its_gpu_waited_on_a_peer_elsewhere_is_not_named(passed_down):
-    """Rank 5 enters every collective 30 ms after its peers, each rank 1 ms after its sync
-    returns. Where rank 5's sync returned 30 ms late (its GPU waited on a pipeline stage's
-    send: a lateness passed down to it), it is not named; where its sync returned on time
-    and the 30 ms went to its host, it is."""
+@pytest.mark.parametrize("shifted, waited_on, named", [
+    (True, "00000000feed0000", False),    # its sync waited on a pipeline stage: passed down
+    (True, None, True),                   # its whole step later, its sync on its own kernels
+    (False, "00000000feed0000", True)])   # its sync returned on time: its host was late
+def test_a_rank_late_because_its_gpu_waited_on_a_peer_elsewhere_is_not_named(
+        shifted, waited_on, named):
+    """Rank 5 enters every collective 30 ms after its peers, each rank 1 ms after a sync
+    returns. Where rank 5's sync returned 30 ms late too and had waited on another
+    communicator's collective (its GPU kept waiting by a pipeline stage's send), its
+    lateness was passed down to it: not named. Where that sync covered only its own
+    kernels, or returned on time, the lateness is its own."""
     late = lambda r, s: 0.03 if r == 5 else 0.0  # noqa: E731
     syncs = [{"id": f"n:sy{r}:{s}", "kind": "sync",
-              "t": T0 + s * STEP + 0.0001 * r + (late(r, s) if passed_down else 0.0) - 0.011,
-              "attrs": {"duration_ns": 10_000_000, "peer_wait": True, "rank": r, "job": "42",
-                        "pid": 1000 + r}} for r in range(8) for s in range(60)]
+              "t": T0 + s * STEP + 0.0001 * r + (late(r, s) if shifted else 0.0) - 0.011,
+              "attrs": {"duration_ns": 10_000_000, "peer_wait": waited_on is not None,
+                        "comm_hash": waited_on, "rank": r, "job": "42", "pid": 1000 + r}}
+             for r in range(8) for s in range(60)]
     ra = analysis()
     ra.observe(push("n1", syncs), T0)
     feed(ra, late=late, until=60)
-    assert [v.rank for v in ra.active()] == ([] if passed_down else [5])
+    assert [v.rank for v in ra.active()] == ([5] if named else [])
 
 
 def test_a_verdict_costs_from_its_onset_only_the_lag_over_the_bar():

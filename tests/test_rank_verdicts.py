@@ -220,8 +220,8 @@ def test_two_of_five_ranks_late_are_both_named(stack):
 
 
 def test_a_rank_that_dies_is_named_dead(stack):
-    with Cluster(scenario("1009", steps=30, timeout_s=20, stragglers=[
-            {"rank": 2, "kind": "die", "at_step": 8}]), stack.root / "job-1009") as cluster:
+    with Cluster(scenario("1009", steps=60, timeout_s=20, stragglers=[
+            {"rank": 2, "kind": "die", "at_step": 50}]), stack.root / "job-1009") as cluster:
         dead = wait_for(lambda: any(v["kind"] == "died" for v in stack.verdicts("1009")),
                         HANG_TIMEOUT_S + 2 * PUSH_S + 20)
         cluster.stop()

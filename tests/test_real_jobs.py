@@ -162,14 +162,14 @@ def test_a_rank_stalled_by_its_own_workers_reads_is_named_for_its_own_work_or_io
 
 
 def test_a_rank_that_dies_while_its_peers_wait_is_named_dead_within_two_pushes(stack):
-    with Cluster(scenario("2301", "srun", [{"rank": 6, "kind": "die", "at_step": 10}],
-                          nodes=2, steps=40, timeout_s=NCCL_TIMEOUT_S),
+    with Cluster(scenario("2301", "srun", [{"rank": 6, "kind": "die", "at_step": 40}],
+                          nodes=2, steps=60, timeout_s=NCCL_TIMEOUT_S),
                  stack.root / "job-2301") as cluster:
         dead = wait_for(lambda: verdicts(stack, "2301").get(6, {}).get("kind") == "died", 15)
         result = cluster.wait()
     assert dead, stack.logs()
     assert result.rank(6).status == "died" and result.rank(0).status == "error"
-    last = read_record(result.rank(6).record_path).at_step(9)
+    last = read_record(result.rank(6).record_path).at_step(39)
     raised = datetime.fromisoformat(verdicts(stack, "2301")[6]["raised"]).timestamp()
     assert raised - wall(last["entry_ns"]) <= 2 * PUSH_S + 0.5, (raised, last)
     time.sleep(2 * PUSH_S)
