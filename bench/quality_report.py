@@ -232,6 +232,22 @@ def stack_sentence(s: dict) -> str:
             f"others never touch it. ")
 
 
+TARGET = 0.95          # ingero's precision, recall and cause accuracy, each
+
+
+def target(result: dict) -> str:
+    """Whether ingero met the target, in a sentence."""
+    m = result["methods"]["ingero"]
+    scores = {"precision": m.get("precision"), "recall": m.get("recall"),
+              "cause accuracy": m.get("cause_accuracy")}
+    short = [f"{name} {value}" for name, value in scores.items()
+             if value is None or value < TARGET]
+    return (f"Target: precision, recall and cause accuracy of at least {TARGET} each, over "
+            f"every scenario, the launchers, data-loader workers, tensor and pipeline "
+            f"parallelism, a host ahead of its GPU and an elastic restart included: "
+            + ("met." if not short else "missed (" + ", ".join(short) + ")."))
+
+
 def section(result: dict) -> str:
     s = result["settings"]
     widest = max(row["ranks"] for row in result["scenarios"])
@@ -263,6 +279,7 @@ def section(result: dict) -> str:
         ".venv/bin/python bench/quality.py --smoke    # two 8-rank jobs\n```",
         harness.table(["method", "precision", "recall", "found", "wrong", "missed", "cause",
                        "time to verdict (median / max)"], method_rows(result)),
+        target(result),
         harness.table(["scenario", "what", "ranks", "CPU busy", "stragglers", "ingero", "cause",
                        "time to verdict", "lag mean±2σ", "health MAD"], scenario_rows(result)),
         reading(result),

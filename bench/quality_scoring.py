@@ -97,13 +97,15 @@ EXPECTED: dict[str, dict[str, str]] = {
     "cpu_contention": {"cause": "host_preemption"},
     "hang": {"kind": "hang"},
     "die": {"kind": "died"},
+    "slow_input": {"cause": ("io", "host_work")},
 }
 
 
 def diagnosed(injected: str, verdicts: Iterable[dict]) -> bool:
     """Whether one of a rank's verdicts says what ``EXPECTED`` holds for its injected kind."""
     want = EXPECTED[injected]
-    return any(all(v.get(field) == value for field, value in want.items()) for v in verdicts)
+    return any(all(v.get(field) in (value if isinstance(value, tuple) else (value,))
+                   for field, value in want.items()) for v in verdicts)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What fleetd's online rank analysis costs next to what fleetd already pays for a push.
 
-For jobs of 8, 64 and 512 ranks (8 ranks a node), every node's push carries a second's worth of
+For jobs of 8, 64, 512 and 2,048 ranks (8 ranks a node), every node's push carries a second's worth of
 its ranks' collectives and syncs (50 steps a second). Measured in one run, on the same pushes:
 checking a push off the wire (``wire.decode``: what fleetd pays for every push anyway), the
 analysis taking its events in (``RankAnalysis.observe``), and the analysis's tick over the job
@@ -48,9 +48,10 @@ def pushes_of_one_second(ranks: int, second: int) -> list[wire.Push]:
                                          "bytes": 1 << 26, **tags}})
                 events.append({"id": f"n{node}:b:{len(events)}", "t": t + 0.01, "kind": "sync",
                                "attrs": {"duration_ns": 6_000_000, "peer_wait": False, **tags}})
+        sent = 1.8e9 + second                       # the exchange of the push before
         pushes.append(wire.Push(second, f"node{node}", "bench", "b", 0.9,
                                 dict.fromkeys(wire.SIGNALS, 1.0), "active", 1.8e9 + second,
-                                1.0, None, None, events))
+                                1.0, None, None, events, [sent, sent, sent, sent + 0.0002]))
     return pushes
 
 
@@ -66,6 +67,7 @@ def measure(ranks: int, seconds: int) -> dict:
         decode_s += time.perf_counter() - began
         began = time.perf_counter()
         for push in pushes:
+            analysis.clocks.observe(push.node, push.clock)     # as fleetd does first
             analysis.observe(push, 1.8e9 + second + 1)
         observe_s += time.perf_counter() - began
         events += sum(len(p.events) for p in pushes)
@@ -90,7 +92,7 @@ def run(args) -> dict:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512, 2048])
     parser.add_argument("--seconds", type=int, default=6)
 
 
