@@ -39,6 +39,12 @@ UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see create
 PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
 MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
+NOTES = {    # what fleetd says once of a rank late on the host that it does not name
+    "ahead": "enters collectives {lag:.1f} ms late on the host but its peers wait no longer at "
+             "them since (its GPU queue is still ahead): no straggler, no cost",
+    "passed_down": "enters collectives {lag:.1f} ms late because it waited on a peer elsewhere "
+                   "first (a pipeline stage's send, another group's collective): not its own "
+                   "lateness, no straggler"}
 PASSED_DOWN = ("host_work", "network_or_peer")   # causes a lateness passed down may look like
 COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits at collectives
                                      # grew by this share of it at its onset
@@ -430,15 +436,17 @@ class RankAnalysis:
             with quiet():
                 since = np.nanmedian(lag[f.onset:], axis=0)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
+            onset = float(np.nanmedian(entries[f.onset]))
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
                     self._inherited(job, comm, ranks, entries[f.onset:], f):
-                self._say_inherited(job, rank, f)
+                self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
+                           int(steps[f.onset]), onset, now)
                 continue
-            costs = f.kind != "persistent" or self._costs(
-                job, ranks, f, float(np.nanmedian(entries[f.onset])), since)
+            costs = f.kind != "persistent" or self._costs(job, ranks, f, onset, since)
             if not costs:
                 if costs is False:
-                    self._say_ahead(job, rank, f)
+                    self._note(job, rank, "ahead", f, comm, self.ops.names[op],
+                               int(steps[f.onset]), onset, now)
                 continue
             verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
                               diagnosis.cause, confidence=diagnosis.confidence,
@@ -510,24 +518,24 @@ class RankAnalysis:
             return False
         return gaps[f.column] - float(np.nanmedian(others)) < COST_SHARE * f.lag_p50_s
 
-    def _say_inherited(self, job: JobState, rank: int, f) -> None:
-        """Said once, named never: the lateness is another rank's, passed down."""
-        if rank not in job.ahead:
-            job.ahead.add(rank)
-            log.info("job %s rank %d enters collectives %.1f ms late because it waited on a "
-                     "peer elsewhere first (a pipeline stage's send, another group's "
-                     "collective): not its own lateness, no straggler", job.job, rank,
-                     f.lag_p50_s * 1e3)
-
-    def _say_ahead(self, job: JobState, rank: int, f) -> None:
-        """A rank late on the host whose peers wait no longer for it: its host is ahead of
-        its GPU queue (or a later rank's lateness hides its own), and it delays nobody. Said
-        once, named never."""
-        if rank not in job.ahead:
-            job.ahead.add(rank)
-            log.info("job %s rank %d enters collectives %.1f ms late on the host but its peers "
-                     "wait no longer at them since (its GPU queue is still ahead): no "
-                     "straggler, no cost", job.job, rank, f.lag_p50_s * 1e3)
+    def _note(self, job: JobState, rank: int, kind: str, f, comm: str, op: str, step: int,
+              onset: float, now: float) -> None:
+        """A rank late on the host that costs nobody (``ahead``: its peers wait no longer
+        for it since, its GPU queue still ahead of it) or whose lateness is another's
+        (``passed_down``): said once, in the log and to echod as a note (severity info, no
+        cost, cleared as it is raised: it is what was seen then), and never named."""
+        if rank in job.ahead:
+            return
+        job.ahead.add(rank)
+        words = NOTES[kind].format(lag=f.lag_p50_s * 1e3)
+        log.info("job %s rank %d %s", job.job, rank, words)
+        note = Verdict(job.cluster, job.job, rank, job.facts[rank].node, kind, "none",
+                       severity="info", findings=[words], op=op, comm_hash=comm, step=step,
+                       onset=onset, first_seen=now, last_seen=now, cleared=now,
+                       lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s, last_share=f.last_share)
+        if any(value is not None for value in job.run):
+            note.evidence["run"] = job.run_json()
+        self.pending_rows.append(note.row())
 
     def _clock_slack(self, job: JobState, ranks: list[int], entries: np.ndarray) -> np.ndarray:
         """Per column, how far its node's clock estimate may be off at the latest entries (0

@@ -57,8 +57,8 @@ REPORT_FIELDS = {f.name.lower(): f for f in (
     F("Last", 5, _share),
     F("SelfWork", 9, _ms("self_work_ms")),
     F("PeerWork", 9, _ms("peers_self_work_ms")),
-    F("Verdict", 10, lambda r: r.get("verdict") or ("straggler" if r.get("straggler") else
-                                                   None)),
+    F("Verdict", 10, lambda r: r.get("verdict") or r.get("note")
+      or ("straggler" if r.get("straggler") else None)),
     F("Cause", 15, lambda r: r.get("cause")),
     F("CostGPUs", 9, _number("cost_gpu_seconds", 1)),
     F("CostUSD", 9, _number("cost_usd", 4)),

@@ -100,6 +100,15 @@ def test_a_named_rank_stays_named_while_late_at_a_quarter_of_its_instances():
     assert judge(entries, named=frozenset({3})).findings == []
 
 
+@pytest.mark.parametrize("stalls, periodic", [(3, False), (4, True)])
+def test_a_period_needs_four_stalls_three_can_line_up_by_chance(stalls, periodic):
+    """A job that stops after 12 or 16 steps: a rank late at three evenly spaced steps is no
+    pattern yet (three stray stalls among eight ranks line up often enough); at four it is."""
+    entries = job(4 * stalls, 8)
+    entries[1::4, 2] += 0.08
+    assert kinds(judge(entries)) == ({2: "periodic"} if periodic else {})
+
+
 def test_a_stall_every_k_steps_is_periodic_with_period_k():
     entries = job(60, 4)
     entries[3::7, 1] += 0.08

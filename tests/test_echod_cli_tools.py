@@ -133,7 +133,9 @@ def batches(t0: float) -> list[dict]:
                               for i in range(2) for r in range(RANKS)]
     first = [verdict("v-old", 0, 3, "slow_gpu", "slow_gpu", t0 + 5, t0 + 20, 0.25),
              verdict("v-late", 1, 3, "persistent", "host_work", t0 + 55, None, 1.0),
-             verdict("v-io", 0, 2, "periodic", "io", t0 + 10, t0 + 40, 0.5)]
+             verdict("v-io", 0, 2, "periodic", "io", t0 + 10, t0 + 40, 0.5),
+             {**verdict("v-ahead", 0, 1, "ahead", "none", t0 + 30, t0 + 30, 0.0),
+              "severity": "info"}]         # a note: late on the host, costing nobody
     revised = [verdict("v-late", 2, 3, "persistent", "host_preemption", t0 + 55, None, 3.0)]
     beta = Batch("beta")
     beta.event("d-node0", t0 + 1, "collective", "9", 0, op="ncclAllReduce", comm_hash="beef",
@@ -312,6 +314,20 @@ def test_job_timeline_puts_every_node_on_fleetds_clock(world):
     # the live one first, then the cleared ones, newest first
     assert [(v["rank"], v["kind"]) for v in answer["verdicts"]] == [
         (3, "persistent"), (2, "periodic"), (3, "slow_gpu")]
+
+
+def test_fleetds_notes_are_kept_apart_from_its_verdicts(world):
+    """Rank 1 was late on the host while its GPU queue ran ahead: fleetd's note on it is no
+    verdict (no straggler, no cost, not counted), and job_report and find_stragglers show it
+    as a note."""
+    report = call(world, "job_report", job=JOB)
+    assert [(n["rank"], n["kind"], n["severity"], n["cost_gpu_seconds"])
+            for n in report["notes"]] == [(1, "ahead", "info", 0.0)]
+    assert 1 not in {v["rank"] for v in report["verdicts"]}
+    assert per_rank(report)[1]["note"] == "ahead" and per_rank(report)[1]["verdict"] is None
+    found = call(world, "find_stragglers", job=JOB)
+    assert [n["kind"] for n in found["notes"]] == ["ahead"]
+    assert "ahead" not in {v["kind"] for v in found["verdicts"]}
 
 
 def test_job_timeline_truncates_at_max_events_and_takes_a_window(world):

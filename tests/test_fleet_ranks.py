@@ -599,11 +599,15 @@ def waits(ranks, ms_before: float, ms_after: float, onset_step: int) -> list[dic
 def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, named):
     """Rank 5 enters every collective 30 ms after its peers from step 30. If its peers wait
     no longer at their syncs since (70 ms before and after: its host runs ahead of its GPU
-    queue), its lateness delays no one: not named. If their waits grew by 30 ms, it is."""
+    queue), its lateness delays no one: not named, and said once to echod as a note (info,
+    no cost). If their waits grew by 30 ms, it is named."""
     ra = analysis()
     ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, after_ms, 30)), T0)
     changed = feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=60)
     assert bool([v for v in ra.active() if v.rank == 5]) == named, changed
+    notes = [r for r in ra.take_rows()[0] if r["severity"] == "info"]
+    assert [(r["rank"], r["kind"], r["cost_gpu_s"], r["step"]) for r in notes] == (
+        [] if named else [(5, "ahead", 0.0, 30)])
 
 
 def test_a_rank_whose_lateness_a_later_rank_covers_costs_nobody():
@@ -638,6 +642,8 @@ def test_a_rank_late_because_its_gpu_waited_on_a_peer_elsewhere_is_not_named(
     ra.observe(push("n1", syncs), T0)
     feed(ra, late=late, until=60)
     assert [v.rank for v in ra.active()] == ([5] if named else [])
+    assert [(r["rank"], r["kind"]) for r in ra.take_rows()[0] if r["severity"] == "info"] == (
+        [] if named else [(5, "passed_down")])
 
 
 def test_a_verdict_costs_from_its_onset_only_the_lag_over_the_bar():

@@ -275,6 +275,9 @@ def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack)
     run(stack, "2702", "torchrun", [{"rank": 2, "kind": "slow_gpu", "factor": 1.4}], **PARALLEL)
     slow = verdicts(stack, "2702")
     assert {r: v["cause"] for r, v in slow.items()} == {2: "slow_gpu"}, (slow, stack.logs())
+    passed = stack.tool("find_stragglers", job="2702")["notes"]
+    assert passed and {n["rank"] for n in passed} <= {6, 7} and \
+        {n["kind"] for n in passed} == {"passed_down"}, passed
     run(stack, "2703", "torchrun", [{"rank": 6, "kind": "host_delay", "delay_ms": 40,
                                      "from_step": 5}], **PARALLEL)
     late = verdicts(stack, "2703")
@@ -295,7 +298,10 @@ def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue
     run(stack, "2801", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 6,
                                  "from_step": 40}], **ahead)
     assert verdicts(stack, "2801") == {}
-    assert "job 2801 rank 5 enters collectives" in stack.fleetd.log()
+    notes = stack.tool("find_stragglers", job="2801")["notes"]
+    assert [(n["rank"], n["kind"], n["severity"], n["cost_gpu_seconds"]) for n in notes] == [
+        (5, "ahead", "info", 0.0)], (notes, stack.logs())
+    assert report(stack, "2801")[5]["note"] == "ahead"        # what ingero report says
     run(stack, "2802", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30,
                                  "from_step": 40}], **ahead)
     behind = verdicts(stack, "2802")

@@ -13,7 +13,7 @@ from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, NAME, NUM, NU
                      closed, described)
 from .selection import (Selection, Where, iso, job_cluster, ms, num, reading, rows, storable,
                         window_of)
-from .verdicts import VERDICTS_OUT, live_in, read_verdicts
+from .verdicts import NOT_A_NOTE, VERDICTS_OUT, live_in, read_verdicts
 
 # -- list_jobs ---------------------------------------------------------------------------------
 
@@ -56,6 +56,7 @@ CROSS JOIN LATERAL (
                  v.cost_usd
           FROM straggler_verdicts v
           WHERE v.cluster = seen.cluster AND v.job = seen.job AND v.kind IS NOT NULL
+                AND """ + NOT_A_NOTE + """
           ORDER BY coalesce(v.vid, v.id::text), v.revision DESC NULLS LAST) newest) named
 WHERE {user}
 ORDER BY coalesce(j.start, least(lag.first, sc.first)), seen.cluster, seen.job

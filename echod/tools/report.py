@@ -93,7 +93,7 @@ PER_RANK_OUT = closed({
     "lag_median_ms": NUM_OR_NULL, "lag_p99_ms": NUM_OR_NULL, "last_share": NUM_OR_NULL,
     "self_work_ms": NUM_OR_NULL, "peers_self_work_ms": NUM_OR_NULL,
     "score_avg": NUM_OR_NULL, "straggler": BOOL, "verdict": STR_OR_NULL,
-    "cause": STR_OR_NULL, "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL})
+    "note": STR_OR_NULL, "cause": STR_OR_NULL, "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL})
 
 
 @tool("job_report", summary="A sacct-style report of one job: where and how long it ran, each "
@@ -105,7 +105,7 @@ PER_RANK_OUT = closed({
           "nodes": array(STR), "ranks": INT, "start": TIME_OR_NULL, "end": TIME_OR_NULL,
           "first_event": TIME_OR_NULL, "last_event": TIME_OR_NULL,
           "duration_s": NUM_OR_NULL, "collectives": INT, "events": INT, "events_capped": BOOL,
-          "per_rank": array(PER_RANK_OUT), "verdicts": VERDICTS_OUT,
+          "per_rank": array(PER_RANK_OUT), "verdicts": VERDICTS_OUT, "notes": VERDICTS_OUT,
           "top_stragglers": array(RANK_OUT), "cost": COST_OUT, "coverage": COVERAGE_OUT,
           "window": WINDOW_OUT}))
 def job_report(ctx: ToolContext, args: dict) -> dict:
@@ -119,9 +119,11 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
     kernels, peer_wait false) against peers_self_work_ms (the median of the other ranks'
     medians), its node's average health score, whether it is a straggler by the stored
     events, fleetd's verdict on it (the kind of a live one, else of its newest) and its
-    cause, and cost_gpu_seconds, the time its peers waited for it where it came last
+    cause, fleetd's note on it where it did not name it (ahead, passed_down: see
+    find_stragglers), and cost_gpu_seconds, the time its peers waited for it where it came last
     (cost_usd with the rate: usd_per_gpu_hour, or gpu + provider, else the rate fleetd priced
-    its verdicts on the job with); fleetd's verdicts on its ranks (see find_stragglers); the
+    its verdicts on the job with); fleetd's verdicts and notes on its ranks (see
+    find_stragglers); the
     stragglers with their evidence; and the cost summary of get_cost. Collectives are those
     compared across ranks (an instance at least 2 ranks entered): past 'max_entries' every
     k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job is
@@ -136,11 +138,12 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
         stragglers = [r for r in ordered(found.ranks) if r.straggler]
         evidence = gather_evidence(conn, sel, stragglers)
         verdicts = read_verdicts(conn, sel)
+        notes = read_verdicts(conn, sel, notes=True)
         if rate is None and (rate := verdict_rate(verdicts)) is not None:
             source = "fleetd's verdicts"
         cost = cost_summary(conn, sel, found, rate, source)
-    return {**job_json(sel, facts, found, stragglers, evidence, cost, verdicts),
-            "verdicts": verdicts, "window": sel.window.to_json()}
+    return {**job_json(sel, facts, found, stragglers, evidence, cost, verdicts, notes),
+            "verdicts": verdicts, "notes": notes, "window": sel.window.to_json()}
 
 
 def verdict_rate(verdicts: list[dict]) -> float | None:
@@ -170,17 +173,16 @@ def job_facts(conn: Connection, sel: Selection) -> dict:
 
 
 def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLag],
-             evidence: Evidence, cost: dict, verdicts: list[dict]) -> dict:
+             evidence: Evidence, cost: dict, verdicts: list[dict], notes: list[dict]) -> dict:
     user, gpus, job_nodes, start, end = facts["job"] or (None, None, [], None, None)
     count, first, last = facts["events"]
     lags = {r.rank: r for r in found.ranks}
     nodes = sorted(set(job_nodes or []) | set(facts["nodes"])
                    | {r.node for r in found.ranks if r.node})
-    named = {}
-    for v in reversed(verdicts):                  # the newest (live first) wins
-        named[v["rank"]] = v
-    per_rank = [rank_row(lags[rank], found, facts, named.get(rank), cost["usd_per_gpu_hour"])
-                for rank in sorted(lags)]
+    named = {v["rank"]: v for v in reversed(verdicts)}    # the newest (live first) wins
+    noted = {v["rank"]: v["kind"] for v in reversed(notes)}
+    per_rank = [rank_row(lags[rank], found, facts, named.get(rank), noted.get(rank),
+                         cost["usd_per_gpu_hour"]) for rank in sorted(lags)]
     return {"cluster": sel.cluster, "job": sel.job, "user": user, "gpus": gpus, "nodes": nodes,
             "ranks": len(lags), "start": iso(start), "end": iso(end),
             "first_event": iso(first), "last_event": iso(last),
@@ -192,7 +194,7 @@ def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLa
             "cost": cost, "coverage": found.coverage()}
 
 
-def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None,
+def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None, note: str | None,
              rate: float | None) -> dict:
     work = facts["work"]
     own = work.get(lag.rank)
@@ -206,6 +208,6 @@ def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None,
                 [w.self_median_ms for r, w in work.items() if r != lag.rank]), 3),
             "score_avg": num(facts["scores"].get(lag.node)) if lag.node else None,
             "straggler": lag.straggler,
-            "verdict": verdict["kind"] if verdict else None,
+            "verdict": verdict["kind"] if verdict else None, "note": note,
             "cause": verdict["cause"] if verdict else None,
             "cost_gpu_seconds": num(caused, 3), "cost_usd": usd(caused, rate)}

@@ -57,7 +57,8 @@ def rank_json(r: RankLag, found: Survey, evidence: Evidence) -> dict:
       "bar and the host evidence of each",
       input_schema=obj({"cluster": CLUSTER_ARG, "job": JOB_ARG, "since": SINCE_ARG,
                         "until": UNTIL_ARG, "limit": LIMIT, "max_entries": MAX_ENTRIES}),
-      output_schema=closed({"verdicts": VERDICTS_OUT, "ranks": array(RANK_OUT),
+      output_schema=closed({"verdicts": VERDICTS_OUT, "notes": VERDICTS_OUT,
+                            "ranks": array(RANK_OUT),
                             "jobs": array(JOB_BAR_OUT), "coverage": COVERAGE_OUT,
                             "window": WINDOW_OUT}))
 def find_stragglers(ctx: ToolContext, args: dict) -> dict:
@@ -67,7 +68,11 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     the collective (op, comm_hash), onset step and time, lag p50/p99 (ms) with every node's
     clock corrected, the share of instances it entered last, its cost (GPU-seconds its peers
     waited for its lateness over the bar since its onset, and USD when fleetd has a rate), a
-    fix, findings and evidence. ranks is what this
+    fix, findings and evidence. notes are fleetd's too, of ranks late on the host that it did
+    not name, severity info and no cost: kind ahead (its peers waited no longer for it since:
+    its GPU queue was still ahead of it) or passed_down (it came late only because its GPU
+    waited on a peer elsewhere first, a pipeline stage's send or another group's collective;
+    the rank that held it up is judged where it was late). ranks is what this
     tool computes from the stored events: for every collective instance that every rank of its
     communicator has entered (same communicator, same sequence number) each rank's entry lag is
     its entry time minus the median entry of its peers there. Per rank: samples, lag
@@ -92,7 +97,9 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
         shown = ordered(found.ranks)[:args.get("limit", 100)]
         evidence = gather_evidence(conn, sel, shown)
         verdicts = read_verdicts(conn, sel, args.get("limit", 100))
-    return {"verdicts": verdicts, "ranks": [rank_json(r, found, evidence) for r in shown],
+        notes = read_verdicts(conn, sel, args.get("limit", 100), notes=True)
+    return {"verdicts": verdicts, "notes": notes,
+            "ranks": [rank_json(r, found, evidence) for r in shown],
             "jobs": job_bars_json(found), "coverage": found.coverage(),
             "window": sel.window.to_json()}
 

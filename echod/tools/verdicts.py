@@ -15,8 +15,10 @@ from .schema import (INT, INT_OR_NULL, NUM_OR_NULL, STR, STR_OR_NULL, TIME, TIME
                      closed)
 from .selection import Selection, Where, iso, ms, num, rows
 
-KINDS = ("persistent", "periodic", "slow_gpu", "hang", "died")
-SEVERITIES = ("critical", "major", "minor")
+NOTE_KINDS = ("ahead", "passed_down")   # ranks late on the host that fleetd does not name
+KINDS = ("persistent", "periodic", "slow_gpu", "hang", "died", *NOTE_KINDS)
+SEVERITIES = ("critical", "major", "minor", "info")
+NOT_A_NOTE = "v.kind NOT IN (" + ", ".join(f"'{k}'" for k in NOTE_KINDS) + ")"
 
 VERDICT_OUT = closed({
     "cluster": STR, "job": STR_OR_NULL, "rank": INT, "node": STR,
@@ -55,9 +57,13 @@ def live_in(sel: Selection) -> Where:
     return where
 
 
-def read_verdicts(conn: Connection, sel: Selection, limit: int = 100) -> list[dict]:
-    """The verdicts live in the selection's window, live ones first, newest first."""
+def read_verdicts(conn: Connection, sel: Selection, limit: int = 100,
+                  notes: bool = False) -> list[dict]:
+    """The verdicts live in the selection's window, live ones first, newest first; with
+    ``notes``, fleetd's notes instead: ranks late on the host whose lateness cost nobody (its
+    GPU queue was still ahead) or was another's, passed down (severity info, no cost)."""
     where = live_in(sel)
+    where.add(f"NOT ({NOT_A_NOTE})" if notes else NOT_A_NOTE)
     return [verdict_json(row) for row in rows(conn, VERDICTS.format(where=where.sql()),
                                               {**where.params, "limit": limit})]
 

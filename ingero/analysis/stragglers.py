@@ -44,7 +44,8 @@ class LagPolicy:
     min_recent: int = 4               # ... but never fewer than this
     keep_share: float = 0.25          # of them still late, for a rank already named persistent
     min_instances: int = 8            # before anything is judged
-    min_occurrences: int = 3          # late instances before a period is named
+    min_occurrences: int = 4          # late instances before a period is named (three can
+                                      # line up by chance in a short window)
     regular_share: float = 0.6        # of the gaps that must equal the period
     stall_over_bar: float = 2.0       # a periodic stall stands well clear of the bar
 
