@@ -524,9 +524,9 @@ class RankAnalysis:
         for it since, its GPU queue still ahead of it) or whose lateness is another's
         (``passed_down``): said once, in the log and to echod as a note (severity info, no
         cost, cleared as it is raised: it is what was seen then), and never named."""
-        if rank in job.ahead:
+        if rank in job.noted:
             return
-        job.ahead.add(rank)
+        job.noted.add(rank)
         words = NOTES[kind].format(lag=f.lag_p50_s * 1e3)
         log.info("job %s rank %d %s", job.job, rank, words)
         note = Verdict(job.cluster, job.job, rank, job.facts[rank].node, kind, "none",

@@ -143,7 +143,7 @@ class JobState:
     facts: dict[int, RankFacts] = field(default_factory=lambda: defaultdict(RankFacts))
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
     uncovered: set[int] = field(default_factory=set)   # ranks no agent has ever told of
-    ahead: set[int] = field(default_factory=set)       # late on the host, ahead of the GPU
+    noted: set[int] = field(default_factory=set)       # ranks fleetd sent a note of, once
     unclocked: set[str] = field(default_factory=set)   # nodes left out until their clock is known
     # ncclCommSplit: (parent, split) → parent rank → (colour, key, new comm, rank); once every
     # rank of the parent has split, each new comm's rank → (comm rank, size)
