@@ -2,7 +2,9 @@
 spooling to echod on its private PostgreSQL, and, while the job runs, kill -9 of fleetd, then of
 echod, then of PostgreSQL, each brought back (by the test, as systemd would; PostgreSQL by
 echod itself). Every collective the ranks made is stored exactly once, nothing is counted as
-dropped, and detection and storage resume after each fault.
+dropped, and detection and storage resume after each fault. The network drills put a node's
+agent in a namespace of its own and cut its link: its backlog arrives after, stored once, and a
+clock fleetd has not measured yet is never taken for lateness.
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ def test_kill_9_of_fleetd_echod_and_postgres_loses_and_doubles_nothing(tmp_path)
 
 @pytest.fixture
 def cut_off_node():
-    """A network namespace joined to this host by a veth pair: (namespace, host side's link,
-    host side's address). The host side's link going down cuts the namespace off."""
+    """A network namespace joined to this host by a veth pair (10.231.7.1 here, .2 there):
+    (namespace, host side's link, namespace side's link). Either link going down cuts the
+    namespace off; the host side's address stays this host's while the namespace's is down."""
     token = uuid.uuid4().hex[:6]
     ns, host_link, ns_link = f"ingero-cut-{token}", f"ic{token}h", f"ic{token}n"
     for argv in (["netns", "add", ns], ["link", "add", host_link, "type", "veth", "peer", "name",
@@ -136,7 +139,7 @@ def cut_off_node():
                  ["-n", ns, "addr", "add", "10.231.7.2/30", "dev", ns_link],
                  ["-n", ns, "link", "set", ns_link, "up"], ["-n", ns, "link", "set", "lo", "up"]):
         subprocess.run(["ip", *argv], check=True, capture_output=True)
-    yield ns, host_link
+    yield ns, host_link, ns_link
     subprocess.run(["ip", "link", "del", host_link], capture_output=True)
     subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
@@ -149,7 +152,7 @@ def test_a_node_cut_off_for_30_s_delivers_its_batches_after_and_none_twice(cut_o
     mounts a fresh /sys and hides tracefs from bcc); its link goes down for 30 s in
     the middle of a 2-node job. Its pushes wait in its queue and arrive after, and every
     collective of every rank is stored once."""
-    ns, host_link = cut_off_node
+    ns, host_link, _ = cut_off_node
     sim.build()
     root = Path(tempfile.mkdtemp(prefix="ingero-cut-"))
     root.chmod(0o755)
@@ -191,6 +194,49 @@ def test_a_node_cut_off_for_30_s_delivers_its_batches_after_and_none_twice(cut_o
         assert "dropped" not in stack.agents[1].log(), stack.agents[1].log()[-3000:]
     finally:
         engine.dispose()
+        stack.stop()
+
+
+AHEAD_S = 0.02
+
+
+def test_a_node_20_ms_ahead_is_judged_with_no_other_until_its_offset_is_known(cut_off_node):
+    """node1's clock runs 20 ms ahead (faketime) and its link to fleetd is down as the job
+    starts (a head node back after the job began would see the same): its first pushes reach
+    fleetd full of the job's events and with no push/reply exchange, so no offset. Taken raw,
+    all four of its ranks would enter every collective 20 ms late. fleetd compares them with no
+    other node's until an exchange gives the offset; then it judges the whole job, on its own
+    clock, and names the one rank that falls late later, by its own lag."""
+    ns, _, ns_link = cut_off_node
+    sim.build()
+    root = Path(tempfile.mkdtemp(prefix="ingero-clock-"))
+    root.chmod(0o755)
+    down = ["ip", "-n", ns, "link", "set", ns_link]
+    subprocess.run([*down, "down"], check=True)
+    stack = Stack(root, 2, push_s=PUSH_S, fleet_host="10.231.7.1", skew={1: AHEAD_S},
+                  agent_flags=("--reconnect-max", "0.5"),
+                  agent_prefix={1: ("nsenter", f"--net=/run/netns/{ns}")}, echod_root=root / "echod")
+    job, late, delay_ms = "7004", 6, 60
+    spec = scenarios.parse({"name": "clock", "job": {
+        "nodes": 2, "ranks_per_node": 4, "steps": 400, "step_ms": 50, "timeout_s": 120,
+        "allreduce_bytes": 1 << 16, "job_id": job}, "stragglers": [
+        {"rank": late, "kind": "host_delay", "delay_ms": delay_ms, "from_step": 300}]})
+    try:
+        with Cluster(spec, root / "job") as cluster:
+            time.sleep(2.5)     # node1's pushes wait, with events and no exchange
+            subprocess.run([*down, "up"], check=True)
+            result = cluster.wait()
+        assert result.ok, result.describe()
+        time.sleep(3 * PUSH_S + 2)
+        assert "node node1's clock is not known yet" in stack.fleetd.log(), \
+            "node1's events all came after its first exchange: nothing was judged unclocked"
+        offset = metric(stack.fleet_port, "ingero_fleet_clock_offset_seconds", node="node1")
+        assert abs(offset - AHEAD_S) <= 0.005, offset
+        verdicts = stack.tool("find_stragglers", job=job)["verdicts"]
+        assert [(v["rank"], v["node"], v["cause"]) for v in verdicts] == \
+            [(late, "node1", "host_work")], (verdicts, stack.logs())
+        assert abs(verdicts[0]["lag_p50_ms"] - delay_ms) <= 0.15 * delay_ms, verdicts[0]
+    finally:
         stack.stop()
 
 
