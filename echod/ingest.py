@@ -1,6 +1,7 @@
 """echod's ingest: batches from fleetd, written to PostgreSQL, acknowledged after commit.
 
-A ROUTER socket takes ``Forward`` batches. Each is written in one transaction; only after the
+A ROUTER socket takes ``Forward`` batches (and ``ForwardColumns``: pushes of columns as the
+agents sent them, checked here again and stored as rows). Each is written in one transaction; only after the
 commit does fleetd get its ``ForwardAck``, and only then does fleetd forget the batch. When
 PostgreSQL is slow the loop is slow: batches wait in fleetd (backpressure, not loss). When
 PostgreSQL is down the batch is not acknowledged, the loop backs off, and fleetd sends it
@@ -121,8 +122,14 @@ class IngestServer:
             self.metrics.rejected_frames.labels(exc.reason).inc()
             self.complaints.warning(exc.reason, "dropped a bad frame (%s): %s", exc.reason, exc)
             return True
+        events, bad = batch.events, []
+        if isinstance(batch, wire.ForwardColumns):
+            pushes = batch.column_pushes()
+            bad = [(k, p) for k, p in enumerate(pushes) if not isinstance(p, wire.Push)]
+            events = events + [row for p in pushes if isinstance(p, wire.Push)
+                               for row in p.stored_rows()]
         try:
-            result = self.write({"events": batch.events, "scores": batch.scores,
+            result = self.write({"events": events, "scores": batch.scores,
                                  "thresholds": batch.thresholds, "verdicts": batch.verdicts,
                                  "peer_lag": batch.peer_lag})
         except DatabaseUnavailable as exc:
@@ -133,16 +140,20 @@ class IngestServer:
                                     batch.source, exc)
             return False
         self.backoff = 0.0
-        rejected = len(result.rejected)
+        rejected = len(result.rejected) + len(bad)
         self.metrics.batches.inc()
         self.metrics.rows.labels("stored").inc(result.stored)
         self.metrics.rows.labels("duplicate").inc(result.duplicates)
         self.metrics.rows.labels("rejected").inc(rejected)
-        if rejected:
+        if bad:
+            self.complaints.warning("pushes", "batch %d: %d push(es) of columns rejected, "
+                                    "e.g. pushes[%d]: %s", batch.seq, len(bad), *bad[0])
+        elif rejected:
             table, index, reason = result.rejected[0]
             self.complaints.warning("rows", "batch %d: %d row(s) rejected, e.g. %s[%d]: %s",
                                     batch.seq, rejected, table, index, reason)
-        ack = wire.ForwardAck(batch.seq, result.stored, result.duplicates, rejected)
+        ack = wire.ForwardAck(batch.seq, result.stored, result.duplicates, rejected,
+                              [wire.COLUMNS])
         try:
             self.socket.send_multipart([identity, *wire.encode(ack)], zmq.NOBLOCK)
         except zmq.Again:

@@ -1,6 +1,7 @@
 """fleetd's link to echod: everything accepted is forwarded, and kept until echod has it.
 
-Rows (events, scores, thresholds, verdicts, peer lag) gather until they are sealed: when there
+Rows (events, scores, thresholds, verdicts, peer lag) and pushes of columns (the body each
+agent sent, passed on as it came, to an echod that takes them) gather until they are sealed: when there
 are enough, when the oldest is old enough, or when agents wait for their answer (fleetd answers
 a push only once its rows are in the spool). Sealing makes up to three batches, one per class of
 row (raw events, health, verdicts), so that a full spool can drop the least valuable first; each
@@ -39,15 +40,17 @@ class Gathering:
     thresholds: list[dict] = field(default_factory=list)
     verdicts: list[dict] = field(default_factory=list)
     peer_lag: list[dict] = field(default_factory=list)
+    pushes: list[bytes] = field(default_factory=list)
+    pushed: int = 0               # the events those pushes hold
     since: float | None = None
 
     def rows(self) -> int:
         return (len(self.events) + len(self.scores) + len(self.thresholds) + len(self.verdicts)
-                + len(self.peer_lag))
+                + len(self.peer_lag) + self.pushed)
 
-    def by_class(self) -> list[tuple[int, dict[str, list[dict]]]]:
+    def by_class(self) -> list[tuple[int, dict[str, list]]]:
         """The rows as one batch per class, the classes that have any."""
-        classes = ((EVENTS, {"events": self.events}),
+        classes = ((EVENTS, {"events": self.events, "pushes": self.pushes}),
                    (HEALTH, {"scores": self.scores, "thresholds": self.thresholds,
                              "peer_lag": self.peer_lag}),
                    (VERDICTS, {"verdicts": self.verdicts}))
@@ -61,6 +64,7 @@ class Forwarder:
         self.clock = clock
         self.source = f"{pysocket.gethostname()}:{uuid.uuid4().hex[:12]}"
         self.gathering = Gathering()
+        self.columnar: bool | None = None   # echod takes pushes of columns (None: not heard)
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, metrics)
         self.spool.recover()
         self.complaints = RateLimitedLog(log, 30.0)
@@ -77,9 +81,11 @@ class Forwarder:
     def add_push(self, push: wire.Push, recv_at: float, clock=None) -> None:
         """A fresh push's events and score; ``clock`` is its node's offset estimate (an
         ``ingero.analysis.clock.Offset``), so that echod can correct the node's times too."""
-        identity = {"node": push.node, "cluster": push.cluster, "boot_id": push.boot_id}
-        self.gathering.events += [{**event, **identity, "job": push.job_of(event)}
-                                  for event in push.events]
+        if self.columnar and push.body is not None:      # a ColumnPush: as it came
+            self.gathering.pushes.append(push.body)
+            self.gathering.pushed += push.event_count()
+        else:
+            self.gathering.events += push.stored_rows()
         self.gathering.scores.append({
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,
             "boot_id": push.boot_id, "seq": push.seq,
@@ -111,9 +117,14 @@ class Forwarder:
         g, self.gathering = self.gathering, Gathering()
         for cls, sections in g.by_class():
             seq = self.spool.take_seq()
-            message = wire.Forward(seq, self.source, **sections)
-            self.spool.add(seq, cls, wire.encode(message),
-                           sum(len(rows) for rows in sections.values()))
+            rows = sum(len(rows) for rows in sections.values())
+            if sections.get("pushes"):
+                message = wire.ForwardColumns(seq, self.source, **sections)
+                rows += g.pushed - len(g.pushes)
+            else:
+                message = wire.Forward(seq, self.source, **{
+                    name: rows for name, rows in sections.items() if name != "pushes"})
+            self.spool.add(seq, cls, wire.encode(message), rows)
 
     def commit(self) -> None:
         """Seal what is gathered and make it durable: the agents may be answered."""
@@ -162,9 +173,25 @@ class Forwarder:
             except FrameError as exc:
                 self.complaints.warning("frame", "bad frame from echod: %s", exc)
                 continue
-            if isinstance(ack, wire.ForwardAck) and self.spool.acknowledged(ack.ack):
+            if not isinstance(ack, wire.ForwardAck):
+                continue
+            self._heard(wire.COLUMNS in ack.capabilities)
+            if self.spool.acknowledged(ack.ack):
                 self.metrics.forward_acked.inc()
                 self.metrics.forward_rejected.inc(ack.rejected)
+
+    def _heard(self, columnar: bool) -> None:
+        """What echod takes, from its ack. Batches of columns spooled for an echod that does
+        not (one before 1.3, after a downgrade, refuses them) are made rows in their place."""
+        if columnar == self.columnar:
+            return
+        self.columnar = columnar
+        log.info("echod %s pushes of columns", "takes" if columnar else "does not take")
+        for entry in [e for e in self.spool.entries.values() if e.columnar and not columnar]:
+            frames = self.spool.frames(entry)
+            if frames is not None:
+                self.spool.rewrite(entry, wire.encode(wire.decode(frames).as_forward()))
+                entry.sent_at = None
 
     def flush(self, timeout: float) -> int:
         """On stop: spool what is gathered and give echod ``timeout`` to take it all; returns

@@ -31,6 +31,7 @@ from ingero.wire import Push
 
 from .alignment import CommWindow, Entries, OpCodes
 from .clocks import ClockBook
+from .intake import ColumnIntake
 from .rankstate import RUN_TAGS, JobState, PeerFacts, RankFacts, Verdict
 
 log = logging.getLogger("fleetd")
@@ -116,6 +117,7 @@ class RankAnalysis:
         self.clocks = clocks or ClockBook()
         self.jobs: dict[tuple, JobState] = {}       # (cluster, job, run) → its state
         self.ops = OpCodes()
+        self.intake = ColumnIntake(self)
         self.unaligned = 0            # collectives on communicators never seen created
         self.heard: dict[str, tuple[float, float]] = {}   # node → (last push, its interval)
         self.pending_rows: list[dict] = []
@@ -129,11 +131,18 @@ class RankAnalysis:
     def observe(self, push: Push, now: float) -> None:
         """A fresh push's events: collectives as the node timed them (corrected when judged),
         the other facts less the node's offset now (0 while unknown: they are weighed in
-        seconds, not compared across nodes)."""
+        seconds, not compared across nodes). A push of columns is taken whole arrays at a
+        time (``intake``), its few other events one by one first, as a push of maps is."""
         offset = self.clocks.offset(push.node)
         self.heard[push.node] = (now, push.interval)
-        collectives: dict[tuple, list] = defaultdict(list)
-        for event in push.events:
+        collectives: dict[tuple, list] = defaultdict(list)    # → (seq, column, t, op) rows
+        chunks: dict[tuple, list] = defaultdict(list)         # → the same, as arrays
+        cols = getattr(push, "columns", None)
+        events = push.events
+        if cols is not None and cols.n:
+            skip = self.intake.rare(cols)
+            events = events + cols.rows(skip)
+        for event in events:
             a = event["attrs"]
             job = self._job(push.cluster, push.job_of(event),
                             tuple(a.get(tag) for tag in RUN_TAGS), now)
@@ -144,16 +153,20 @@ class RankAnalysis:
                 self._fact(job, push.node, kind, a, event["t"] - offset)
             elif kind == "agent_restart":
                 self._restarted(push.node, a.get("untraced_from") or event["t"] - offset)
+        if cols is not None and cols.n:
+            self.intake.take(push, cols, offset, chunks, now, skip)
         for job in {id(j): j for j in self.jobs.values() if j.unresolved}.values():
             for comm in [c for c in job.unresolved if c in job.split_comms]:
                 for node, event, a, t in job.unresolved.pop(comm):
                     self._collective(job, node, event, a, collectives, t)
-        for (job, comm, nranks), rows in collectives.items():
+        for key, rows in collectives.items():
+            chunks[key].append(tuple(np.array(x) for x in zip(*rows)))
+        for (job, comm, nranks), parts in chunks.items():
             window = job.comms.get(comm)
             if window is None or window.nranks != nranks:
                 window = job.comms[comm] = CommWindow(comm, nranks, created=now)
             window.last_added = now
-            seq, column, t, op = (np.array(x) for x in zip(*rows))
+            seq, column, t, op = (np.concatenate(x) for x in zip(*parts))
             window.add(Entries(seq.astype(np.int64), column.astype(np.int64), t.astype(float),
                                op.astype(np.int64)))
 

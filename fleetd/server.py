@@ -206,7 +206,7 @@ class FleetServer:
     def on_hello(self, hello: wire.Hello, recv_at: float) -> wire.Welcome:
         log.info("hello from node %s (cluster %s, boot %s, capabilities %s)", hello.node,
                  hello.cluster, hello.boot_id, ",".join(hello.capabilities) or "-")
-        return wire.Welcome(__version__, recv_at, time.time())
+        return wire.Welcome(__version__, recv_at, time.time(), [wire.COLUMNS])
 
     def on_push(self, push: wire.Push, recv_at: float) -> wire.Reply:
         if self.fleet.full(push.node):
@@ -217,7 +217,7 @@ class FleetServer:
             self.check_owner(push)
         if fresh:
             self.metrics.batches.inc()
-            self.metrics.events.inc(len(push.events))
+            self.metrics.events.inc(push.event_count())
             self.clocks.observe(push.node, push.clock, push.host_boot)
             self.ranks.observe(push, time.time())
             if self.forwarder is not None:
@@ -240,7 +240,7 @@ class FleetServer:
     def check_owner(self, push: wire.Push) -> None:
         """Events of a job another shard owns are kept (nothing accepted is lost) but that job's
         analysis is split: the agents' --fleet lists disagree. Counted and said."""
-        jobs = {push.job_of(event) for event in push.events} - {None}
+        jobs = push.jobs() - {None}
         strays = sorted(j for j in jobs if shards.owner(push.cluster, j, self.shards) != self.shard)
         if strays:
             self.metrics.misrouted.inc()
@@ -262,8 +262,8 @@ class FleetServer:
     def on_heartbeat(self, beat: wire.Heartbeat, recv_at: float) -> wire.Heartbeat:
         return wire.Heartbeat(time.time())
 
-    HANDLERS = {wire.Hello: on_hello, wire.Push: on_push, wire.Query: on_query,
-                wire.Heartbeat: on_heartbeat}
+    HANDLERS = {wire.Hello: on_hello, wire.Push: on_push, wire.ColumnPush: on_push,
+                wire.Query: on_query, wire.Heartbeat: on_heartbeat}
 
     # -- timers --------------------------------------------------------------------------------
 

@@ -38,6 +38,10 @@ NAME = re.compile(r"^(\d{12})\.([0-2])\.batch$")
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
+def _columnar(frames: list[bytes]) -> bool:
+    return len(frames[0]) == wire.HEADER_SIZE and frames[0][6] == wire.ForwardColumns.TYPE
+
+
 class SpoolFull(Exception):
     """No room for a batch, whatever is dropped."""
 
@@ -51,6 +55,7 @@ class Entry:
     created: float                      # wall-clock time, for the age gauge
     frames: list[bytes] | None = None   # kept in memory only by a memory spool
     sent_at: float | None = None        # monotonic, when last sent to echod
+    columnar: bool = False              # a ForwardColumns (pushes of columns, since 1.3)
 
     @property
     def name(self) -> str:
@@ -93,7 +98,7 @@ class Spool:
                 path.unlink(missing_ok=True)
                 continue
             entry = Entry(seq, cls, self._rows(frames), path.stat().st_size,
-                          path.stat().st_mtime)
+                          path.stat().st_mtime, columnar=_columnar(frames))
             self.entries[seq] = entry
             self.bytes += entry.size
         self.next_seq = max(self.entries, default=-1) + 1
@@ -106,9 +111,7 @@ class Spool:
 
     @staticmethod
     def _rows(frames: list[bytes]) -> int:
-        forward = wire.decode(frames)
-        return sum(len(getattr(forward, section)) for section in
-                   ("events", "scores", "thresholds", "verdicts", "peer_lag"))
+        return wire.decode(frames).row_count()
 
     # -- batches in --------------------------------------------------------------------------
 
@@ -119,7 +122,7 @@ class Spool:
     def add(self, seq: int, cls: int, frames: list[bytes], rows: int) -> Entry | None:
         """Keep a batch, making room by class; None when it was dropped itself."""
         data = encode(frames)
-        entry = Entry(seq, cls, rows, len(data), self.clock())
+        entry = Entry(seq, cls, rows, len(data), self.clock(), columnar=_columnar(frames))
         try:
             for victim in self._victims(entry):
                 if self.bytes + entry.size <= self.max_bytes:
@@ -202,6 +205,14 @@ class Spool:
             self.drop(entry.seq, "corrupt")
             self._publish()
             return None
+
+    def rewrite(self, entry: Entry, frames: list[bytes]) -> None:
+        """The same batch in another form (as rows, for an older echod), in its place."""
+        data = encode(frames)
+        self._write(entry, data, frames)
+        self.bytes += len(data) - entry.size
+        entry.size, entry.columnar = len(data), _columnar(frames)
+        self._publish()
 
     def acknowledged(self, seq: int) -> bool:
         entry = self.entries.pop(seq, None)

@@ -91,7 +91,8 @@ class Stack:
     launcher), each with a job spool and control socket of its own under ``root`` (``agent_flags`` come after, and may name others).
     ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
     be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
-    fleetd listens on ``fleet_host``; ``shards`` > 1 runs that many fleetds (``--shard K/N``,
+    fleetd listens on ``fleet_host``; ``node_flags`` are a node's agent's own flags (after the
+    others); ``shards`` > 1 runs that many fleetds (``--shard K/N``,
     each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
     lets each agent trace every process of the host, as with one real node (a real srun's
     ranks carry no sim host label). echod's directory (``echod_root``, by default under
@@ -103,12 +104,14 @@ class Stack:
                  agent_flags: tuple = (), fleet_flags: tuple = (),
                  echod_root: Path | None = None, fleet_host: str = "127.0.0.1",
                  agent_prefix: dict[int, tuple[str, ...]] | None = None, shards: int = 1,
+                 node_flags: dict[int, tuple[str, ...]] | None = None,
                  sim_hosts: bool = True, say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
         self.sim_hosts = sim_hosts
         self.agent_prefix = agent_prefix or {}
+        self.node_flags = node_flags or {}
         self.keys = KeyRing.create(root / "keys")
         self.daemons: list[Daemon] = []
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
@@ -161,7 +164,7 @@ class Stack:
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),
             "--queue-dir", str(self.root / "queue"),
-            *self.keys.ingerod_flags(), *self.agent_flags], env,
+            *self.keys.ingerod_flags(), *self.agent_flags, *self.node_flags.get(node, ())], env,
             self.agent_prefix.get(node, ()))
 
     def restart_agent(self, node: int, down_s: float = 0.0) -> Daemon:

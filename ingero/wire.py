@@ -21,12 +21,13 @@ from typing import Any, ClassVar
 
 import msgpack
 
+from . import columns as columnar
 from .errors import BadSchema, BadVersion, FrameError, FrameTooLarge
 from .vocabulary import SIGNALS
 
 MAGIC = b"INGR"
 MAJOR = 1
-MINOR = 2
+MINOR = 3
 _HEADER = struct.Struct("!4sBBBB")
 HEADER_SIZE = _HEADER.size
 
@@ -247,6 +248,7 @@ class Message:
 
     TYPE: ClassVar[int] = 0
     CHECKS: ClassVar[dict[str, Any]] = {}
+    REQUIRED: ClassVar[tuple[str, ...]] = ()    # fields with a default a receiver still needs
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -276,16 +278,21 @@ class Hello(Message):
     }
 
 
+COLUMNS = "columns"      # a capability: takes pushes of columns (ColumnPush, since 1.3)
+
+
 @dataclass
 class Welcome(Message):
-    """fleetd's answer to hello: its version and its clock."""
+    """fleetd's answer to hello: its version, its clock, and what it takes (since 1.3)."""
 
     TYPE: ClassVar[int] = 2
     server_version: str
     recv_at: float
     sent_at: float
+    capabilities: list[str] = field(default_factory=list)
     CHECKS: ClassVar[dict[str, Any]] = {
         "server_version": check_text, "recv_at": _seconds, "sent_at": _seconds,
+        "capabilities": _text_list,
     }
 
 
@@ -308,11 +315,28 @@ class Push(Message):
     events: list[dict] = field(default_factory=list)
     clock: list[float] | None = None
     host_boot: str | None = None       # the host's boot id: a new one, a new clock estimate
+    body: ClassVar[bytes | None] = None  # a ColumnPush's body frame, as it came off the wire
 
     def job_of(self, event: dict) -> str | None:
         """An event's Slurm job: its process's (a node-wide agent traces several jobs), else
         the agent's own --job."""
         return event["attrs"].get("job") or self.job
+
+    def jobs(self) -> set[str | None]:
+        """The jobs its events belong to."""
+        return {self.job_of(event) for event in self.events}
+
+    def event_count(self) -> int:
+        return len(self.events)
+
+    def all_events(self) -> list[dict]:
+        """Every event as a map."""
+        return self.events
+
+    def stored_rows(self) -> list[dict]:
+        """Its events as echod stores them: each with the node, cluster, boot id and job."""
+        identity = {"node": self.node, "cluster": self.cluster, "boot_id": self.boot_id}
+        return [{**event, **identity, "job": self.job_of(event)} for event in self.all_events()]
 
     CHECKS: ClassVar[dict[str, Any]] = {
         "seq": lambda n, v: check_int(n, v), "node": check_text, "cluster": check_text,
@@ -320,6 +344,41 @@ class Push(Message):
         "sent_at": _seconds, "interval": _interval, "job": _optional(check_text),
         "job_nodes": _optional(_count), "events": _event_list,
         "clock": _optional(_clock_sample), "host_boot": _optional(check_text),
+    }
+
+
+@dataclass
+class ColumnPush(Push):
+    """A push whose events are typed columns (``ingero.columns``), any the columns cannot carry
+    still maps in ``events``. Its own type, so that a fleetd before 1.3 refuses it (and the
+    agent sends it again as a ``Push``) rather than dropping the unknown field; sent only to a
+    fleetd whose ``Welcome`` lists the ``columns`` capability."""
+
+    TYPE: ClassVar[int] = 10
+    columns: columnar.EventColumns | dict | None = None
+    REQUIRED: ClassVar[tuple[str, ...]] = ("columns",)
+
+    def jobs(self) -> set[str | None]:
+        found = set(self.columns.texts("job")) | super().jobs()
+        job = self.columns.attrs.get("job")
+        if self.columns.n and (job is None or not job.mask(self.columns.n).all()):
+            found.add(self.job)
+        return found
+
+    def event_count(self) -> int:
+        return len(self.events) + self.columns.n
+
+    def all_events(self) -> list[dict]:
+        return self.columns.rows() + self.events
+
+    def as_push(self) -> Push:
+        """The same push as a fleetd before 1.3 takes it: every event a map."""
+        values = {name: getattr(self, name) for name in Push.field_names()}
+        return Push(**{**values, "events": self.all_events()})
+
+    CHECKS: ClassVar[dict[str, Any]] = {
+        **Push.CHECKS,
+        "columns": lambda n, v: columnar.check(n, v, ATTR_TYPES, MAX_ATTRS),
     }
 
 
@@ -433,24 +492,75 @@ class Forward(Message):
     }
 
 
+    def row_count(self) -> int:
+        return sum(len(getattr(self, section)) for section in
+                   ("events", "scores", "thresholds", "verdicts", "peer_lag"))
+
+
+MAX_FORWARD_PUSHES = 4096
+
+
+def _bodies(name: str, value: Any) -> list[bytes]:
+    if type(value) is not list or len(value) > MAX_FORWARD_PUSHES or any(
+            type(body) is not bytes for body in value):
+        _fail(name, f"expected a list of at most {MAX_FORWARD_PUSHES} bin")
+    return value
+
+
+@dataclass
+class ForwardColumns(Forward):
+    """fleetd → echod: a ``Forward`` that also carries pushes of columns as fleetd received
+    them (each ``ColumnPush``'s body frame, not encoded again), for echod to check and store.
+    Its own type, so that an echod before 1.3 refuses it rather than ignore the field; sent
+    only to an echod whose ``ForwardAck`` lists the ``columns`` capability."""
+
+    TYPE: ClassVar[int] = 11
+    pushes: list[bytes] = field(default_factory=list)
+    CHECKS: ClassVar[dict[str, Any]] = {**Forward.CHECKS, "pushes": _bodies}
+
+    def column_pushes(self) -> list[ColumnPush | FrameError]:
+        """Each push, checked as fleetd checked it; a bad one as its error."""
+        header = _HEADER.pack(MAGIC, MAJOR, MINOR, ColumnPush.TYPE, 0)
+        found = []
+        for body in self.pushes:
+            try:
+                found.append(decode([header, body]))
+            except FrameError as exc:
+                found.append(exc)
+        return found
+
+    def row_count(self) -> int:
+        return super().row_count() + sum(
+            push.event_count() for push in self.column_pushes() if isinstance(push, Push))
+
+    def as_forward(self) -> Forward:
+        """The same batch as an echod before 1.3 takes it: every event a row."""
+        values = {name: getattr(self, name) for name in Forward.field_names()}
+        rows = [row for push in self.column_pushes() if isinstance(push, Push)
+                for row in push.stored_rows()]
+        return Forward(**{**values, "events": self.events + rows})
+
+
 @dataclass
 class ForwardAck(Message):
-    """echod → fleetd: batch ``ack`` is committed (stored, already there, or rejected rows)."""
+    """echod → fleetd: batch ``ack`` is committed (stored, already there, or rejected rows),
+    and what echod takes (since 1.3)."""
 
     TYPE: ClassVar[int] = 9
     ack: int
     stored: int
     duplicates: int
     rejected: int
+    capabilities: list[str] = field(default_factory=list)
     CHECKS: ClassVar[dict[str, Any]] = {
         "ack": lambda n, v: check_int(n, v), "stored": _count, "duplicates": _count,
-        "rejected": _count,
+        "rejected": _count, "capabilities": _text_list,
     }
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Welcome, Push, Reply, Query, Status, Heartbeat, Forward,
-                              ForwardAck)
+                              ForwardAck, ColumnPush, ForwardColumns)
 }
 
 
@@ -467,11 +577,14 @@ def _reject_ext(code: int, data: bytes) -> None:
     raise BadSchema(f"msgpack extension type {code} is not part of the protocol")
 
 
-def _unpack(body: bytes) -> dict:
+def _unpack(body: bytes, columns: bool = False) -> dict:
+    """The body's map; msgpack ``bin`` (and arrays as long as a batch) in a push of columns
+    only."""
     try:
         value = msgpack.unpackb(
             body, raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext,
-            max_str_len=MAX_FRAME_BYTES, max_bin_len=0, max_array_len=MAX_ARRAY,
+            max_str_len=MAX_FRAME_BYTES, max_bin_len=MAX_FRAME_BYTES if columns else 0,
+            max_array_len=max(MAX_ARRAY, columnar.MAX_BATCH_EVENTS) if columns else MAX_ARRAY,
             max_map_len=MAX_EVENTS * 4, max_ext_len=0,
         )
     except FrameError:
@@ -501,11 +614,14 @@ def decode(frames: list[bytes], max_bytes: int = MAX_FRAME_BYTES) -> Message:
     cls = MESSAGE_TYPES.get(kind)
     if cls is None:
         raise FrameError(f"unknown message type {kind}", "bad_type")
-    values = _unpack(body)
+    values = _unpack(body, cls in (ColumnPush, ForwardColumns))
     checked = {}
     for f in fields(cls):
         if f.name in values:
             checked[f.name] = cls.CHECKS[f.name](f.name, values[f.name])
-        elif f.default is MISSING and f.default_factory is MISSING:
+        elif (f.default is MISSING and f.default_factory is MISSING) or f.name in cls.REQUIRED:
             raise BadSchema(f"field {f.name!r} is missing")
-    return cls(**checked)
+    message = cls(**checked)
+    if cls is ColumnPush:
+        message.body = body
+    return message

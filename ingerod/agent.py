@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import zmq
 
-from ingero import __version__, shards, wire
+from ingero import __version__, columns, shards, wire
 from ingero.errors import IngeroError
 from ingero.runtime import SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
@@ -249,16 +249,22 @@ class Agent:
 
     def build_push(self, shard: int, assessment, exchange: bool = True) -> wire.Push:
         """The next batch of ``shard``'s pending events; the last clock exchange goes with the
-        first push of a cycle only (a second copy would count twice)."""
+        first push of a cycle only (a second copy would count twice). To a fleetd that takes
+        them, the events go as columns (the few the columns cannot carry as maps beside); as
+        many as a push of maps takes, so that one can stand in for it (``FleetLink``)."""
         pending, link = self.pending[shard], self.links[shard]
         batch = [pending.popleft() for _ in range(min(len(pending), wire.MAX_EVENTS))]
-        spooled = [event.pop("spool") for event in batch if "spool" in event]
+        carried, rest = columns.split(batch) if link.columnar else ([], batch)
+        spooled = [event.pop("spool") for event in carried + rest if "spool" in event]
         if spooled:
             self.spooled[shard, link.seq] = spooled
         push = wire.Push(link.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
-                         self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, batch,
+                         self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, rest,
                          link.exchange if exchange else None, self.host_boot)
+        if carried:
+            values = {name: getattr(push, name) for name in wire.Push.field_names()}
+            push = wire.ColumnPush(**values, columns=columns.encode(carried))
         link.seq += 1
         return push
 

@@ -61,6 +61,7 @@ class FleetLink:
         self.last_sent = 0.0
         self.first_sent: dict[int, float] = {}     # push seq → when it was sent, sent once only
         self.exchange: list[float] | None = None   # the last push/reply times, for fleetd
+        self.columnar = False        # fleetd takes pushes of columns (its Welcome said so)
         self.backoff = cfg.heartbeat_interval * cfg.liveness
         self.next_reconnect = 0.0
         self.complaints = RateLimitedLog(log, 30.0)
@@ -168,12 +169,29 @@ class FleetLink:
             return None
         self.last_heard = self.clock()
         self.backoff = self.cfg.heartbeat_interval * self.cfg.liveness
+        if isinstance(message, wire.Welcome):
+            self._welcomed(message)
         if isinstance(message, wire.Reply):
             self._timed(message, received_at)
         if isinstance(message, wire.Reply) and message.ack in self.unacked:
             del self.unacked[message.ack]
             self.queue.forget(message.ack)
         return message
+
+    def _welcomed(self, welcome: wire.Welcome) -> None:
+        """What fleetd takes: pushes of columns only where its Welcome lists them. Pushes of
+        columns still waiting for a fleetd that does not (one before 1.3, after a downgrade,
+        refuses them) go again as maps, under the same numbers."""
+        self.columnar = wire.COLUMNS in welcome.capabilities and not self.cfg.wire_maps
+        if self.columnar:
+            return
+        for seq, frames in list(self.unacked.items()):
+            if frames[0][6] != wire.ColumnPush.TYPE:
+                continue
+            frames = wire.encode(wire.decode(frames).as_push())
+            self.unacked[seq] = frames
+            self.queue.rewrite(seq, frames)
+            self._send(frames)
 
     def _timed(self, reply: wire.Reply, received_at: float) -> None:
         """The exchange's four times, taken as close to the socket as this side can: the push's

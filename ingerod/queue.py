@@ -73,14 +73,22 @@ class PushQueue:
 
     def keep(self, seq: int, frames: list[bytes], identity: dict) -> None:
         """Before the push is sent: it, and where the stream stands."""
+        if self._write(seq, f"push-{seq:012d}", encode(frames)):
+            self._write(seq, IDENTITY, json.dumps({**identity, "node": self.node}).encode())
+
+    def rewrite(self, seq: int, frames: list[bytes]) -> None:
+        """The same push in another form (as maps, for an older fleetd)."""
+        self._write(seq, f"push-{seq:012d}", encode(frames))
+
+    def _write(self, seq: int, name: str, data: bytes) -> bool:
         if self.directory is None:
-            return
+            return False
         try:
-            write_file(self.directory / f"push-{seq:012d}", encode(frames), sync=False)
-            write_file(self.directory / IDENTITY,
-                       json.dumps({**identity, "node": self.node}).encode(), sync=False)
+            write_file(self.directory / name, data, sync=False)
         except OSError as exc:   # the push still goes; only a restart would lose it
             self.complaints.warning("write", "queue: cannot keep push %d: %s", seq, exc)
+            return False
+        return True
 
     def forget(self, seq: int) -> None:
         if self.directory is not None:

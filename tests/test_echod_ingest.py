@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from echod.db import make_engine
 from echod.embedded import EmbeddedPostgres
-from ingero import curve, wire
+from ingero import columns, curve, wire
 from ingero.launch import free_port, wait_for
 
 from .support import Producer, forward, metric
@@ -131,6 +131,33 @@ def test_bad_rows_are_rejected_one_by_one(pipeline, keys):
     assert (ack.stored, ack.rejected) == (7, 3)
     assert per_node(pipeline["engine"])["mixed"] == 7
     assert pipeline["echod"].alive()
+
+
+def column_push_frames(node: str, n: int) -> list[bytes]:
+    """A push of columns, as an agent sends it and fleetd passes its body on."""
+    evs = [{"id": f"{node}:b:{i}", "t": time.time(), "kind": "sync",
+            "attrs": {"duration_ns": 1000 + i, "job": "7", "rank": i % 4}} for i in range(n)]
+    return wire.encode(wire.ColumnPush(0, node, "c", "b", 0.9, {s: 0.9 for s in wire.SIGNALS},
+                                       "active", time.time(), 1.0, None, None, [], None, None,
+                                       columns.encode(evs)))
+
+
+def test_pushes_of_columns_are_stored_as_their_rows_would_be_and_a_bad_one_alone_refused(
+        pipeline, keys):
+    as_rows = wire.decode(column_push_frames("rows", 30)).stored_rows()   # an older fleetd's
+    first = forward(keys, pipeline["ingest"], wire.Forward(2, "test", as_rows))
+    assert wire.COLUMNS in first.capabilities, "echod says it takes columns"
+    good, bad = column_push_frames("cols", 30)[1], column_push_frames("bad", 5)[1]
+    bad = bad.replace(b"duration_ns", b"duration_xx")[:-3]
+    ack = forward(keys, pipeline["ingest"], wire.ForwardColumns(
+        3, "test", events("cols-rows", 4), pushes=[good, bad]))
+    assert (ack.stored, ack.rejected) == (34, 1)
+    with pipeline["engine"].connect() as connection:
+        stored = {node: connection.execute(text(
+            "SELECT kind, attrs, job, cluster, duration_ns FROM events WHERE node = :n "
+            "ORDER BY id"), {"n": node}).all() for node in ("rows", "cols")}
+    assert stored["cols"] == stored["rows"] and len(stored["cols"]) == 30
+    assert "1 push(es) of columns rejected" in pipeline["echod"].log()
 
 
 def test_an_unknown_fleetd_key_is_refused(pipeline, keys, tmp_path):

@@ -1,4 +1,10 @@
-"""fleetd's online rank analysis, driven by pushes built by hand and a clock passed in."""
+"""fleetd's online rank analysis, driven by pushes built by hand and a clock passed in.
+
+Every test runs three times: with pushes of maps (wire 1.2, as an agent before 1.3 sends), with
+the same events as pushes of columns off the wire (``ingero.columns``, taken whole arrays at a
+time by ``fleetd.intake``), and mixed (n1's columns, the other nodes' maps: a rolling upgrade).
+All must judge alike.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from fleetd.alignment import CommWindow, Entries
 from fleetd.clocks import ClockBook
 from fleetd.config import SETTINGS
 from fleetd.ranks import RankAnalysis
-from ingero import wire
+from ingero import columns, wire
 
 T0 = 1_800_000_000.0
 STEP = 0.05
@@ -32,9 +38,27 @@ def collective(rank: int, step: int, t: float, job: str = "42", nranks: int = 8,
         "nranks": nranks, "rank": rank, "job": job, "pid": 1000 + rank}}
 
 
+AS = {"form": "maps"}
+
+
+@pytest.fixture(autouse=True, params=["maps", "columns", "mixed"])
+def form(request):
+    AS["form"] = request.param
+    yield request.param
+    AS["form"] = "maps"
+
+
 def push(node: str, events: list[dict], job: str | None = None) -> wire.Push:
-    return wire.Push(0, node, "c", "boot", 0.9, {s: 1.0 for s in wire.SIGNALS}, "active",
+    maps = wire.Push(0, node, "c", "boot", 0.9, {s: 1.0 for s in wire.SIGNALS}, "active",
                      T0, 1.0, job, None, events)
+    if AS["form"] == "maps" or (AS["form"] == "mixed" and node != "n1"):
+        return maps
+    numbered = [{**event, "id": f"{node}:boot:{k}"} for k, event in enumerate(events)]
+    carried, rest = columns.split(numbered)
+    assert len(rest) == 0, rest[:3]
+    values = {name: getattr(maps, name) for name in wire.Push.field_names()}
+    sent = wire.ColumnPush(**{**values, "events": rest, "columns": columns.encode(carried)})
+    return wire.decode(wire.encode(sent))
 
 
 def steps(ranks, first: int, last: int, late=lambda rank, step: 0.0, skew: float = 0.0,
@@ -142,6 +166,24 @@ def test_a_node_whose_clock_is_not_known_yet_is_compared_with_no_other(caplog):
     ra.observe(push("n1", steps(range(4, 8), 40, 80, late, skew=0.02)), T0 + 4.5)
     assert [(v.rank, round(v.lag_p50_s, 3)) for v in ra.tick(T0 + 4.5)] == [(6, 0.05)]
     assert caplog.text.count("node n1's clock is not known yet") == 1
+
+
+def test_a_job_s_run_is_one_whichever_form_carries_its_tags():
+    """ingerod tags every event with its process's Slurm step (a text) and requeue count: a
+    node sending columns and one sending maps put their ranks in the same run of the job."""
+    ra = analysis()
+    tagged = lambda events: [{**e, "attrs": {**e["attrs"], "step": "0", "requeue": 1}}  # noqa
+                             for e in events]
+    late = lambda r, s: 0.06 if r == 5 and s >= 20 else 0.0  # noqa: E731
+    for node, ranks in (("n0", range(4)), ("n1", range(4, 8))):
+        exchanged(ra, node, 0.0)
+    for first in range(0, 60, 10):
+        for node, ranks in (("n0", range(4)), ("n1", range(4, 8))):
+            ra.observe(push(node, tagged(steps(ranks, first, first + 10, late))),
+                       T0 + (first + 10) * STEP)
+        ra.tick(T0 + (first + 10) * STEP + 0.5)
+    assert list(ra.jobs) == [("c", "42", ("0", 1, None))]
+    assert [v.rank for v in ra.active()] == [5]
 
 
 def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits():

@@ -6,7 +6,7 @@ import zmq
 
 from fleetd.forward import Forwarder
 from fleetd.metrics import FleetMetrics
-from ingero import wire
+from ingero import columns, wire
 
 SIG = {"throughput": 1.0, "compute": 1.0, "memory": 1.0, "cpu": 1.0}
 
@@ -34,4 +34,66 @@ def test_batches_are_sealed_as_they_fill_between_ticks(tmp_path):
             assert isinstance(wire.decode(forwarder.spool.frames(entry)), wire.Forward)
     finally:
         forwarder.close()
+        context.term()
+
+
+def column_push(seq: int, events: int) -> wire.ColumnPush:
+    """A push of columns as fleetd decodes it off the wire (its body kept)."""
+    rows = [{"id": f"n:b:{seq * 1000 + i}", "t": 1.8e9, "kind": "sync",
+             "attrs": {"duration_ns": i, "rank": 1}} for i in range(events)]
+    sent = wire.ColumnPush(seq, "n", "c", "b", 0.9, SIG, "active", 1.8e9, 1.0, "5", None, [],
+                           None, None, columns.encode(rows))
+    return wire.decode(wire.encode(sent))
+
+
+def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_rows_after(
+        tmp_path):
+    """Before echod has said what it takes, rows; once it has, the pushes' own bodies; when
+    an echod that does not take them answers (a downgrade), the batches of columns still in
+    the spool become batches of rows, under the same numbers."""
+    context = zmq.Context()
+    echod = context.socket(zmq.ROUTER)
+    echod.bind("inproc://echod-columns-test")
+    cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-columns-test",
+                          forward_batch_rows=1000, forward_interval=60.0, forward_window=8,
+                          forward_resend_after=60.0, spool_dir=tmp_path,
+                          spool_max_bytes=64 << 20)
+    forwarder = Forwarder(cfg, context, FleetMetrics())
+
+    def ack(*capabilities):
+        forwarder.tick(0.0)
+        identity, *frames = echod.recv_multipart()
+        batch = wire.decode(frames)
+        echod.send_multipart([identity, *wire.encode(wire.ForwardAck(
+            batch.seq, 0, 0, 0, list(capabilities)))])
+        assert forwarder.socket.poll(5000)
+        forwarder.receive()
+        return batch
+
+    try:
+        forwarder.add_push(column_push(0, 10), 1.8e9)
+        forwarder.commit()
+        first = ack(wire.COLUMNS)
+        assert type(first) is wire.Forward and len(first.events) == 10
+        pushes = [column_push(seq, 20) for seq in (1, 2)]
+        for push in pushes:
+            forwarder.add_push(push, 1.8e9)
+        forwarder.commit()
+        (entry,) = [e for e in forwarder.spool.entries.values() if e.cls == 0]
+        batch = wire.decode(forwarder.spool.frames(entry))
+        assert type(batch) is wire.ForwardColumns and entry.rows == 40
+        assert batch.pushes == [push.body for push in pushes], "the same bytes, not re-encoded"
+        pushes.append(column_push(3, 5))
+        forwarder.add_push(pushes[-1], 1.8e9)
+        forwarder.commit()
+        assert ack().seq < entry.seq              # an older echod acks another batch
+        kept = {e.seq: wire.decode(forwarder.spool.frames(e))
+                for e in forwarder.spool.entries.values() if e.cls == 0}
+        assert [type(b) for b in kept.values()] == [wire.Forward] * 2
+        assert [row for b in kept.values() for row in b.events] == \
+            [row for push in pushes for row in push.stored_rows()]
+        assert [forwarder.spool.entries[seq].rows for seq in kept] == [40, 5]
+    finally:
+        forwarder.close()
+        echod.close()
         context.term()

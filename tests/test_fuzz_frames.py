@@ -6,7 +6,7 @@ import time
 import msgpack
 import zmq
 
-from ingero import wire
+from ingero import columns, wire
 from ingero.errors import FrameError
 from ingero.launch import free_port, wait_for
 
@@ -20,7 +20,9 @@ SIG = {"throughput": 0.9, "compute": 0.9, "memory": 0.9, "cpu": 0.9}
 def random_message(rnd):
     """A well-formed message of any type, from a fuzz node of its own."""
     node = f"fuzz{rnd.randrange(50)}"
-    kind = rnd.randrange(5)
+    kind = rnd.randrange(6)
+    if kind == 5:
+        return column_push(rnd, node)
     if kind == 0:
         return wire.Hello(node, "fuzz", "b", ["synthetic"], 1.0)
     if kind == 1:
@@ -35,12 +37,43 @@ def random_message(rnd):
     return wire.Reply(1, "c", 0.5, True, False, False, 1.0, 1.0, 1.0)
 
 
+def column_push(rnd, node: str) -> wire.ColumnPush:
+    """A push of columns: collectives and syncs of a few ranks, as ingerod sends them."""
+    first = rnd.randrange(10**6)
+    events = [{"id": f"{node}:b:{first + k}", "t": 1.0 + k / 100,
+               "kind": rnd.choice(["collective", "sync", "alloc", "preempted"]),
+               "attrs": {"rank": rnd.randrange(8), "job": rnd.choice(["1", "2"]),
+                         "comm_hash": rnd.choice(["00000000c0ffee00", "0000000000000000"]),
+                         "seq": k, "comm_rank": rnd.randrange(-1, 8), "nranks": 8,
+                         "op": rnd.choice(["ncclAllReduce", "ncclSend"]), "peer": 1,
+                         "duration_ns": rnd.randrange(10**6), "pid": 1000,
+                         "peer_wait": rnd.random() < 0.5}}
+              for k in range(rnd.randrange(1, 40))]
+    return wire.ColumnPush(rnd.randrange(10**6), node, "fuzz", "b", rnd.random(), SIG,
+                           "active", time.time(), 1.0, None, None, [], None, None,
+                           columns.encode(events))
+
+
+def mutate_column(rnd, body: bytes) -> bytes:
+    """One column of a push of columns made wrong: garbage, cut short, another code."""
+    values = msgpack.unpackb(body)
+    attrs = values["columns"]["attrs"]
+    name = rnd.choice(list(attrs))
+    code, data, present, strings = attrs[name]
+    attrs[name] = rnd.choice([rnd.choice(GARBAGE), [code, data[:-1], present, strings],
+                              [rnd.choice(["s1", "f8", "u1", "zz"]), data, present, strings],
+                              [code, data, b"\x01", strings]])
+    return msgpack.packb(values, use_bin_type=True)
+
+
 GARBAGE = [None, True, -1, 2**63 - 1, 1.5, float("nan"), float("inf"), "", "x" * 300,
            b"\x00\xff", [], [1, [2, [3]]], {}, {"a": {"b": {}}}]
 
 
 def mutate(rnd, frames):
     header, body = frames
+    if header[6] == wire.ColumnPush.TYPE and rnd.random() < 0.3:
+        return [header, mutate_column(rnd, body)]
     choice = rnd.randrange(8)
     if choice == 0:  # flip bytes anywhere
         data = bytearray(header + body)
@@ -123,7 +156,7 @@ def test_fleetd_survives_100k_bad_frames_and_keeps_answering(spawn, keys, endpoi
     reasons = {dict(labels)["reason"] for (name, labels), _ in m.items()
                if name == "ingero_fleet_frames_rejected_total"}
     assert {"bad_schema", "bad_msgpack", "frame_count", "too_large", "bad_version",
-            "bad_type", "unexpected_type"} <= reasons
+            "bad_type", "unexpected_type", "bad_column"} <= reasons
 
     assert "internal error" not in fleetd.log()
     assert fleetd.log().count("dropped a bad frame") < 100

@@ -35,8 +35,8 @@ PAGE_NAMES = ["echod.8", "fleetd.8", "ingerod.8", "ingero.1", "ingero.yaml.5",
 # Every reason a rejected frame is counted under (ingero/wire.py, ingero/errors.py and
 # fleetd/server.py).
 REJECT_REASONS = ["frame_count", "too_large", "bad_header", "bad_version", "bad_type",
-                  "bad_msgpack", "bad_schema", "unexpected_type", "too_many_nodes",
-                  "internal_error"]
+                  "bad_msgpack", "bad_schema", "bad_column", "unexpected_type",
+                  "too_many_nodes", "internal_error"]
 # The reasons echod (echod/ingest.py) counts: the wire's own, and unexpected_type.
 ECHOD_REJECT_REASONS = [r for r in REJECT_REASONS if r not in ("too_many_nodes", "internal_error")]
 
@@ -239,8 +239,14 @@ def test_every_message_type_is_documented_with_its_type_byte_and_fields():
     for byte, cls in wire.MESSAGE_TYPES.items():
         title = f"{cls.__name__} (type {byte})"
         assert title in types, f"ingero-wire.7 has no subsection {title!r}"
+        inherited = set()
+        for base in cls.__mro__[1:]:
+            if base in wire.MESSAGE_TYPES.values():      # a message type extending another
+                assert re.search(rf"^Every field of\n\.B {base.__name__}\n", types[title],
+                                 re.M), f"ingero-wire.7: {title} does not say it extends {base}"
+                inherited |= {f.name for f in fields(base)}
         for f in fields(cls):
-            assert re.search(rf"^\.B {f.name}$", types[title], re.M), \
+            assert f.name in inherited or re.search(rf"^\.B {f.name}$", types[title], re.M), \
                 f"ingero-wire.7: {title} does not document field {f.name}"
 
 

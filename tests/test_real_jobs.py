@@ -22,7 +22,9 @@ give up, after the job has failed; both stay in ``ingero report`` after the job.
 
 One stack serves the module (``ingero.stack``): echod, fleetd (its hang timeout the default
 30 s) and four node-wide ingerods (no --job, as the shipped unit runs them), one per simulated
-node, told apart by the sim's host label. Each test runs sim jobs through it and reads the
+node, told apart by the sim's host label. node3's agent sends its events as maps, as an agent
+before wire 1.3 does, the others as columns: every job here is judged across a fleet in the
+middle of a rolling upgrade. Each test runs sim jobs through it and reads the
 answers back from echod's API, or from ``ingero report`` as a user runs it.
 """
 
@@ -46,7 +48,7 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
 
-from .support import needs_ebpf
+from .support import metric, needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -62,7 +64,8 @@ def stack(tmp_path_factory):
     stack = stack_module.Stack(tmp_path_factory.mktemp("jobs"), 4, push_s=PUSH_S,
                                hang_timeout_s=HANG_TIMEOUT_S,
                                echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
-                               echod_root=Path(tempfile.mkdtemp(prefix="echod-jobs-")))
+                               echod_root=Path(tempfile.mkdtemp(prefix="echod-jobs-")),
+                               node_flags={3: ("--wire-maps",)})
     yield stack
     assert stack.stop() == [0] * 6, stack.logs()
 
@@ -231,6 +234,24 @@ def test_an_agent_restarted_mid_job_names_no_hang_and_the_job_is_still_judged(st
     assert set(found) == {2}, (found, stack.logs())
     assert datetime.fromisoformat(found[2]["raised"]).timestamp() > killed
     assert "node node1's agent restarted" in stack.fleetd.log()
+
+
+def test_agents_of_both_wire_versions_push_one_job_and_both_are_judged_and_stored(stack):
+    """A rolling upgrade: node3's agent sends maps (the push of wire 1.2), node0's to node2's
+    columns (1.3). One job spans the four; a rank late on each side is named on its node, and
+    echod stores every collective of every rank."""
+    pushes = {kind: metric(stack.fleet_port, "ingero_fleet_messages_total", type=kind)
+              for kind in ("push", "columnpush")}
+    run(stack, "2901", "srun", [{"rank": r, "kind": "host_delay", "delay_ms": 80,
+                                 "from_step": 8} for r in (2, 13)])
+    found = verdicts(stack, "2901")
+    assert {r: (v["node"], v["cause"]) for r, v in found.items()} == {
+        2: ("node0", "host_work"), 13: ("node3", "host_work")}, (found, stack.logs())
+    assert stack.tool("job_report", job="2901")["collectives"] == 30 * 16
+    assert len(stack.tool("find_stragglers", job="2901")["ranks"]) == 16
+    assert "job 2901: rank(s)" not in stack.fleetd.log(), "one run, whatever each node sends"
+    for kind, before in pushes.items():
+        assert metric(stack.fleet_port, "ingero_fleet_messages_total", type=kind) > before, kind
 
 
 def test_a_node_whose_agent_never_ran_is_reported_uncovered_and_never_named(stack):

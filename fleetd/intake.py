@@ -1,0 +1,168 @@
+"""A push of columns into the rank analysis, whole arrays at a time.
+
+The events that make up nearly all of a push (collectives on a known communicator, syncs,
+allocations, frees, copies) are grouped with numpy, by run and then by communicator or rank, and
+handed over as arrays: a Python step per group, never per event. The rest (an exit, a split, a
+collective on a communicator the agent did not see made, a Send/Recv, preemption and block I/O
+evidence) are few, and go through the same per-event code as a push of maps, first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ingero.columns import EventColumns
+from ingero.vocabulary import POINT_TO_POINT
+
+from .rankstate import RUN_TAGS, JobState
+
+BULK = ("collective", "sync", "alloc", "free", "memcpy")
+
+
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of ``keys`` (events × fields) and each event's group: a field that is the
+    same for every event (the usual run tags) costs one comparison; the others are numbered
+    one by one and the numbers combined, so one sort of single integers is the most it takes."""
+    n, width = keys.shape
+    if n == 0:
+        return np.empty((0, width), np.int64), np.empty(0, np.int64)
+    varying = [column for column in keys.T if not column.min() == column.max()]
+    if not varying:
+        return keys[:1], np.zeros(n, np.int64)
+    if len(varying) == 1:
+        combined = varying[0]
+    else:
+        combined = np.zeros(n, np.int64)
+        for column in varying:
+            values, code = np.unique(column, return_inverse=True)
+            combined = combined * len(values) + code.ravel()
+    _, first, group = np.unique(combined, return_index=True, return_inverse=True)
+    return keys[first], group.ravel()
+
+
+def _grouped(keys: np.ndarray) -> list[tuple[list[int], np.ndarray]]:
+    """Each distinct row of ``keys`` with the positions holding it, in order."""
+    unique, group = _groups(keys)
+    if len(unique) == 1:
+        return [(unique[0].tolist(), np.arange(len(group)))]
+    order = np.argsort(group, kind="stable")
+    cuts = np.flatnonzero(np.diff(group[order])) + 1
+    return [(unique[group[chunk[0]]].tolist(), chunk) for chunk in np.split(order, cuts)]
+
+
+class ColumnIntake:
+    """Takes a ``ColumnPush``'s columns into a ``RankAnalysis``."""
+
+    def __init__(self, analysis):
+        self.analysis = analysis
+
+    def rare(self, cols: EventColumns) -> np.ndarray:
+        """Indices of the events the per-event path takes."""
+        kind_bulk = np.isin(cols.kind, [cols.kinds.index(k) for k in BULK if k in cols.kinds])
+        comm, comms = cols.codes("comm_hash")
+        unknown = [k for k, c in enumerate(comms) if c == "0000000000000000"]
+        op, ops = cols.codes("op")
+        p2p = [k for k, name in enumerate(ops) if name in POINT_TO_POINT]
+        collective = cols.of_kind("collective")
+        placed = (comm >= 0) & ~np.isin(comm, unknown) & (cols.ints("nranks") >= 1) \
+            & (cols.ints("comm_rank") >= 0) & ~np.isin(op, p2p)
+        return np.flatnonzero(~kind_bulk | (collective & ~placed))
+
+    def runs(self, push, cols: EventColumns, now: float) -> tuple[list[JobState], np.ndarray]:
+        """Each event's run (job, step, requeue, restart), as ``JobState``s and an index."""
+        coded = [cols.coded(name) for name in ("job", *RUN_TAGS)]   # of any type each
+        unique, group = _groups(np.stack([codes for codes, _values in coded], axis=1))
+        states = []
+        for key in unique.tolist():
+            job, *run = (values[k] if k >= 0 else None
+                         for k, (_codes, values) in zip(key, coded))
+            states.append(self.analysis._job(push.cluster, job or push.job, tuple(run), now))
+        return states, group
+
+    def take(self, push, cols: EventColumns, offset: float, chunks: dict, now: float,
+             skip: np.ndarray) -> None:
+        """The bulk events (all but ``skip``): facts per rank (times less ``offset``),
+        collectives per communicator into ``chunks`` ((job, comm, nranks) → list of (seq,
+        column, t, op) arrays, t as the node timed it)."""
+        states, run = self.runs(push, cols, now)
+        rank = cols.ints("rank")
+        bulk = np.ones(cols.n, bool)
+        bulk[skip] = False
+        bulk &= np.isin(cols.kind, [cols.kinds.index(k) for k in BULK if k in cols.kinds])
+        t = cols.t - offset
+        collective = bulk & cols.of_kind("collective")
+        self._collectives(push.node, cols, states, run, rank, t, collective, chunks)
+        ranked = bulk & ~collective & (rank >= 0)
+        self._facts(push.node, cols, states, run, rank, t, ranked)
+
+    def _collectives(self, node: str, cols: EventColumns, states: list[JobState],
+                     run: np.ndarray, rank: np.ndarray, t: np.ndarray, which: np.ndarray,
+                     chunks: dict) -> None:
+        at = np.flatnonzero(which)
+        if not len(at):
+            return
+        comm, comms = cols.codes("comm_hash")
+        op, ops = cols.codes("op")
+        op_code = np.array([self.analysis.ops.code(name) for name in ops] + [
+            self.analysis.ops.code("?")], np.int64)[np.where(op >= 0, op, len(ops))]
+        nranks, column = cols.ints("nranks"), cols.ints("comm_rank")
+        seq, pid = cols.ints("seq"), cols.ints("pid")
+        who = np.where(rank >= 0, rank, column)
+        for (r, c, size), part in _grouped(np.stack([run[at], comm[at], nranks[at]], axis=1)):
+            mine = at[part]
+            job = states[r]
+            chunks[(job, comms[c], size)].append(   # as the node timed them
+                (seq[mine], column[mine], cols.t[mine], op_code[mine]))
+            pairs = np.unique((column[mine] << 32) | who[mine])
+            job.columns.setdefault(comms[c], {}).update(
+                zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist()))
+        self._processes(node, states, run[at], who[at], pid[at], t[at])
+
+    @staticmethod
+    def _processes(node: str, states: list[JobState], run: np.ndarray, who: np.ndarray,
+                   pid: np.ndarray, t: np.ndarray) -> None:
+        """Each rank's node and process, from its collectives: a new process of a rank clears
+        what the last one's end said (an exit after the new one's first call stands)."""
+        for (r, rank), mine in _grouped(np.stack([run, who], axis=1)):
+            facts = states[r].facts[rank]
+            pids = pid[mine]
+            before = np.concatenate([[-1 if facts.pid is None else facts.pid], pids[:-1]])
+            new = np.flatnonzero((pids >= 0) & (before >= 0) & (pids != before))
+            if len(new) and (facts.exited_at is None or facts.exited_at < t[mine][new[0]]):
+                facts.exited_at = facts.crashed = facts.aborted_at = None
+            facts.node = node
+            last = int(pids[-1])
+            facts.pid = None if last < 0 else last
+
+    @staticmethod
+    def _facts(node: str, cols: EventColumns, states: list[JobState], run: np.ndarray,
+               rank: np.ndarray, t: np.ndarray, which: np.ndarray) -> None:
+        """Syncs and allocations, per rank; every bulk event says where its rank runs."""
+        at = np.flatnonzero(which)
+        if not len(at):
+            return
+        for r, rk in _groups(np.stack([run[at], rank[at]], axis=1))[0].tolist():
+            states[r].facts[rk].node = node
+        duration = cols.ints("duration_ns")
+        timed = which & (duration >= 0)
+        comm, comms = cols.codes("comm_hash")
+        names = np.array(list(comms) + [None], dtype=object)
+        peer_wait = cols.flags("peer_wait")
+        for facts, mine in _per_rank(states, run, rank, timed & cols.of_kind("sync")):
+            waited, spent, when = peer_wait[mine], duration[mine], t[mine]
+            facts.sync_end.extend((when + spent / 1e9).tolist())
+            facts.sync_on.extend(names[np.where(waited & (comm[mine] >= 0), comm[mine],
+                                                len(comms))].tolist())
+            facts.peer_wait_ns.extend(spent[waited].tolist())
+            facts.peer_wait_t.extend(when[waited].tolist())
+            facts.self_work_ns.extend(spent[~waited].tolist())
+        for facts, mine in _per_rank(states, run, rank, timed & cols.of_kind("alloc")):
+            facts.allocation_ns.extend(duration[mine].tolist())
+
+
+def _per_rank(states: list[JobState], run: np.ndarray, rank: np.ndarray, which: np.ndarray):
+    """Each rank's facts with the positions of its events among ``which``."""
+    at = np.flatnonzero(which)
+    if len(at):
+        for (r, rk), part in _grouped(np.stack([run[at], rank[at]], axis=1)):
+            yield states[r].facts[rk], at[part]
