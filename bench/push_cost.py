@@ -91,8 +91,23 @@ def frames_of(node: int, second: int, mix: dict[str, int], form: str) -> list[by
     exchange = [1.8e9 + second, 1.8e9 + second, 1.8e9 + second, 1.8e9 + second + 0.0002]
     if form == "maps":
         return wire.encode(wire.Push(*fields, events, exchange))
-    carried, rest = columns.split(events)
-    return wire.encode(wire.ColumnPush(*fields, rest, exchange, None, columns.encode(carried)))
+    packed, rest = columns.pack(events)
+    return wire.encode(wire.ColumnPush(*fields, rest, exchange, None, packed))
+
+
+def agent_cost(mix: dict[str, int], form: str, pushes: int = 10) -> float:
+    """The agent's CPU to make a push's frames from its events (µs): on the compute node."""
+    events = [node_second(0, second, mix) for second in range(pushes)]
+    began = time.process_time()
+    for second, batch in enumerate(events):
+        fields = (second, "node0", "bench", "b", 0.9, dict.fromkeys(wire.SIGNALS, 1.0),
+                  "active", 1.8e9 + second, 1.0, None, None)
+        if form == "maps":
+            wire.encode(wire.Push(*fields, batch))
+        else:
+            packed, rest = columns.pack(batch)
+            wire.encode(wire.ColumnPush(*fields, rest, None, None, packed))
+    return (time.process_time() - began) / pushes * 1e6
 
 
 def measure(form: str, pushes: list[list[bytes]]) -> dict:
@@ -152,11 +167,33 @@ def run(args) -> dict:
             "events_per_push": round(best["events"] / best["pushes"]),
             "bytes_per_push": round(best["bytes_per_push"]),
             "rejected": best["rejected"], "rounds_cpu_s": [round(r["cpu_s"], 3)
-                                                           for r in results]}
+                                                           for r in results],
+            "agent_us_per_push": round(statistics.median(
+                agent_cost(mix, form, 2 if args.smoke else 10) for _ in range(args.rounds)), 1)}
     return {"mix": mix, "mix_from": source, "nodes": NODES, "ranks_per_node": RANKS_PER_NODE,
             "seconds": args.seconds, "rounds": args.rounds, "forms": forms,
             "columns_over_maps": round(forms["columns"]["us_per_push"]
-                                       / forms["maps"]["us_per_push"], 4)}
+                                       / forms["maps"]["us_per_push"], 4),
+            "small": [small(events, args.rounds) for events in SMALL]}
+
+
+SMALL = (16, 64, 128, 256)    # events a push: a node with little traffic, fleet_scale's pushes
+
+
+def small(events: int, rounds: int) -> dict:
+    """Where columns start to pay: pushes of an all-reduce entry and a sync per rank."""
+    per = max(1, events // (2 * RANKS_PER_NODE))
+    mix = {"collective": per, "sync": per}
+    pushes = {form: [[frames_of(node, second, mix, form) for node in range(NODES)]
+                     for second in range(10)] for form in ("maps", "columns")}
+    cost = {form: [] for form in pushes}
+    for _ in range(rounds):
+        for form in pushes:
+            measured = measure(form, pushes[form])
+            cost[form].append(measured["cpu_s"] / measured["pushes"] * 1e6)
+    return {"events": 2 * per * RANKS_PER_NODE,
+            **{f"{form}_us_per_push": round(statistics.median(c), 1)
+               for form, c in cost.items()}}
 
 
 def add_arguments(parser) -> None:
@@ -176,7 +213,7 @@ def summary(result: dict) -> str:
 def section(result: dict) -> str:
     rows = [[form, f"{f['us_per_push']:,} µs", f"{f['us_per_event']} µs",
              f"{f['decode_us_per_push']:,} µs", f"{f['bytes_per_push'] / 1024:,.0f} KiB",
-             f"{f['events_per_push']:,}", f['rejected']]
+             f"{f['events_per_push']:,}", f['rejected'], f"{f['agent_us_per_push']:,} µs"]
             for form, f in result["forms"].items()]
     mix = ", ".join(f"{n} {k}" for k, n in sorted(result["mix"].items()))
     return "\n\n".join([
@@ -190,11 +227,20 @@ def section(result: dict) -> str:
         "disk), in one process; CPU time, the two forms interleaved over "
         f"{result['rounds']} rounds, medians.",
         harness.table(["form", "fleetd CPU a push", "an event", "of which checking it off "
-                       "the wire", "size", "events", "rejected"], rows),
+                       "the wire", "size", "events", "rejected", "the agent's CPU to make it"],
+                      rows),
         f"Columns cost **{result['columns_over_maps']}×** what maps cost (target: at most "
         "0.1×). As maps, fleetd checks every event as a map and forwards it to echod as a row "
         "of its own; as columns it checks the arrays whole, the rank analysis takes them a "
-        "group at a time, and the push's body goes to echod as it came.",
+        "group at a time, and the push's body goes to echod as it came. The agent pays for "
+        "that on the compute node (the last column: its events are maps until it packs them; "
+        "gathering them as columns from the perf buffers is still to come).",
+        "A push of columns pays numpy's cost per call, the same for a few events as for "
+        "thousands; small pushes (a collective and a sync per rank) show where columns start "
+        "to pay, which is why ingerod sends a push of fewer than 128 events as maps:",
+        harness.table(["events a push", "as maps", "as columns"],
+                      [[r["events"], f"{r['maps_us_per_push']:,} µs",
+                        f"{r['columns_us_per_push']:,} µs"] for r in result.get("small", [])]),
         harness.measured_line(result)])
 
 

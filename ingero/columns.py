@@ -172,18 +172,21 @@ def _int_code(values: np.ndarray) -> str:
 
 def _id_parts(ident: str) -> tuple[str, int] | None:
     prefix, _, number = ident.rpartition(":")
-    if not number.isdigit() or number != str(int(number)) or len(prefix) >= MAX_ID_PREFIX:
+    if not number.isdigit() or (number[0] == "0" and number != "0") \
+            or len(prefix) >= MAX_ID_PREFIX:
         return None
     return prefix + ":", int(number)
 
 
 def split(events: list[dict]) -> tuple[list[dict], list[dict]]:
     """The events a batch of columns can carry (those whose ids share the first one's prefix,
-    numbered upwards, and whose attributes keep one type each), and the rest, for maps."""
-    columnar, rest, prefix, last, types = [], [], None, -1, {}
+    numbered upwards, and whose attributes keep one type each and fit 64 bits), and the rest,
+    for maps: event by event, the slow way (``pack`` tries the fast one first)."""
+    columnar, rest, prefix, first, last, types = [], [], None, 0, -1, {}
     for event in events:
         parts = _id_parts(event["id"])
-        if parts is None or (prefix is not None and parts[0] != prefix) or parts[1] <= last:
+        if parts is None or (prefix is not None and (
+                parts[0] != prefix or parts[1] <= last or parts[1] - first >= 2**32)):
             rest.append(event)
             continue
         kinds = {k: type(v) for k, v in event["attrs"].items() if v is not None}
@@ -193,59 +196,129 @@ def split(events: list[dict]) -> tuple[list[dict], list[dict]]:
             rest.append(event)
             continue
         types.update(kinds)
+        if prefix is None:
+            first = parts[1]
         prefix, last = parts
         columnar.append(event)
     return columnar, rest
+
+
+def _ids(events: list[dict]) -> tuple[list[dict], list[dict], str, list[int]]:
+    """The events whose ids share the first one's prefix, numbered upwards (and within 2**32
+    of the first), their prefix and numbers; and the rest."""
+    carried, rest, numbers, prefix = [], [], [], None
+    for event in events:
+        parts = _id_parts(event["id"])
+        if parts is None or (prefix is not None and (
+                parts[0] != prefix or parts[1] <= numbers[-1]
+                or parts[1] - numbers[0] >= 2**32)):
+            rest.append(event)
+            continue
+        prefix = parts[0]
+        numbers.append(parts[1])
+        carried.append(event)
+    return carried, rest, prefix or "", numbers
+
+
+def _gather(events: list[dict]) -> dict[str, tuple[list[int], list]] | None:
+    """Each attribute's events and values, set apart by the events' shape (their attribute
+    names, in order: one per kind, mostly) so that the values come out a column at a time;
+    None when an attribute changes type or a value is not one columns carry."""
+    shapes: dict[tuple, list[int]] = {}
+    for i, event in enumerate(events):
+        shapes.setdefault(tuple(event["attrs"]), []).append(i)
+    found: dict[str, tuple[list[int], list]] = {}
+    types: dict[str, type] = {}
+    for names, members in shapes.items():
+        rows = [tuple(events[i]["attrs"].values()) for i in members]
+        for name, values in zip(names, zip(*rows)):
+            kinds = set(map(type, values))
+            where = members
+            if type(None) in kinds:
+                kept = [k for k, v in enumerate(values) if v is not None]
+                where, values = [members[k] for k in kept], [values[k] for k in kept]
+                kinds.discard(type(None))
+            if not values:
+                continue
+            if len(kinds) != 1 or types.setdefault(name, next(iter(kinds))) not in kinds \
+                    or types[name] not in (int, float, bool, str):
+                return None
+            slot = found.setdefault(name, ([], []))
+            slot[0].extend(where)
+            slot[1].extend(values)
+    return found
 
 
 def _bits(mask: np.ndarray) -> bytes | None:
     return None if mask.all() else np.packbits(mask, bitorder="little").tobytes()
 
 
-def _attr(name: str, values: list, present: np.ndarray) -> list:
-    sample = next(v for v, p in zip(values, present) if p)
-    if isinstance(sample, bool):
-        return ["b1", np.array([bool(v) for v in values], np.uint8).tobytes(), _bits(present),
-                None]
-    if isinstance(sample, int):
-        array = np.array([v if p else 0 for v, p in zip(values, present)], dtype=object)
-        try:
-            code = _int_code(array[present])
-        except OverflowError:
-            raise ValueError(f"attribute {name!r} does not fit 64 bits") from None
-        return [code, array.astype(NUMERIC[code]).tobytes(), _bits(present), None]
-    if isinstance(sample, float):
-        return ["f8", np.array([v if p else 0.0 for v, p in zip(values, present)],
-                               "<f8").tobytes(), _bits(present), None]
-    strings = list(dict.fromkeys(v for v, p in zip(values, present) if p))
-    index = {s: k for k, s in enumerate(strings)}
-    code = "s1" if len(strings) <= 0xFF else "s2" if len(strings) <= 0xFFFF else "s4"
-    return [code, np.array([index[v] if p else 0 for v, p in zip(values, present)],
-                           TEXT[code]).tobytes(), _bits(present), strings]
+def _attr(n: int, where: list[int], values: list) -> list:
+    """One attribute's column: [code, values, present, strings]."""
+    at = np.array(where, np.int64)
+    present = np.zeros(n, bool)
+    present[at] = True
+    bits = _bits(present)
+    sample = values[0]
+    if type(sample) is str:
+        strings = list(dict.fromkeys(values))
+        index = {s: k for k, s in enumerate(strings)}
+        code = "s1" if len(strings) <= 0xFF else "s2" if len(strings) <= 0xFFFF else "s4"
+        array = np.zeros(n, TEXT[code])
+        array[at] = [index[v] for v in values]
+        return [code, array.tobytes(), bits, strings]
+    if type(sample) is bool:
+        code, given = "b1", np.array(values, np.uint8)
+    elif type(sample) is float:
+        code, given = "f8", np.array(values, "<f8")
+    else:
+        given = np.array(values, np.int64)          # OverflowError past 64 bits
+        code = _int_code(given)
+    array = np.zeros(n, NUMERIC[code])
+    array[at] = given
+    return [code, array.tobytes(), bits, None]
+
+
+def pack(events: list[dict]) -> tuple[dict | None, list[dict]]:
+    """The wire form of the events a batch of columns can carry, and the rest, for maps (None
+    and all of them when columns carry none)."""
+    carried, rest, prefix, numbers = _ids(events)
+    found = _gather(carried) if carried else None
+    if found is None and carried:          # an attribute changes type: sort them one by one
+        carried, others = split(carried)
+        rest = others + rest
+        if not carried:
+            return None, events
+        return pack(carried)[0], rest
+    if not carried:
+        return None, events
+    try:
+        attrs = {name: _attr(len(carried), *slot) for name, slot in found.items()}
+    except OverflowError:                  # an integer past 64 bits, one way or the other
+        carried, others = split(carried)
+        return (pack(carried)[0] if carried else None), others + rest
+    first = numbers[0]
+    offsets = np.array(numbers, np.int64) - first
+    contiguous = offsets[-1] == len(offsets) - 1
+    kinds = list(dict.fromkeys(e["kind"] for e in carried))
+    index = {k: i for i, k in enumerate(kinds)}
+    return {"n": len(carried),
+            "ids": [prefix, first, None if contiguous else offsets.astype("<u4").tobytes()],
+            "t": np.array([e["t"] for e in carried], "<f8").tobytes(),
+            "kinds": kinds,
+            "kind": np.array([index[e["kind"]] for e in carried],
+                             "<u1" if len(kinds) <= 0xFF else "<u2").tobytes(),
+            "attrs": attrs}, rest
 
 
 def encode(events: list[dict]) -> dict:
-    """The wire form of events that ``split`` took for columns."""
-    n = len(events)
-    prefix, first = _id_parts(events[0]["id"]) if events else ("", 0)
-    numbers = np.array([_id_parts(e["id"])[1] - first for e in events], np.int64)
-    contiguous = bool((numbers == np.arange(n)).all())
-    kinds = list(dict.fromkeys(e["kind"] for e in events))
-    index = {k: i for i, k in enumerate(kinds)}
-    names = list(dict.fromkeys(k for e in events for k, v in e["attrs"].items()
-                               if v is not None))
-    attrs = {}
-    for name in names:
-        values = [e["attrs"].get(name) for e in events]
-        present = np.array([v is not None for v in values])
-        attrs[name] = _attr(name, values, present)
-    return {"n": n,
-            "ids": [prefix, first, None if contiguous else numbers.astype("<u4").tobytes()],
-            "t": np.array([e["t"] for e in events], "<f8").tobytes(),
-            "kinds": kinds,
-            "kind": np.array([index[e["kind"]] for e in events],
-                             "<u1" if len(kinds) <= 0xFF else "<u2").tobytes(),
-            "attrs": attrs}
+    """The wire form of events ``split`` took for columns, every one of them."""
+    if not events:
+        return {"n": 0, "ids": ["", 0, None], "t": b"", "kinds": [], "kind": b"", "attrs": {}}
+    packed, rest = pack(events)
+    if rest:
+        raise ValueError(f"{len(rest)} event(s) columns cannot carry: split them off first")
+    return packed
 
 
 # -- checking (fleetd) -------------------------------------------------------------------------

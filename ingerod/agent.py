@@ -39,6 +39,7 @@ from .sources import open_source
 log = logging.getLogger("ingerod")
 
 MAX_PENDING_EVENTS = wire.MAX_EVENTS * 16
+COLUMNS_FROM = 128    # events: a smaller push costs fleetd less as maps (numpy's cost per call)
 HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 QUIET_PUSHES = 5   # push intervals without a push to a shard before its rank verdicts lapse
 POLL_CAP = 0.1
@@ -250,21 +251,23 @@ class Agent:
     def build_push(self, shard: int, assessment, exchange: bool = True) -> wire.Push:
         """The next batch of ``shard``'s pending events; the last clock exchange goes with the
         first push of a cycle only (a second copy would count twice). To a fleetd that takes
-        them, the events go as columns (the few the columns cannot carry as maps beside); as
-        many as a push of maps takes, so that one can stand in for it (``FleetLink``)."""
+        them, the events of a push of at least ``COLUMNS_FROM`` go as columns (the few the
+        columns cannot carry as maps beside); as many as a push of maps takes, so that one can
+        stand in for it (``FleetLink``)."""
         pending, link = self.pending[shard], self.links[shard]
         batch = [pending.popleft() for _ in range(min(len(pending), wire.MAX_EVENTS))]
-        carried, rest = columns.split(batch) if link.columnar else ([], batch)
-        spooled = [event.pop("spool") for event in carried + rest if "spool" in event]
+        packed, rest = columns.pack(batch) if link.columnar and \
+            len(batch) >= COLUMNS_FROM else (None, batch)
+        spooled = [event.pop("spool") for event in batch if "spool" in event]
         if spooled:
             self.spooled[shard, link.seq] = spooled
         push = wire.Push(link.seq, self.cfg.node, self.cfg.cluster, self.boot_id,
                          assessment.score, assessment.signals, assessment.state, time.time(),
                          self.cfg.push_interval, self.cfg.job, self.cfg.job_nodes, rest,
                          link.exchange if exchange else None, self.host_boot)
-        if carried:
+        if packed is not None:
             values = {name: getattr(push, name) for name in wire.Push.field_names()}
-            push = wire.ColumnPush(**values, columns=columns.encode(carried))
+            push = wire.ColumnPush(**values, columns=packed)
         link.seq += 1
         return push
 

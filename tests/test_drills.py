@@ -25,6 +25,7 @@ from sqlalchemy import text
 import sim
 from echod.db import make_engine
 from echod.embedded import EmbeddedPostgres
+from ingero.errors import ApiCallError
 from ingero.launch import Daemon, wait_for
 from ingero.stack import Stack
 from sim import scenario as scenarios
@@ -200,6 +201,14 @@ def test_a_node_cut_off_for_30_s_delivers_its_batches_after_and_none_twice(cut_o
 AHEAD_S = 0.02
 
 
+def stored_collectives(stack: Stack, job: str) -> int:
+    """What echod has of the job's collectives (0 while it knows no such job)."""
+    try:
+        return stack.tool("job_report", job=job)["collectives"]
+    except ApiCallError:
+        return 0
+
+
 def test_a_node_20_ms_ahead_is_judged_with_no_other_until_its_offset_is_known(cut_off_node):
     """node1's clock runs 20 ms ahead (faketime) and its link to fleetd is down as the job
     starts (a head node back after the job began would see the same): its first pushes reach
@@ -223,7 +232,10 @@ def test_a_node_20_ms_ahead_is_judged_with_no_other_until_its_offset_is_known(cu
         {"rank": late, "kind": "host_delay", "delay_ms": delay_ms, "from_step": 300}]})
     try:
         with Cluster(spec, root / "job") as cluster:
-            time.sleep(2.5)     # node1's pushes wait, with events and no exchange
+            # The job runs (node0's collectives are stored, and node1's ranks are in the same
+            # all-reduces), and node1's agent has queued a push of them, with no exchange.
+            assert wait_for(lambda: stored_collectives(stack, job) >= 80, 60), stack.logs()
+            time.sleep(2 * PUSH_S)
             subprocess.run([*down, "up"], check=True)
             result = cluster.wait()
         assert result.ok, result.describe()
