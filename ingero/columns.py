@@ -283,20 +283,18 @@ def pack(events: list[dict]) -> tuple[dict | None, list[dict]]:
     """The wire form of the events a batch of columns can carry, and the rest, for maps (None
     and all of them when columns carry none)."""
     carried, rest, prefix, numbers = _ids(events)
-    found = _gather(carried) if carried else None
-    if found is None and carried:          # an attribute changes type: sort them one by one
-        carried, others = split(carried)
-        rest = others + rest
-        if not carried:
-            return None, events
-        return pack(carried)[0], rest
     if not carried:
         return None, events
+    found = _gather(carried)
     try:
-        attrs = {name: _attr(len(carried), *slot) for name, slot in found.items()}
+        attrs = None if found is None else \
+            {name: _attr(len(carried), *slot) for name, slot in found.items()}
     except OverflowError:                  # an integer past 64 bits, one way or the other
+        attrs = None
+    if attrs is None:                      # sort them out one by one, then pack what is left
         carried, others = split(carried)
-        return (pack(carried)[0] if carried else None), others + rest
+        packed, left = pack(carried) if carried else (None, [])
+        return packed, left + others + rest
     first = numbers[0]
     offsets = np.array(numbers, np.int64) - first
     contiguous = offsets[-1] == len(offsets) - 1
