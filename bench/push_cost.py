@@ -120,7 +120,6 @@ def measure(form: str, pushes: list[list[bytes]]) -> dict:
     server.forwarder = Forwarder(cfg, server.context, server.metrics)
     server.forwarder.columnar = form == "columns"      # as echod's acks say
     try:
-        decode = 0.0
         began = time.process_time()
         for second in pushes:
             for frames in second:

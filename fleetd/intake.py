@@ -56,17 +56,16 @@ class ColumnIntake:
     def __init__(self, analysis):
         self.analysis = analysis
 
-    def rare(self, cols: EventColumns) -> np.ndarray:
-        """Indices of the events the per-event path takes."""
+    def bulk(self, cols: EventColumns) -> np.ndarray:
+        """Which events this takes (a boolean array); the per-event path takes the rest."""
         kind_bulk = np.isin(cols.kind, [cols.kinds.index(k) for k in BULK if k in cols.kinds])
         comm, comms = cols.codes("comm_hash")
         unknown = [k for k, c in enumerate(comms) if c == "0000000000000000"]
         op, ops = cols.codes("op")
         p2p = [k for k, name in enumerate(ops) if name in POINT_TO_POINT]
-        collective = cols.of_kind("collective")
         placed = (comm >= 0) & ~np.isin(comm, unknown) & (cols.ints("nranks") >= 1) \
             & (cols.ints("comm_rank") >= 0) & ~np.isin(op, p2p)
-        return np.flatnonzero(~kind_bulk | (collective & ~placed))
+        return kind_bulk & (placed | ~cols.of_kind("collective"))
 
     def runs(self, push, cols: EventColumns, now: float) -> tuple[list[JobState], np.ndarray]:
         """Each event's run (job, step, requeue, restart), as ``JobState``s and an index."""
@@ -80,15 +79,12 @@ class ColumnIntake:
         return states, group
 
     def take(self, push, cols: EventColumns, offset: float, chunks: dict, now: float,
-             skip: np.ndarray) -> None:
-        """The bulk events (all but ``skip``): facts per rank (times less ``offset``),
+             bulk: np.ndarray) -> None:
+        """The ``bulk`` events: facts per rank (times less ``offset``),
         collectives per communicator into ``chunks`` ((job, comm, nranks) → list of (seq,
         column, t, op) arrays, t as the node timed it)."""
         states, run = self.runs(push, cols, now)
         rank = cols.ints("rank")
-        bulk = np.ones(cols.n, bool)
-        bulk[skip] = False
-        bulk &= np.isin(cols.kind, [cols.kinds.index(k) for k in BULK if k in cols.kinds])
         t = cols.t - offset
         collective = bulk & cols.of_kind("collective")
         self._collectives(push.node, cols, states, run, rank, t, collective, chunks)

@@ -140,8 +140,8 @@ class RankAnalysis:
         cols = getattr(push, "columns", None)
         events = push.events
         if cols is not None and cols.n:
-            skip = self.intake.rare(cols)
-            events = events + cols.rows(skip)
+            bulk = self.intake.bulk(cols)
+            events = events + cols.rows(np.flatnonzero(~bulk))
         for event in events:
             a = event["attrs"]
             job = self._job(push.cluster, push.job_of(event),
@@ -154,7 +154,7 @@ class RankAnalysis:
             elif kind == "agent_restart":
                 self._restarted(push.node, a.get("untraced_from") or event["t"] - offset)
         if cols is not None and cols.n:
-            self.intake.take(push, cols, offset, chunks, now, skip)
+            self.intake.take(push, cols, offset, chunks, now, bulk)
         for job in {id(j): j for j in self.jobs.values() if j.unresolved}.values():
             for comm in [c for c in job.unresolved if c in job.split_comms]:
                 for node, event, a, t in job.unresolved.pop(comm):
