@@ -256,9 +256,12 @@ def identify(proc: Path, pid: int) -> TracedProcess:
 def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
          known: dict[int, TracedProcess] | None = None) -> dict[int, TracedProcess]:
     """Every process that maps CUDA or NCCL. A process in ``known`` (the same pid and start
-    time) that was read whole, environment and job, keeps that identity: a process's launch
-    environment does not change, and reading it again can only fail (its memory is busy, or
-    it is exiting), which would turn a rank of the job into a stranger mid-run."""
+    time) that was read whole, environment and job, keeps that identity while its
+    environment reads the same or cannot be read (its memory is busy, or it is exiting: a
+    failed read would turn a rank of the job into a stranger mid-run). One that reads
+    otherwise has exec'd since: a launcher's child caught between fork and exec maps the
+    launcher's libraries and carries its environment (torchrun's agent imports torch), and
+    only after exec is it the rank its launcher made it."""
     own_pid = os.getpid() if own_pid is None else own_pid
     found = {}
     for entry in proc.iterdir():
@@ -271,13 +274,15 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
         before = (known or {}).get(pid)
         same = before is not None and before.started is not None \
             and before.started == start_time(proc, pid)
-        if same and before.environ and before.job is not None:
+        whole = same and before.environ and before.job is not None
+        exec_d = whole and read_environ(proc, pid) not in ({}, before.environ)
+        if whole and not exec_d:
             process = dataclasses.replace(before, libraries=libraries)
         else:
             process = identify(proc, pid)
             process.libraries = libraries
-            if same:
-                process.said = before.said
+            if same and not exec_d:
+                process.said = before.said      # the same program, read whole only now
         found[pid] = process
     roles(found, proc)
     return found

@@ -146,3 +146,24 @@ def test_a_requeue_and_an_elastic_restart_are_part_of_who_a_process_is(tmp_path)
         TORCHELASTIC_RESTART_COUNT=1), started=1)
     tags = scan(tmp_path / "proc", own_pid=1)[60].tags()
     assert (tags["job"], tags["step"], tags["requeue"], tags["restart"]) == ("5", "1", 2, 1)
+
+
+def test_a_launchers_child_read_between_fork_and_exec_is_read_again_once_it_has_exec_d(
+        tmp_path):
+    """torchrun's agent maps libcudart, so its child does too from fork to exec, with the
+    agent's environment: read then, it is the agent's helper with Slurm's task id (node1's
+    agent is task 1: it would pass for rank 1). Once exec'd (the same pid and start time),
+    its environment says who it is."""
+    library = tmp_path / "libcudart.so.12"
+    library.write_bytes(b"\x7fELF")
+    proc = tmp_path / "proc"
+    agent = {**SRUN_NODE_TASK, "SLURM_PROCID": "1"}
+    fake_process(proc, 100, library, env(**agent), started=2, comm="torchrun")
+    fake_process(proc, 200, library, env(**agent), started=3, ppid=100, comm="torchrun")
+    forked = scan(proc, own_pid=1)
+    assert forked[200].role == "helper" and forked[200].tags(forked[100])["rank"] == 1
+    worker = {**agent, "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "16"}
+    fake_process(proc, 200, library, env(**worker), started=3, ppid=100, comm="python")
+    exec_d = scan(proc, own_pid=1, known=forked)
+    assert exec_d[200].role == "rank" and exec_d[200].tags()["rank"] == 5
+    assert exec_d[100].role == "launcher" and "rank" not in exec_d[100].tags()
