@@ -1,8 +1,9 @@
 """echod's ingest: batches from fleetd, written to PostgreSQL, acknowledged after commit.
 
 A ROUTER socket takes ``Forward`` batches (and ``ForwardColumns``: pushes of columns as the
-agents sent them, checked here again and stored as rows). Each is written in one transaction; only after the
-commit does fleetd get its ``ForwardAck``, and only then does fleetd forget the batch. When
+agents sent them, checked here again and staged a column at a time, ``columnrows``). Each is
+written in one transaction; only after the commit does fleetd get its ``ForwardAck``, and
+only then does fleetd forget the batch. When
 PostgreSQL is slow the loop is slow: batches wait in fleetd (backpressure, not loss). When
 PostgreSQL is down the batch is not acknowledged, the loop backs off, and fleetd sends it
 again later; the table keys make the replay change nothing.
@@ -122,14 +123,14 @@ class IngestServer:
             self.metrics.rejected_frames.labels(exc.reason).inc()
             self.complaints.warning(exc.reason, "dropped a bad frame (%s): %s", exc.reason, exc)
             return True
-        events, bad = batch.events, []
+        events, good, bad = batch.events, [], []
         if isinstance(batch, wire.ForwardColumns):
-            pushes = batch.column_pushes()
-            bad = [(k, p) for k, p in enumerate(pushes) if not isinstance(p, wire.Push)]
-            events = events + [row for p in pushes if isinstance(p, wire.Push)
-                               for row in p.stored_rows()]
+            for k, push in enumerate(batch.column_pushes()):
+                (good if isinstance(push, wire.Push) else bad).append((k, push))
+            good = [push for _, push in good]
+            events = events + [row for push in good for row in push.stored_rows(push.events)]
         try:
-            result = self.write({"events": events, "scores": batch.scores,
+            result = self.write({"events": events, "pushes": good, "scores": batch.scores,
                                  "thresholds": batch.thresholds, "verdicts": batch.verdicts,
                                  "peer_lag": batch.peer_lag})
         except DatabaseUnavailable as exc:

@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from ingero.vocabulary import INT32, LIFTED, SIGNALS, UINT63
 
+from . import columnrows
 from .db import RETENTION_LOCK, ensure_partitions
 from .jobrecords import JOB_KINDS, job_fields, merge, upsert_jobs
 from .models import Node
@@ -404,6 +405,8 @@ def check_batch(batch: Any, now: float) -> CheckedBatch:
         checked.rejected.append(("batch", -1, "expected a map of sections"))
         return checked
     for section, rows in batch.items():
+        if section == "pushes":
+            continue
         if section not in SECTIONS:
             checked.rejected.append((str(section), -1, "unknown section"))
         elif type(rows) is not list:
@@ -414,6 +417,10 @@ def check_batch(batch: Any, now: float) -> CheckedBatch:
                 newest = newest_revisions(checked.rows[section])
                 checked.superseded = len(checked.rows[section]) - len(newest)
                 checked.rows[section] = newest
+    first = len(batch.get("events") or ())
+    for push in batch.get("pushes", ()):        # pushes of columns, as echod received them
+        columnrows.stage(checked, push, now, first)
+        first += push.columns.n
     return checked
 
 

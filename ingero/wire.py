@@ -333,10 +333,12 @@ class Push(Message):
         """Every event as a map."""
         return self.events
 
-    def stored_rows(self) -> list[dict]:
-        """Its events as echod stores them: each with the node, cluster, boot id and job."""
+    def stored_rows(self, events: list[dict] | None = None) -> list[dict]:
+        """Its events (or these of them) as echod stores them: each with the node, cluster,
+        boot id and job."""
         identity = {"node": self.node, "cluster": self.cluster, "boot_id": self.boot_id}
-        return [{**event, **identity, "job": self.job_of(event)} for event in self.all_events()]
+        return [{**event, **identity, "job": self.job_of(event)}
+                for event in (self.all_events() if events is None else events)]
 
     CHECKS: ClassVar[dict[str, Any]] = {
         "seq": lambda n, v: check_int(n, v), "node": check_text, "cluster": check_text,

@@ -1,0 +1,161 @@
+"""The events of a push of columns as the rows echod stages, a column at a time.
+
+A push of columns (wire 1.3) reaches echod as fleetd received it, checked by ``wire.decode``
+again: types, lengths, finite numbers. What echod checks beyond that (``check_event``: the
+text rules, the id's node, times within bounds, the lifted columns' ranges, the attributes'
+JSON) is checked here over whole arrays, and each text once per batch, not once per event. An
+event that any of it fails, and the rare kind that says more than its row (a job's start and
+end, which fill the job records), goes through ``check_event`` as a map: the same checks, the
+same reasons, the same rows; a batch of columns and the same events as maps store alike.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from itertools import repeat
+
+import numpy as np
+
+from ingero import wire
+from ingero.columns import Column, EventColumns
+from ingero.vocabulary import LIFTED
+
+from . import store       # which imports this module: its names are read when called
+from .jobrecords import JOB_KINDS
+
+LIFTED_NAMES = frozenset(name for name, _ in LIFTED)
+
+
+def plain(text: str) -> bool:
+    """What ``store.check_string`` passes at once (the rest is checked event by event)."""
+    return 0 < len(text) <= store.MAX_TEXT and text.isascii() and "\x00" not in text
+
+
+def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
+          first_index: int) -> None:
+    """Stage the events of ``push``'s columns into ``checked`` (``first_index``: the first
+    one's index among the batch's events, for the reasons of those refused)."""
+    cols = push.columns
+    slow = np.zeros(cols.n, bool)
+    if not (plain(push.node) and plain(push.cluster) and plain(push.boot_id)
+            and cols.id_prefix.startswith(push.node + ":")):
+        slow[:] = True
+    slow |= (cols.t < store.EARLIEST) | (cols.t > now + store.FUTURE_SLACK_S)
+    kinds = np.array(cols.kinds, dtype=object)
+    slow |= np.isin(cols.kind, [k for k, name in enumerate(cols.kinds)
+                                if not plain(name) or name in JOB_KINDS])
+    lifted = {name: _lifted(cols, name, bounds, slow) for name, bounds in LIFTED}
+    job = _job(cols, push.job, slow)
+    attrs = _attrs_json(cols, slow)
+    fast = np.flatnonzero(~slow)
+    if len(fast):
+        t = cols.t[fast]
+        stamps = [datetime.fromtimestamp(x, UTC) for x in t.tolist()]
+        ids = cols.ids()
+        rows = list(zip(stamps, [ids[k] for k in fast.tolist()], repeat(push.cluster),
+                        repeat(push.node), job[fast].tolist(), *(
+                            lifted[name][fast].tolist() for name in ("rank",)),
+                        kinds[cols.kind[fast]].tolist(), *(
+                            lifted[name][fast].tolist() for name, _ in LIFTED[1:]),
+                        attrs[fast].tolist()))
+        checked.rows.setdefault("events", []).extend(rows)
+        first, last = int(np.argmin(t)), int(np.argmax(t))
+        checked.saw_node(push.cluster, push.node, stamps[first], push.boot_id)
+        checked.saw_node(push.cluster, push.node, stamps[last], push.boot_id)
+        checked.days.update(datetime.fromtimestamp(day * 86_400, UTC).date()
+                            for day in np.unique(t // 86_400).tolist())
+    at = np.flatnonzero(slow)
+    for index, row in zip(at.tolist(), push.stored_rows(cols.rows(at))):
+        try:
+            staged = store.check_event(row, now)
+        except store.Rejected as exc:
+            checked.rejected.append(("events", first_index + index, str(exc)))
+            continue
+        checked.rows.setdefault("events", []).append(staged)
+        store.note_row(checked, "events", row, staged)
+
+
+def _lifted(cols: EventColumns, name: str, bounds: tuple[int, int] | None,
+            slow: np.ndarray) -> np.ndarray:
+    """The values of a lifted column (None where an event lacks it), as Python objects;
+    events whose value its check would refuse are marked slow."""
+    column = cols.attrs.get(name)
+    if column is None:
+        return np.full(cols.n, None, dtype=object)
+    present = column.mask(cols.n)
+    if bounds is None:                                   # text
+        if column.strings is None:
+            slow |= present
+            return np.full(cols.n, None, dtype=object)
+        bad = [k for k, text in enumerate(column.strings) if not plain(text)]
+        slow |= present & np.isin(column.values, bad)
+        return column.objects(np.arange(cols.n))
+    if column.strings is not None or column.code in ("f8", "b1"):
+        slow |= present
+        return np.full(cols.n, None, dtype=object)
+    values = column.values
+    lo, hi = bounds
+    wide = values.astype(np.uint64) > np.uint64(hi) if values.dtype.kind == "u" else \
+        (values < lo) | (values > hi)
+    slow |= present & wide
+    return column.objects(np.arange(cols.n))
+
+
+def _job(cols: EventColumns, default: str | None, slow: np.ndarray) -> np.ndarray:
+    """Each event's job: its process's, else the push's (``Push.job_of``)."""
+    codes, jobs = cols.codes("job")
+    if default is not None and not plain(default):
+        slow[codes < 0] = True
+    column = cols.attrs.get("job")
+    if column is not None and column.strings is None:   # a job that is not text: as a map
+        slow |= column.mask(cols.n)
+    bad = [k for k, text in enumerate(jobs) if text and not plain(text)]
+    slow |= np.isin(codes, bad)
+    names = np.array([text or default for text in jobs] + [default], dtype=object)
+    return names[np.where(codes < 0, len(jobs), codes)]
+
+
+def _attrs_json(cols: EventColumns, slow: np.ndarray) -> np.ndarray:
+    """Each event's attributes but the lifted ones as the JSON ``store.attrs_json`` writes:
+    each value rendered once per column, the events of one shape (which attributes they
+    have) joined with one template."""
+    parts, masks = [], []
+    for name, column in cols.attrs.items():
+        if name in LIFTED_NAMES:
+            continue
+        parts.append((store.encode_json(name).replace("%", "%%") + ":",
+                      _rendered(column, cols.n, slow)))
+        masks.append(column.mask(cols.n))
+        if "\x00" in name or not store._encodable(name):
+            slow |= masks[-1]
+    out = np.full(cols.n, "{}", dtype=object)
+    if not parts:
+        return out
+    present = np.stack(masks, axis=1)
+    shape_of = present @ (np.int64(1) << np.arange(len(masks), dtype=np.int64)) \
+        if len(masks) < 63 else np.unique(present, axis=0, return_inverse=True)[1].ravel()
+    for shape in np.unique(shape_of).tolist():
+        at = np.flatnonzero(shape_of == shape)
+        have = [parts[k] for k in np.flatnonzero(present[at[0]]).tolist()]
+        template = "{" + ",".join(key + "%s" for key, _ in have) + "}"
+        values = [rendered[at].tolist() for _, rendered in have]
+        out[at] = [template % row for row in zip(*values)] if have else "{}"
+    sizes = np.fromiter(map(len, out.tolist()), np.int64, cols.n)
+    slow |= sizes > store.MAX_ATTRS_JSON
+    return out
+
+
+def _rendered(column: Column, n: int, slow: np.ndarray) -> np.ndarray:
+    """A column's values as JSON text, one per event (texts: each distinct text once)."""
+    if column.strings is not None:
+        bad = [k for k, text in enumerate(column.strings)
+               if "\x00" in text or not store._encodable(text)]
+        slow |= column.mask(n) & np.isin(column.values, bad)
+        texts = np.array([store.encode_json(text) for text in column.strings] + ["null"],
+                         dtype=object)
+        return texts[np.minimum(column.values, len(column.strings))]
+    if column.code == "b1":
+        return np.array(["false", "true"], dtype=object)[column.values.astype(bool).astype(int)]
+    if column.code == "f8":
+        return np.array(list(map(float.__repr__, column.values.tolist())), dtype=object)
+    return np.array(list(map(str, column.values.tolist())), dtype=object)

@@ -1,0 +1,90 @@
+"""echod stages a push of columns a column at a time (echod/columnrows.py) and a batch of the
+same events as maps row by row (echod/store.py): both must stage the same rows, refuse the
+same events for the same reasons, and say the same of nodes, days and jobs, whatever the
+events hold (what the wire itself refuses, a text past 256 characters or not UTF-8, never
+reaches echod). No database: what reaches PostgreSQL is what is compared."""
+
+from __future__ import annotations
+
+import pytest
+
+from echod import store
+from ingero import columns, wire
+from tests.test_columns import SIG, events
+
+NOW = 1.8e9 + 3600
+
+
+def push_of(evs: list[dict], node: str = "node7", job: str | None = None) -> wire.ColumnPush:
+    packed, rest = columns.pack(evs)
+    frames = wire.encode(wire.ColumnPush(3, node, "c", "b0", 0.9, SIG, "active", NOW, 1.0,
+                                         job, None, rest, None, None, packed))
+    return wire.decode(frames)
+
+
+def both(push: wire.ColumnPush) -> tuple[store.CheckedBatch, store.CheckedBatch]:
+    as_rows = store.check_batch({"events": push.stored_rows()}, NOW)
+    as_columns = store.check_batch({"events": push.stored_rows(push.events),
+                                    "pushes": [push]}, NOW)
+    return as_rows, as_columns
+
+
+def assert_alike(push: wire.ColumnPush) -> store.CheckedBatch:
+    as_rows, as_columns = both(push)
+    assert sorted(as_columns.rows["events"]) == sorted(as_rows.rows["events"])
+    assert sorted(r for _, _, r in as_columns.rejected) == \
+        sorted(r for _, _, r in as_rows.rejected)
+    assert (as_columns.nodes, as_columns.days, as_columns.jobs) == \
+        (as_rows.nodes, as_rows.days, as_rows.jobs)
+    return as_columns
+
+
+def test_an_agents_events_stage_as_their_rows_would():
+    checked = assert_alike(push_of(events(600)))
+    assert len(checked.rows["events"]) == 600 and not checked.rejected
+
+
+def spoil(evs: list[dict], at: int, **attrs) -> list[dict]:
+    evs[at]["attrs"].update(attrs)
+    return evs
+
+
+@pytest.mark.parametrize("make, refused", [
+    (lambda e: e[:5] + [{**e[5], "t": 9.0e8}] + e[6:], "t: 900000000.0 is before 2000"),
+    (lambda e: e[:5] + [{**e[5], "t": NOW + 2 * 86_400}] + e[6:], "more than a day"),
+    (lambda e: spoil(e, 4, rank=2**40), "attrs.rank: 1099511627776 out of range"),
+    (lambda e: spoil(e, 4, op="all\x00reduce"), "attrs.op: not valid UTF-8"),
+    (lambda e: spoil(e, 4, **{f"k{i}": "\u00e9" * 255 for i in range(16)}), "attrs: 24"),
+    (lambda e: spoil(e, 5, seq=2**63), "attrs.seq: 9223372036854775808 out of range"),
+])
+def test_an_event_either_form_refuses_is_refused_alike_and_the_rest_stored(make, refused):
+    checked = assert_alike(push_of(make(events(200))))
+    assert len(checked.rejected) == 1 and refused in checked.rejected[0][2], checked.rejected
+    assert len(checked.rows["events"]) == 199
+
+
+def test_a_non_ascii_text_and_a_percent_sign_stage_alike():
+    evs = spoil(spoil(events(200), 3, note="größe 100%"), 7, **{"50%": 1.5, "flag": True})
+    checked = assert_alike(push_of(evs))
+    assert not checked.rejected
+
+
+def test_job_starts_and_ends_fill_the_job_records_alike():
+    evs = events(100)
+    evs[10] = {**evs[10], "kind": "job_start",
+               "attrs": {"job": "77", "user": "ada", "partition": "gpu", "nodes": 2}}
+    evs[90] = {**evs[90], "kind": "job_end", "attrs": {"job": "77", "exit_code": 0}}
+    checked = assert_alike(push_of(evs))
+    assert checked.jobs[("c", "77")], checked.jobs
+
+
+def test_events_without_a_job_of_their_own_take_the_pushs():
+    evs = [{**e, "attrs": {k: v for k, v in e["attrs"].items() if k != "job"}}
+           for e in events(150)]
+    checked = assert_alike(push_of(evs, job="4242"))
+    assert {row[4] for row in checked.rows["events"]} == {"4242"}
+
+
+def test_a_node_whose_ids_are_not_its_own_is_refused_event_by_event():
+    checked = assert_alike(push_of(events(150), node="node8"))
+    assert not checked.rows.get("events") and len(checked.rejected) == 150
