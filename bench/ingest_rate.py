@@ -2,10 +2,13 @@
 
 Producers (separate processes, as agents on separate nodes would be) push batches of events
 over the real protocol, each waiting for fleetd's ack before sending more than ``window``
-pushes ahead. fleetd forwards to echod, which runs its embedded PostgreSQL (durable settings).
-The rate is events stored over the time from the first push until the last event is in the
-database; loss is checked by count. Needs root (echod's embedded cluster runs as postgres).
-Run: ``.venv/bin/python bench/ingest_rate.py [--smoke]``.
+pushes ahead. A push is one second of an 8-GPU node at the reference mix (``push_cost``: the
+events ingerod sends, tagged as it tags them), as columns (``--form maps``: as before wire
+1.3); each producer encodes its pushes before the clock starts (its CPU still counts).
+fleetd forwards to echod, which runs its embedded PostgreSQL (durable settings). The rate is
+events stored over the time from the first push until the last event is in the database;
+loss is checked by count. Needs root (echod's embedded cluster runs as postgres).
+Run: ``.venv/bin/python bench/ingest_rate.py [--smoke] [--form maps]``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import text  # noqa: E402
 
-from bench import harness  # noqa: E402
+from bench import harness, push_cost  # noqa: E402
 from echod.db import make_engine  # noqa: E402
 from echod.embedded import EmbeddedPostgres  # noqa: E402
 from ingero.launch import Daemon, KeyRing, free_port, stop_all, wait_for  # noqa: E402
@@ -34,15 +37,23 @@ ROOT_BECAUSE = "echod's embedded PostgreSQL runs as postgres"
 TARGET_PER_S = 100_000
 
 
-def produce(endpoint: str, keys: KeyRing, node: str, pushes: int, per_push: int,
-            window: int) -> None:
-    producer = Producer(endpoint, keys, node)
-    for _ in range(pushes):
+def produce(endpoint: str, keys: KeyRing, node: int, pushes: int, form: str, window: int,
+            base: float, ready) -> None:
+    mix, _ = push_cost.reference_mix()
+    frames = [push_cost.frames_of(node, second, mix, form, base) for second in range(pushes)]
+    producer = Producer(endpoint, keys, f"node{node}", cluster="bench")
+    ready.wait()
+    for push in frames:
         while producer.seq - len(producer.acked) >= window:
             producer.collect_acks(0.05)
-        producer.push(per_push)
+        producer.send(push)
     producer.collect_acks(60)
     producer.close()
+
+
+def per_push() -> int:
+    """Events in one push: one second of an 8-GPU node at the reference mix."""
+    return len(push_cost.node_second(0, 0, push_cost.reference_mix()[0]))
 
 
 def stored(engine) -> int:
@@ -52,7 +63,7 @@ def stored(engine) -> int:
 
 def run(args) -> dict:
     if args.smoke:
-        args.producers, args.pushes, args.profile_s = 2, 5, 1.0
+        args.producers, args.pushes, args.profile_s = 2, 3, 1.0
     root = Path(tempfile.mkdtemp(prefix="ingero-ingest-bench-"))
     root.chmod(0o755)
     keys = KeyRing.create(root / "keys")
@@ -69,15 +80,17 @@ def run(args) -> dict:
             "--bind", fleet, "--metrics-addr", "none", *keys.fleetd_flags(),
             *keys.forwarding_flags(ingest, root / "fleetd-spool")], root))
         engine = make_engine(database.start())
-        total = args.producers * args.pushes * args.events_per_push
+        total = args.producers * args.pushes * per_push()
+        ready = multiprocessing.Barrier(args.producers + 1)
         workers = [multiprocessing.Process(target=produce, args=(
-            fleet, keys, f"node{i}", args.pushes, args.events_per_push, args.window))
+            fleet, keys, i, args.pushes, args.form, args.window, time.time(), ready))
             for i in range(args.producers)]
         postmaster = int((database.data_dir / "postmaster.pid").read_text().split()[0])
         cpu_before = cpu_by_part(daemons, postmaster)
-        started = time.monotonic()
         for worker in workers:
             worker.start()
+        ready.wait()
+        started = time.monotonic()
         profilers = {name: harness.profile(daemon.process.pid, args.profile_s,
                                            root / f"profile-{name}.txt")
                      for name, daemon in zip(("echod", "fleetd"), daemons)}
@@ -100,7 +113,8 @@ def run(args) -> dict:
         stop_all(daemons[:1])
         database.stop()
         shutil.rmtree(root, ignore_errors=True)
-    return {"producers": args.producers, "events_sent": total, "events_stored": count,
+    return {"producers": args.producers, "form": args.form, "events_per_push": per_push(),
+            "events_sent": total, "events_stored": count,
             "lost": total - count, "seconds": round(elapsed, 2),
             "events_per_second": round(count / elapsed), "cpu_seconds": cpu,
             "profile_s": args.profile_s, "profiles": profiles,
@@ -126,8 +140,9 @@ def cpu_by_part(daemons: list[Daemon], postmaster: int) -> dict[str, float]:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--producers", type=int, default=8)
-    parser.add_argument("--pushes", type=int, default=200, help="pushes per producer")
-    parser.add_argument("--events-per-push", type=int, default=500)
+    parser.add_argument("--pushes", type=int, default=30, help="pushes per producer")
+    parser.add_argument("--form", choices=("columns", "maps"), default="columns",
+                        help="pushes of columns (wire 1.3) or of maps (before)")
     parser.add_argument("--window", type=int, default=4, help="unacked pushes per producer")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--profile-s", type=float, default=4.0,

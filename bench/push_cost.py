@@ -70,8 +70,9 @@ def record(kind: str, rank: int, k: int, second: int) -> dict:
     return {"kind": event["kind"], "attrs": attrs}
 
 
-def node_second(node: int, second: int, mix: dict[str, int]) -> list[dict]:
-    """One node's events of one second, in time order, with ids as ingerod numbers them."""
+def node_second(node: int, second: int, mix: dict[str, int], base: float = 1.8e9) -> list[dict]:
+    """One node's events of its ``second``-th second after ``base`` (unix seconds), in time
+    order, with ids as ingerod numbers them."""
     events = []
     for local in range(RANKS_PER_NODE):
         rank = node * RANKS_PER_NODE + local
@@ -80,15 +81,18 @@ def node_second(node: int, second: int, mix: dict[str, int]) -> list[dict]:
                 events.append((k / per_s + 1e-5 * local, record(kind, rank, k, second)))
     events.sort(key=lambda pair: pair[0])
     first = second * len(events)
-    return [{"id": f"node{node}:b:{first + n}", "t": 1.8e9 + second + at, **event}
+    return [{"id": f"node{node}:b:{first + n}", "t": base + second + at, **event}
             for n, (at, event) in enumerate(events)]
 
 
-def frames_of(node: int, second: int, mix: dict[str, int], form: str) -> list[bytes]:
-    events = node_second(node, second, mix)
+def frames_of(node: int, second: int, mix: dict[str, int], form: str,
+              base: float = 1.8e9) -> list[bytes]:
+    """The push of ``node_second``'s events, as maps or columns."""
+    events = node_second(node, second, mix, base)
+    t = base + second
     fields = (second, f"node{node}", "bench", "b", 0.9, dict.fromkeys(wire.SIGNALS, 1.0),
-              "active", 1.8e9 + second, 1.0, None, None)
-    exchange = [1.8e9 + second, 1.8e9 + second, 1.8e9 + second, 1.8e9 + second + 0.0002]
+              "active", t, 1.0, None, None)
+    exchange = [t, t, t, t + 0.0002]
     if form == "maps":
         return wire.encode(wire.Push(*fields, events, exchange))
     packed, rest = columns.pack(events)

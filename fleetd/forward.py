@@ -1,12 +1,13 @@
 """fleetd's link to echod: everything accepted is forwarded, and kept until echod has it.
 
 Rows (events, scores, thresholds, verdicts, peer lag) and pushes of columns (the body each
-agent sent, passed on as it came, to an echod that takes them) gather until they are sealed: when there
-are enough, when the oldest is old enough, or when agents wait for their answer (fleetd answers
-a push only once its rows are in the spool). Sealing makes up to three batches, one per class of
+agent sent, passed on as it came, unless echod has said it takes none) gather until they are
+sealed: when there are enough, when the oldest is old enough, or when agents wait for their
+answer (fleetd answers a push only once its rows are in the spool). Sealing makes up to three batches, one per class of
 row (raw events, health, verdicts), so that a full spool can drop the least valuable first; each
 is numbered, written to the spool (``fleetd.spool``) and kept until echod acknowledges it, which
-it does only after its transaction commits. At most ``window`` batches are in flight; a batch
+it does only after its transaction commits. Until echod's first ack says whether it takes
+columns, one batch is in flight, sent as rows; then at most ``window`` batches are; a batch
 not acknowledged within ``resend_after`` is sent again (echod's keys make a replay change
 nothing). Nothing here blocks the ROUTER loop: sends are NOBLOCK, acks are read when the poller
 says so.
@@ -81,7 +82,7 @@ class Forwarder:
     def add_push(self, push: wire.Push, recv_at: float, clock=None) -> None:
         """A fresh push's events and score; ``clock`` is its node's offset estimate (an
         ``ingero.analysis.clock.Offset``), so that echod can correct the node's times too."""
-        if self.columnar and push.body is not None:      # a ColumnPush: as it came
+        if self.columnar is not False and push.body is not None:   # a ColumnPush: as it came
             self.gathering.pushes.append(push.body)
             self.gathering.pushed += push.event_count()
         else:
@@ -139,13 +140,18 @@ class Forwarder:
         if g.rows() and now - g.since >= self.cfg.forward_interval:
             self.commit()
         in_flight = 0
+        # Until echod's first ack says what it takes, one batch at a time, as rows: an echod
+        # before 1.3 refuses a batch of columns unanswered.
+        window = self.cfg.forward_window if self.columnar is not None else 1
         for entry in list(self.spool.entries.values()):
-            if in_flight >= self.cfg.forward_window:
+            if in_flight >= window:
                 break
             if entry.sent_at is None or now - entry.sent_at >= self.cfg.forward_resend_after:
                 frames = self.spool.frames(entry)
                 if frames is None:
                     continue
+                if entry.columnar and self.columnar is None:
+                    frames = wire.encode(wire.decode(frames).as_forward())
                 if not self._send(frames):
                     break
                 if entry.sent_at is not None:

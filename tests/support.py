@@ -84,7 +84,11 @@ class Producer:
         self.next_event += events
         message = wire.Push(self.seq, self.node, self.cluster, self.boot, 0.9, self.SIGNALS,
                             "active", time.time(), 1.0, None, None, batch)
-        self.socket.send_multipart(wire.encode(message))
+        self.send(wire.encode(message))
+
+    def send(self, frames: list[bytes]) -> None:
+        """Send a push already encoded (its number must be the next, ``seq``)."""
+        self.socket.send_multipart(frames)
         self.seq += 1
 
     def collect_acks(self, timeout: float) -> int:

@@ -48,7 +48,8 @@ def column_push(seq: int, events: int) -> wire.ColumnPush:
 
 def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_rows_after(
         tmp_path):
-    """Before echod has said what it takes, rows; once it has, the pushes' own bodies; when
+    """Before echod has said what it takes, one batch at a time, as rows (the spool keeps the
+    pushes' bodies); once it has, the pushes' own bodies; when
     an echod that does not take them answers (a downgrade), the batches of columns still in
     the spool become batches of rows, under the same numbers."""
     context = zmq.Context()
@@ -71,11 +72,17 @@ def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_ro
         return batch
 
     try:
-        forwarder.add_push(column_push(0, 10), 1.8e9)
-        forwarder.commit()
+        for seq, events in ((0, 10), (1, 7)):       # gathered before echod is heard
+            forwarder.add_push(column_push(seq, events), 1.8e9)
+            forwarder.commit()
+        assert [e.columnar for e in forwarder.spool.entries.values() if e.cls == 0] == [True] * 2
         first = ack(wire.COLUMNS)
         assert type(first) is wire.Forward and len(first.events) == 10
-        pushes = [column_push(seq, 20) for seq in (1, 2)]
+        assert not echod.poll(300), "one batch in flight until echod is heard"
+        health, second = ack(wire.COLUMNS), ack(wire.COLUMNS)   # the first's scores, then
+        assert type(health) is wire.Forward and health.scores
+        assert type(second) is wire.ForwardColumns and second.row_count() == 7
+        pushes = [column_push(seq, 20) for seq in (2, 3)]
         for push in pushes:
             forwarder.add_push(push, 1.8e9)
         forwarder.commit()
@@ -83,7 +90,7 @@ def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_ro
         batch = wire.decode(forwarder.spool.frames(entry))
         assert type(batch) is wire.ForwardColumns and entry.rows == 40
         assert batch.pushes == [push.body for push in pushes], "the same bytes, not re-encoded"
-        pushes.append(column_push(3, 5))
+        pushes.append(column_push(4, 5))
         forwarder.add_push(pushes[-1], 1.8e9)
         forwarder.commit()
         assert ack().seq < entry.seq              # an older echod acks another batch
