@@ -28,6 +28,8 @@ SETTINGS = [
             "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
     Setting("max_frame_bytes", wire.MAX_FRAME_BYTES, integer(1024, 256 * 1024 * 1024),
             "Largest batch accepted; larger ones are dropped and counted.", "BYTES"),
+    Setting("writers", 2, integer(1, 16),
+            "Batches written at once, each on a database connection of its own.", "N"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
     # -- the HTTP API ------------------------------------------------------------------------
     Setting("api_bind", "0.0.0.0:7472", listen_address,

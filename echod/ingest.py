@@ -2,7 +2,8 @@
 
 A ROUTER socket takes ``Forward`` batches (and ``ForwardColumns``: pushes of columns as the
 agents sent them, checked here again and staged a column at a time, ``columnrows``). Each is
-written in one transaction; only after the commit does fleetd get its ``ForwardAck``, and
+written in one transaction, up to ``writers`` batches at once, each on a connection (and a
+PostgreSQL backend) of its own; only after the commit does fleetd get its ``ForwardAck``, and
 only then does fleetd forget the batch. When
 PostgreSQL is slow the loop is slow: batches wait in fleetd (backpressure, not loss). When
 PostgreSQL is down the batch is not acknowledged, the loop backs off, and fleetd sends it
@@ -12,7 +13,9 @@ again later; the table keys make the replay change nothing.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Callable
 
@@ -56,15 +59,29 @@ class IngestServer:
         self.socket = None
         self.endpoint = None
         self.backoff = 0.0
+        self.writers = ThreadPoolExecutor(cfg.writers, thread_name_prefix="echod-writer")
+        self.writing: list[tuple[Future, bytes, wire.Forward, int]] = []
+        self.finished, self.finishing = os.pipe()     # a writer done wakes the loop
+        os.set_blocking(self.finished, False)
+        self.poller = zmq.Poller()             # the socket and the writers
+        self.busy = zmq.Poller()               # the writers only: all of them are busy
 
     def open(self) -> None:
         self.endpoint = self.router.open(self.cfg.ingest_bind)
         self.socket = self.router.socket
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(self.finished, zmq.POLLIN)
+        self.busy.register(self.finished, zmq.POLLIN)
         log.info("ingest listening on %s", self.endpoint)
 
     def close(self) -> None:
+        self.writers.shutdown(wait=True)   # what is being written is committed, and acked
+        if self.socket is not None:
+            self.collect()
         self.router.close()
         self.context.term()
+        os.close(self.finished)
+        os.close(self.finishing)
 
     def run(self) -> int:
         try:
@@ -74,8 +91,12 @@ class IngestServer:
             while not self.flags.stop:
                 if self.backoff:
                     time.sleep(self.backoff)
-                if self.socket.poll(POLL_MS, zmq.POLLIN):
+                poller = self.poller if self.free() else self.busy
+                ready = dict(poller.poll(POLL_MS))
+                if self.socket in ready:
                     self.drain()
+                if self.finished in ready:
+                    self.collect()
                 now = time.monotonic()
                 if now >= next_housekeeping:
                     next_housekeeping = now + HOUSEKEEPING_S
@@ -103,17 +124,21 @@ class IngestServer:
             self.complaints.warning("housekeeping", "retention skipped: %s", exc)
 
     def drain(self) -> None:
-        """Handle what waits, one batch at a time; stop early while the store is down."""
-        while not self.flags.stop:
+        """Take what waits while a writer is free; none while the store is known down."""
+        while not self.flags.stop and self.free():
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if not self.handle(frames[0], frames[1:]):
-                return
+            self.handle(frames[0], frames[1:])
 
-    def handle(self, identity: bytes, frames: list[bytes]) -> bool:
-        """False when the store is unavailable (the caller backs off)."""
+    def free(self) -> bool:
+        """Whether a writer may take a batch: one is idle, and while the store was found down
+        only one batch at a time tries it."""
+        return len(self.writing) < (1 if self.backoff else self.cfg.writers)
+
+    def handle(self, identity: bytes, frames: list[bytes]) -> None:
+        """Check a batch off the wire and give it to a writer (a bad frame is counted here)."""
         try:
             batch = wire.decode(frames, self.cfg.max_frame_bytes)
             if not isinstance(batch, wire.Forward):
@@ -122,44 +147,64 @@ class IngestServer:
         except FrameError as exc:
             self.metrics.rejected_frames.labels(exc.reason).inc()
             self.complaints.warning(exc.reason, "dropped a bad frame (%s): %s", exc.reason, exc)
-            return True
+            return
         events, good, bad = batch.events, [], []
         if isinstance(batch, wire.ForwardColumns):
             for k, push in enumerate(batch.column_pushes()):
                 (good if isinstance(push, wire.Push) else bad).append((k, push))
             good = [push for _, push in good]
             events = events + [row for push in good for row in push.stored_rows(push.events)]
+        if bad:
+            self.complaints.warning("pushes", "batch %d: %d push(es) of columns rejected, "
+                                    "e.g. pushes[%d]: %s", batch.seq, len(bad), *bad[0])
+        written = self.writers.submit(self.write, {
+            "events": events, "pushes": good, "scores": batch.scores,
+            "thresholds": batch.thresholds, "verdicts": batch.verdicts,
+            "peer_lag": batch.peer_lag})
+        written.add_done_callback(lambda _: os.write(self.finishing, b"."))
+        self.writing.append((written, identity, batch, len(bad)))
+
+    def collect(self) -> None:
+        """Acknowledge the batches committed since; a store found down backs the loop off
+        (the batch is not acknowledged: fleetd sends it again)."""
         try:
-            result = self.write({"events": events, "pushes": good, "scores": batch.scores,
-                                 "thresholds": batch.thresholds, "verdicts": batch.verdicts,
-                                 "peer_lag": batch.peer_lag})
-        except DatabaseUnavailable as exc:
-            self.metrics.db_errors.inc()
-            self.backoff = min(BACKOFF_MAX, max(BACKOFF_START, self.backoff * 2))
-            self.complaints.warning("db", "database unavailable, batch %d from %s left "
-                                    "unacknowledged (fleetd resends it): %s", batch.seq,
-                                    batch.source, exc)
-            return False
-        self.backoff = 0.0
-        rejected = len(result.rejected) + len(bad)
+            while os.read(self.finished, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        done, busy = [], []
+        for writing in self.writing:      # each future asked once: it may finish meanwhile
+            (done if writing[0].done() else busy).append(writing)
+        self.writing = busy
+        for written, identity, batch, bad in done:
+            try:
+                result = written.result()
+            except DatabaseUnavailable as exc:
+                self.metrics.db_errors.inc()
+                self.backoff = min(BACKOFF_MAX, max(BACKOFF_START, self.backoff * 2))
+                self.complaints.warning("db", "database unavailable, batch %d from %s left "
+                                        "unacknowledged (fleetd resends it): %s", batch.seq,
+                                        batch.source, exc)
+                continue
+            self.backoff = 0.0
+            self._acknowledge(identity, batch, result, bad)
+
+    def _acknowledge(self, identity: bytes, batch: wire.Forward, result, bad: int) -> None:
+        rejected = len(result.rejected) + bad
         self.metrics.batches.inc()
         self.metrics.rows.labels("stored").inc(result.stored)
         self.metrics.rows.labels("duplicate").inc(result.duplicates)
         self.metrics.rows.labels("rejected").inc(rejected)
-        if bad:
-            self.complaints.warning("pushes", "batch %d: %d push(es) of columns rejected, "
-                                    "e.g. pushes[%d]: %s", batch.seq, len(bad), *bad[0])
-        elif rejected:
+        if result.rejected:
             table, index, reason = result.rejected[0]
             self.complaints.warning("rows", "batch %d: %d row(s) rejected, e.g. %s[%d]: %s",
-                                    batch.seq, rejected, table, index, reason)
+                                    batch.seq, len(result.rejected), table, index, reason)
         ack = wire.ForwardAck(batch.seq, result.stored, result.duplicates, rejected,
                               [wire.COLUMNS])
         try:
             self.socket.send_multipart([identity, *wire.encode(ack)], zmq.NOBLOCK)
         except zmq.Again:
             pass  # fleetd resends; the replay is harmless
-        return True
 
     def _refused(self, why: str) -> None:
         self.metrics.auth_refused.inc()

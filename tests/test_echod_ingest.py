@@ -16,7 +16,7 @@ from sqlalchemy import text
 from echod.db import make_engine
 from echod.embedded import EmbeddedPostgres
 from ingero import columns, curve, wire
-from ingero.launch import free_port, wait_for
+from ingero.launch import free_port, stop_all, wait_for
 
 from .support import Producer, forward, metric
 
@@ -52,6 +52,7 @@ def pipeline(spawn, keys, state_dir, tmp_path):
     yield dict(ingest=ingest, fleet=fleet, echod=echod, fleetd=fleetd, fleet_port=fleet_port,
                engine=engine, database=database)
     engine.dispose()
+    stop_all([fleetd, echod])   # before state_dir stops PostgreSQL: echod would start it again
 
 
 def per_node(engine) -> dict[str, int]:
@@ -122,6 +123,35 @@ def test_a_replayed_batch_changes_nothing(pipeline, keys):
     assert (first.ack, first.stored, first.duplicates) == (0, 40, 0)
     assert (again.ack, again.stored, again.duplicates) == (0, 0, 40)
     assert per_node(pipeline["engine"])["replayed"] == 40
+
+
+def test_a_batch_held_up_in_postgresql_holds_up_no_other(pipeline, keys):
+    """echod writes two batches at once (--writers, default 2), each on its own connection:
+    while one waits on a row lock, the next is committed and acknowledged; the held one is
+    acknowledged once the lock goes, and nothing is lost."""
+    assert forward(keys, pipeline["ingest"], wire.Forward(10, "test", events("held", 3))).stored
+    acks = {}
+    with pipeline["engine"].connect() as locker:
+        locker.execute(text("SELECT 1 FROM nodes WHERE name = 'held' FOR UPDATE"))
+        held = threading.Thread(target=lambda: acks.update(held=forward(
+            keys, pipeline["ingest"], wire.Forward(11, "test", events("held", 6)))))
+        held.start()
+        assert wait_for(lambda: locked_out(pipeline["engine"]), 10), "never reached the lock"
+        acks["free"] = forward(keys, pipeline["ingest"], wire.Forward(12, "test",
+                                                                      events("free", 4)))
+        assert held.is_alive(), "the held batch was acknowledged before its commit"
+        locker.rollback()
+    held.join(30)
+    assert (acks["held"].ack, acks["held"].stored, acks["free"].stored) == (11, 6, 4)
+    stored = per_node(pipeline["engine"])
+    assert (stored["held"], stored["free"]) == (9, 4)
+
+
+def locked_out(engine) -> bool:
+    """Whether some backend waits for a lock (the held batch's, on the nodes row)."""
+    with engine.connect() as connection:
+        return connection.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")).scalar() > 0
 
 
 def test_bad_rows_are_rejected_one_by_one(pipeline, keys):
