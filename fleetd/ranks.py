@@ -14,6 +14,7 @@ summaries are forwarded to echod. Nothing here touches a socket or reads the wal
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -49,6 +50,9 @@ NOTES = {    # what fleetd says once of a rank late on the host that it does not
 PASSED_DOWN = ("host_work", "network_or_peer")   # causes a lateness passed down may look like
 COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits at collectives
                                      # grew by this share of it at its onset
+COST_ERRORS = 2.0                    # and by this many standard errors of that growth
+HARMLESS_GROWTH = 1.5                # a lateness shown to cost nobody is weighed again once
+                                     # its lag has grown this many times
 WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
 WINDOW_IDLE_INTERVALS = 10           # this many push intervals)
 UNCOVERED_AFTER = 3                  # push intervals a communicator runs before a rank no
@@ -71,15 +75,19 @@ def waits_grew(before: list[int], after: list[int], lag_s: float, floor_s: float
     proof that its lateness costs. A rank late on the host but still
     ahead of its GPU queue delays no collective, and its peers wait no longer than before.
     What a rank later than it (by ``later_s`` more) made them wait is not its own: the
-    GPU queues absorbed that much less of the later rank's lag. Too few syncs before: it
-    costs; fewer than ``enough`` since its onset (hosts that sync every few steps only):
-    None, not known yet."""
+    GPU queues absorbed that much less of the later rank's lag. The growth must also stand
+    out from the waits' own spread (``COST_ERRORS`` standard errors of the difference of the
+    means): waits at syncs every few steps vary by tens of ms under CPU contention, and a few
+    ms more on average is what chance gives. Too few syncs before: it costs; fewer than
+    ``enough`` since its onset (hosts that sync every few steps only): None, not known yet."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
         return None
     grew = (statistics.fmean(after) - statistics.fmean(before)) / 1e9 - max(0.0, later_s)
-    return grew >= max(floor_s, COST_SHARE * lag_s)
+    error = math.sqrt(statistics.variance(before) / len(before)
+                      + statistics.variance(after) / len(after)) / 1e9
+    return grew >= max(floor_s, COST_SHARE * lag_s, COST_ERRORS * error)
 
 
 def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
@@ -455,7 +463,10 @@ class RankAnalysis:
                 self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
                            int(steps[f.onset]), onset, now)
                 continue
-            costs = f.kind != "persistent" or self._costs(job, ranks, f, onset, since)
+            with quiet():
+                recent = float(np.nanmedian(lag[-self.policy.min_instances:, f.column]))
+            costs = f.kind != "persistent" or self._shown(
+                job, (comm, rank), recent, lambda: self._costs(job, ranks, f, onset, since))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -475,7 +486,28 @@ class RankAnalysis:
             verdict.cost_gpu_s = excess(lag[f.onset:, f.column], judgement.bar_s, window.nranks)
             self._clock_caveat(verdict)
             found[(rank, "lag")] = verdict
+        late = {(comm, ranks[f.column]) for f in judgement.findings}
+        for key in [key for key in job.harmless if key[0] == comm and key not in late]:
+            del job.harmless[key]          # on time again: a new lateness is weighed anew
         return found
+
+    @staticmethod
+    def _shown(job: JobState, key: tuple[str, int], recent: float,
+               costs: Callable[[], bool | None]) -> bool | None:
+        """``costs()``, but a lateness already shown to cost nobody stays so while it lasts
+        and its lag (``recent``: over the last instances) has not grown ``HARMLESS_GROWTH``
+        times: the peers' waits from before its onset, the proof, are kept for the last
+        ``FACTS_KEPT`` syncs only, and without them a rank looks late from the start, which
+        is taken to cost."""
+        shown = job.harmless.get(key)
+        if shown is not None and recent <= HARMLESS_GROWTH * shown:
+            return False
+        answer = costs()
+        if answer is False:
+            job.harmless[key] = recent
+        elif answer:
+            job.harmless.pop(key, None)
+        return answer
 
     def _costs(self, job: JobState, ranks: list[int], f, onset: float,
                median_lag: np.ndarray) -> bool | None:

@@ -144,6 +144,8 @@ class JobState:
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
     uncovered: set[int] = field(default_factory=set)   # ranks no agent has ever told of
     noted: set[int] = field(default_factory=set)       # ranks fleetd sent a note of, once
+    harmless: dict[tuple[str, int], float] = field(default_factory=dict)   # (comm, rank) →
+    # the lag its lateness was shown to cost nobody at, while it stays late
     unclocked: set[str] = field(default_factory=set)   # nodes left out until their clock is known
     # ncclCommSplit: (parent, split) → parent rank → (colour, key, new comm, rank); once every
     # rank of the parent has split, each new comm's rank → (comm rank, size)

@@ -76,17 +76,20 @@ def exchanged(ra: RankAnalysis, node: str, offset: float, t: float = T0,
 
 
 def feed(ra: RankAnalysis, late=lambda rank, step: 0.0, until: int = 60, skew: float = 0.0,
-         offset: float = 0.0, **kw) -> list:
+         offset: float = 0.0, also=lambda first: [], start: int = 0, **kw) -> list:
     """Two nodes of four ranks, ten steps a push, a tick after each; n1's clock ``skew``
-    ahead, and its offset measured as ``offset`` (unless the test measured it already)."""
+    ahead, and its offset measured as ``offset`` (unless the test measured it already);
+    ``also(first)``: more events for the push of the steps from ``first``; from step
+    ``start``."""
     for node, ahead in (("n0", 0.0), ("n1", offset)):
         if ra.clocks.at(node) is None:
             exchanged(ra, node, ahead)
     changed = []
-    for first in range(0, until, 10):
+    for first in range(start, until, 10):
         now = T0 + (first + 10) * STEP + 0.3
         ra.observe(push("n0", steps(range(4), first, first + 10, late, **kw)), now)
-        ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew, **kw)), now)
+        ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew, **kw)
+                        + also(first)), now)
         changed += ra.tick(now)
     return changed
 
@@ -629,12 +632,15 @@ def test_a_pipeline_stage_doing_more_work_is_no_slow_gpu_but_a_slow_gpu_within_i
     assert [(v.rank, v.kind) for v in ra.tick(T0 + 1.2)] == [(6, "slow_gpu")]
 
 
-def waits(ranks, ms_before: float, ms_after: float, onset_step: int) -> list[dict]:
-    """Each rank's sync on each step's collective (peer-wait): how long it waited there."""
+def waits(ranks, ms_before: float, ms_after: float, onset_step: int,
+          spread_ms: float = 0.0, steps: int = 60) -> list[dict]:
+    """Each rank's sync on each step's collective (peer-wait): how long it waited there
+    (``spread_ms`` more and less by turns)."""
     return [{"id": f"n:pw{r}:{s}", "t": T0 + s * STEP + 0.01, "kind": "sync", "attrs": {
-        "duration_ns": int((ms_before if s < onset_step else ms_after) * 1e6),
+        "duration_ns": int(((ms_before if s < onset_step else ms_after)
+                            + spread_ms * (-1) ** (r + s)) * 1e6),
         "peer_wait": True, "rank": r, "job": "42", "pid": 1000 + r}}
-        for r in ranks for s in range(60)]
+        for r in ranks for s in range(steps)]
 
 
 @pytest.mark.parametrize("after_ms, named", [(70.0, False), (100.0, True)])
@@ -650,6 +656,39 @@ def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, nam
     notes = [r for r in ra.take_rows()[0] if r["severity"] == "info"]
     assert [(r["rank"], r["kind"], r["cost_gpu_s"], r["step"]) for r in notes] == (
         [] if named else [(5, "ahead", 0.0, 30)])
+
+
+def test_a_lateness_shown_to_cost_nobody_stays_so_once_the_waits_before_it_are_forgotten():
+    """fleetd keeps each rank's last 64 syncs: 200 steps on, rank 5's peers' waits from before
+    its onset are gone, and with them the proof that its lateness (its host ahead of its
+    GPU) costs nothing. What was shown stays shown while the lateness stays what it was:
+    not named, however long the job runs. 60 ms late instead of 30, it is weighed again, and
+    with no waits from before its onset left, taken to cost: named."""
+    others = [r for r in range(8) if r != 5]
+    def peer_waits(first: int) -> list[dict]:
+        return [e for e in waits(others, 70.0, 100.0, 200, steps=first + 10)
+                if e["t"] >= T0 + first * STEP]
+    ra = analysis()
+    feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=200,
+         also=peer_waits)
+    assert [v for v in ra.active() if v.rank == 5] == []
+    assert ra.jobs[("c", "42", (None, None, None))].facts[0].peer_wait_t[0] > T0 + 30 * STEP
+    feed(ra, late=lambda r, s: 0.06 if r == 5 else 0.0, start=200, until=260,
+         also=peer_waits)
+    assert [v.rank for v in ra.active()] == [5]
+
+
+@pytest.mark.parametrize("after_ms, named", [(78.0, False), (100.0, True)])
+def test_peers_waits_that_grew_by_less_than_their_spread_prove_no_cost(after_ms, named):
+    """As above, but the peers' waits swing 60 ms either way (syncs every few steps under CPU
+    contention): 8 ms more on average since rank 5's onset is more than a quarter of its
+    30 ms lag, yet within two standard errors of the waits' spread (about 12 ms): no
+    proof, not named. 30 ms more is."""
+    ra = analysis()
+    ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, after_ms, 30, 60.0)),
+               T0)
+    feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=60)
+    assert bool([v for v in ra.active() if v.rank == 5]) == named
 
 
 def test_a_rank_whose_lateness_a_later_rank_covers_costs_nobody():
