@@ -136,16 +136,14 @@ class CommWindow:
         first = np.nanmin(self.open[used], axis=1)
         old = used[first < now - timeout]
         old = old[np.argsort(self.open_seq[old])]
-        stalled = []
-        for row in old:
-            seq = self.open_seq[row]
-            behind = missing_ranks(self.open[row], self.latest, seq)
-            if len(behind):
-                stalled.append((int(seq), int(self.open_op[row]), behind))
-            else:
-                self.open_seq[row] = -1
-                self.incomplete += 1
-        return stalled
+        behind = missing_ranks(self.open[old], self.latest, self.open_seq[old])
+        missing = behind.any(axis=1)
+        self.open_seq[old[~missing]] = -1
+        self.incomplete += int((~missing).sum())
+        rows, columns = np.nonzero(behind[missing])
+        each = np.split(columns, np.flatnonzero(np.diff(rows)) + 1) if len(rows) else []
+        return list(zip(self.open_seq[old[missing]].tolist(),
+                        self.open_op[old[missing]].tolist(), each))
 
     def dominant(self) -> tuple[int | None, np.ndarray]:
         """The op this communicator runs most (the per-step collective) and its history

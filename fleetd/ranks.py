@@ -57,7 +57,7 @@ WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retire
 WINDOW_IDLE_INTERVALS = 10           # this many push intervals)
 UNCOVERED_AFTER = 3                  # push intervals a communicator runs before a rank no
 UNCOVERED_AFTER_S = 5.0              # agent told of is taken as uncovered (and this long)
-SERVE_EVERY_S = 0.005                # judging between two chances for fleetd to answer pushes
+SERVE_EVERY_S = 0.001                # judging between two chances for fleetd to answer pushes
 
 
 def foreign(preempted: dict, job: str | None) -> bool:
@@ -133,6 +133,7 @@ class RankAnalysis:
         self.live_by_node: dict[str | None, set[tuple]] = {}  # node → (job, rank) named
         self.failed = 0               # a job's tick that raised (a bug): counted, logged, skipped
         self.failures = RateLimitedLog(log, 60.0)
+        self.interval_s = 1.0         # the longest push interval heard of, as of the tick
 
     # -- intake --------------------------------------------------------------------------------
 
@@ -292,6 +293,7 @@ class RankAnalysis:
         judged, or not yet: either way it is judged next tick)."""
         changed: list[Verdict] = []
         served = time.perf_counter()
+        self.interval_s = self._interval()     # once a tick: every node's, not every job's
         for key, job in list(self.jobs.items()):
             if between is not None and time.perf_counter() - served >= every_s:
                 between()
@@ -343,7 +345,7 @@ class RankAnalysis:
         if window.open_seq.max() >= 0:
             return False
         return window.destroyed or now - window.last_added > max(
-            WINDOW_IDLE_S, WINDOW_IDLE_INTERVALS * self._interval())
+            WINDOW_IDLE_S, WINDOW_IDLE_INTERVALS * self.interval_s)
 
     def _unseen(self, job: JobState, window: CommWindow, ranks: list[int],
                 now: float) -> np.ndarray:
@@ -352,13 +354,13 @@ class RankAnalysis:
         communicator ran a few push intervals (uncovered: its node runs none)."""
         unseen = np.zeros(window.nranks, bool)
         settled = now - window.created >= max(UNCOVERED_AFTER_S,
-                                              UNCOVERED_AFTER * self._interval())
+                                              UNCOVERED_AFTER * self.interval_s)
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
             if facts is None or not facts.node:
                 unseen[column] = settled and window.latest[column] < 0
             elif facts.blind_since is not None:      # made before its agent restarted
-                unseen[column] = facts.blind_since >= window.created - self._interval()
+                unseen[column] = facts.blind_since >= window.created - self.interval_s
         newly = {ranks[c] for c in np.flatnonzero(unseen)
                  if not getattr(job.facts.get(ranks[c]), "node", "")} - job.uncovered
         if newly:

@@ -188,8 +188,10 @@ def test_onset_and_period_on_yes_no_series():
 def test_missing_ranks_are_those_that_went_no_further():
     entered = np.array([1.0, np.nan, 1.1, np.nan])
     furthest = np.array([9, 6, 9, 8])      # rank 3 entered instance 8: its entry at 7 was lost
-    assert missing_ranks(entered, furthest, 7).tolist() == [1]
-    assert missing_ranks(np.array([1.0, 2.0]), np.array([7, 7]), 7).tolist() == []
+    assert np.flatnonzero(missing_ranks(entered, furthest, 7)).tolist() == [1]
+    assert not missing_ranks(np.array([1.0, 2.0]), np.array([7, 7]), 7).any()
+    several = missing_ranks(np.array([entered, [np.nan, np.nan, 1.2, 1.2]]), furthest, [7, 10])
+    assert several.tolist() == [[False, True, False, False], [True, True, False, False]]
 
 
 def test_idle_caused_charges_the_last_rank_for_everyone_s_wait():

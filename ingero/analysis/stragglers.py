@@ -246,13 +246,13 @@ def _judge_rank(recent_lag: np.ndarray, lag: np.ndarray, late: np.ndarray, bar: 
     return None
 
 
-def missing_ranks(entered: np.ndarray, furthest: np.ndarray, seq: int) -> np.ndarray:
-    """The columns that never entered instance ``seq`` (``entered``: its entry times, NaN where
+def missing_ranks(entered: np.ndarray, furthest: np.ndarray, seq) -> np.ndarray:
+    """Which columns never entered instance ``seq`` (``entered``: its entry times, NaN where
     none) and have entered nothing later (``furthest``: each column's latest instance): hung,
     or dead, there. A column that went on to a later instance passed this one too, ranks
-    keeping the same order: its entry was lost on the way, it is not missing."""
-    absent = np.flatnonzero(~np.isfinite(entered))
-    return absent[furthest[absent] < seq]
+    keeping the same order: its entry was lost on the way, it is not missing. A mask; for
+    several instances at once, ``entered`` has a row and ``seq`` a number for each."""
+    return ~np.isfinite(entered) & (furthest < np.asarray(seq)[..., None])
 
 
 WORK_MAD_FLOOR = 0.02   # of the median self-work: kernels a hair apart flag nothing
