@@ -34,6 +34,9 @@ log = logging.getLogger("fleetd")
 
 POLL_MS = 100
 DRAIN_BATCH = 1000
+SERVE_BATCH = 16         # a stop of the tick handles what waits this many messages at a time
+SERVE_MOST_S = 0.010     # and for this long at most: past saturation the tick, judging 1 ms
+                         # between stops, still ends (serving all that waited, it never did)
 FORWARD_FLUSH_S = 5.0
 
 
@@ -146,17 +149,21 @@ class FleetServer:
     # -- messages ------------------------------------------------------------------------------
 
     def serve_waiting(self) -> None:
-        """Answer what arrived while a long computation ran (called from inside it)."""
-        if self.drain():
+        """Answer what arrived while a long computation ran (called from inside it), a few
+        messages at a time, until none waits or SERVE_MOST_S has passed."""
+        until = time.perf_counter() + SERVE_MOST_S
+        while self.drain(SERVE_BATCH):
             self.answer()
+            if time.perf_counter() >= until:
+                break
 
-    def drain(self) -> int:
-        """Handle what is waiting, at most DRAIN_BATCH messages, without blocking. All are
+    def drain(self, most: int = DRAIN_BATCH) -> int:
+        """Handle what is waiting, at most ``most`` messages, without blocking. All are
         read first, each stamped as it leaves the socket: a push's receive time must not include
         the handling of the pushes ahead of it (half of that would go into its node's clock
         offset)."""
         waiting = []
-        while len(waiting) < DRAIN_BATCH:
+        while len(waiting) < most:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:

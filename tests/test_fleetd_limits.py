@@ -1,13 +1,16 @@
-"""fleetd raises its descriptor limit for a large fleet, and says when it cannot."""
+"""fleetd raises its descriptor limit for a large fleet, and says when it cannot; past
+saturation its tick still ends."""
 
 from __future__ import annotations
 
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fleetd.limits import HEADROOM, raise_nofile
+from fleetd.server import SERVE_BATCH, SERVE_MOST_S, FleetServer
 from ingero.launch import free_port, wait_for
 
 
@@ -114,3 +117,29 @@ def test_fleetd_holds_10000_connected_agents_and_still_answers(tmp_path, keys):
             client.wait(60)
         fleetd.terminate()
         assert fleetd.wait(60) == 0, log.read_text()[-3000:]
+
+
+def serving(waiting: list[int], handle_s: float) -> tuple[list[int], float]:
+    """A tick's stop to serve, on a server whose socket always has ``waiting`` messages (a
+    number per read) and handles each read in ``handle_s``: what it asked for, how long."""
+    server = FleetServer.__new__(FleetServer)      # no socket: only its serving loop
+    asked = []
+
+    def drain(most):
+        asked.append(most)
+        assert len(asked) < 10_000, "the stop never ends"
+        time.sleep(handle_s)
+        return waiting.pop(0) if waiting else most
+
+    server.drain, server.answer = drain, lambda: None
+    began = time.perf_counter()
+    server.serve_waiting()
+    return asked, time.perf_counter() - began
+
+
+def test_past_saturation_a_stop_of_the_tick_serves_a_bounded_time_and_the_tick_goes_on():
+    asked, took = serving([], 0.001)            # pushes always waiting: the fleet's too big
+    assert set(asked) == {SERVE_BATCH} and len(asked) <= SERVE_MOST_S / 0.001 + 1
+    assert took < SERVE_MOST_S + 0.05
+    asked, _ = serving([SERVE_BATCH, 3, 0], 0.0)    # the queue empties: it stops at once
+    assert len(asked) == 3
