@@ -51,8 +51,7 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
     if len(fast):
         t = cols.t[fast]
         stamps = [datetime.fromtimestamp(x, UTC) for x in t.tolist()]
-        ids = cols.ids()
-        rows = list(zip(stamps, [ids[k] for k in fast.tolist()], repeat(push.cluster),
+        rows = list(zip(stamps, cols.ids(fast), repeat(push.cluster),
                         repeat(push.node), job[fast].tolist(), *(
                             lifted[name][fast].tolist() for name in ("rank",)),
                         kinds[cols.kind[fast]].tolist(), *(

@@ -456,8 +456,6 @@ class RankAnalysis:
         for f in judgement.findings:
             rank = ranks[f.column]
             facts = self._facts_of(job, rank, now)
-            with quiet():
-                since = np.nanmedian(lag[f.onset:], axis=0)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             onset = float(np.nanmedian(entries[f.onset]))
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
@@ -465,10 +463,9 @@ class RankAnalysis:
                 self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
                            int(steps[f.onset]), onset, now)
                 continue
-            with quiet():
-                recent = float(np.nanmedian(lag[-self.policy.min_instances:, f.column]))
             costs = f.kind != "persistent" or self._shown(
-                job, (comm, rank), recent, lambda: self._costs(job, ranks, f, onset, since))
+                job, (comm, rank), self._recent(lag, f.column),
+                lambda: self._costs(job, ranks, f, onset, lag))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -493,6 +490,11 @@ class RankAnalysis:
             del job.harmless[key]          # on time again: a new lateness is weighed anew
         return found
 
+    def _recent(self, lag: np.ndarray, column: int) -> float:
+        """The column's median lag over the last instances judged."""
+        with quiet():
+            return float(np.nanmedian(lag[-self.policy.min_instances:, column]))
+
     @staticmethod
     def _shown(job: JobState, key: tuple[str, int], recent: float,
                costs: Callable[[], bool | None]) -> bool | None:
@@ -512,10 +514,10 @@ class RankAnalysis:
         return answer
 
     def _costs(self, job: JobState, ranks: list[int], f, onset: float,
-               median_lag: np.ndarray) -> bool | None:
+               lag: np.ndarray) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
-        grew from its onset on, beyond what a later rank explains (``median_lag``: each
-        column's median lag since the onset; see ``waits_grew``). A rank late from the first
+        grew from its onset on, beyond what a later rank explains (``lag``: every column's, at
+        each instance judged; see ``waits_grew``). A rank late from the first
         instances judged has no before to weigh them against: it is taken to cost (its own
         waits cannot tell: every rank's sync ends with the collective, so its peers wait
         longer than it by its lateness whether its GPU absorbed it or not)."""
@@ -530,7 +532,8 @@ class RankAnalysis:
             for t, ns in zip(facts.peer_wait_t, facts.peer_wait_ns):
                 (after if t >= onset else before).append(ns)
         with quiet():
-            later = float(np.nanmax(median_lag) - median_lag[f.column])
+            since = np.nanmedian(lag[f.onset:], axis=0)
+            later = float(np.nanmax(since) - since[f.column])
         return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later,
                           enough=2 * peers)
 

@@ -85,9 +85,11 @@ class EventColumns:
     def __len__(self) -> int:
         return self.n
 
-    def ids(self) -> list[str]:
-        numbers = self.id_first + (np.arange(self.n) if self.id_offsets is None
-                                   else self.id_offsets.astype(np.int64))
+    def ids(self, which: np.ndarray | None = None) -> list[str]:
+        """The events' ids (all, or those at the indices ``which``)."""
+        at = np.arange(self.n) if which is None else np.asarray(which, np.int64)
+        numbers = self.id_first + (at if self.id_offsets is None
+                                   else self.id_offsets[at].astype(np.int64))
         return [f"{self.id_prefix}{k}" for k in numbers.tolist()]
 
     def of_kind(self, name: str) -> np.ndarray:
@@ -112,13 +114,12 @@ class EventColumns:
         if not len(at):
             return []
         values = {name: column.objects(at).tolist() for name, column in self.attrs.items()}
-        ids = self.ids()
         rows = []
-        for k, (i, t, kind) in enumerate(zip(at.tolist(), self.t[at].tolist(),
-                                             self.kind[at].tolist())):
+        for k, (event_id, t, kind) in enumerate(zip(self.ids(at), self.t[at].tolist(),
+                                                    self.kind[at].tolist())):
             attrs = {name: column[k] for name, column in values.items()
                      if column[k] is not None}
-            rows.append({"id": ids[i], "t": t, "kind": self.kinds[kind], "attrs": attrs})
+            rows.append({"id": event_id, "t": t, "kind": self.kinds[kind], "attrs": attrs})
         return rows
 
     def ints(self, name: str, missing: int = -1) -> np.ndarray:
