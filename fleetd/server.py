@@ -34,9 +34,11 @@ log = logging.getLogger("fleetd")
 
 POLL_MS = 100
 DRAIN_BATCH = 1000
-SERVE_BATCH = 16         # a stop of the tick handles what waits this many messages at a time
-SERVE_MOST_S = 0.010     # and for this long at most: past saturation the tick, judging 1 ms
-                         # between stops, still ends (serving all that waited, it never did)
+SERVE_BATCH = 16         # a stop of the tick handles what waits this many messages at a time,
+SERVE_RATIO = 50         # for at most this many times as long as the tick judged since its
+SERVE_LEAST_S = 0.010    # last stop (and at least this long): past saturation the tick still
+                         # ends (a stop serving all that waited, it never did), and it takes
+                         # no more than a tenth of fleetd from the replies
 FORWARD_FLUSH_S = 5.0
 
 
@@ -62,6 +64,7 @@ class FleetServer:
         self.context = zmq.Context()
         self.router = SecureRouter(self.context, cfg, "agent", self._refused, log)
         self.socket = None
+        self.served = 0.0                     # when the tick's last stop to serve ended
         self.forwarder = None
         self.poller = zmq.Poller()
         self.http = None
@@ -150,12 +153,14 @@ class FleetServer:
 
     def serve_waiting(self) -> None:
         """Answer what arrived while a long computation ran (called from inside it), a few
-        messages at a time, until none waits or SERVE_MOST_S has passed."""
-        until = time.perf_counter() + SERVE_MOST_S
+        messages at a time, until none waits or the stop's share of time has passed."""
+        now = time.perf_counter()
+        until = now + max(SERVE_LEAST_S, SERVE_RATIO * (now - self.served))
         while self.drain(SERVE_BATCH):
             self.answer()
             if time.perf_counter() >= until:
                 break
+        self.served = time.perf_counter()
 
     def drain(self, most: int = DRAIN_BATCH) -> int:
         """Handle what is waiting, at most ``most`` messages, without blocking. All are
@@ -314,6 +319,7 @@ class FleetServer:
     def judge_ranks(self) -> None:
         """The rank analysis's tick: verdicts raised, updated or cleared go to echod."""
         failed = self.ranks.failed
+        self.served = time.perf_counter()      # the tick judges from now to its first stop
         changed = self.ranks.tick(time.time(), between=self.serve_waiting)
         self.metrics.analysis_errors.inc(self.ranks.failed - failed)
         self.metrics.publish_ranks(self.ranks, self.clocks, changed)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from fleetd.limits import HEADROOM, raise_nofile
-from fleetd.server import SERVE_BATCH, SERVE_MOST_S, FleetServer
+from fleetd.server import SERVE_BATCH, SERVE_LEAST_S, SERVE_RATIO, FleetServer
 from ingero.launch import free_port, wait_for
 
 
@@ -119,27 +119,32 @@ def test_fleetd_holds_10000_connected_agents_and_still_answers(tmp_path, keys):
         assert fleetd.wait(60) == 0, log.read_text()[-3000:]
 
 
-def serving(waiting: list[int], handle_s: float) -> tuple[list[int], float]:
-    """A tick's stop to serve, on a server whose socket always has ``waiting`` messages (a
-    number per read) and handles each read in ``handle_s``: what it asked for, how long."""
+def serving(monkeypatch, waiting: list[int], judged_s: float = 0.0) -> list[int]:
+    """A tick's stop to serve after ``judged_s`` of judging, on a server whose socket has
+    ``waiting`` messages (a number per read; then always more), each read taking 1 ms of a
+    clock of the test's own: what the stop asked for."""
+    clock = [100.0]
+    monkeypatch.setattr("fleetd.server.time", SimpleNamespace(perf_counter=lambda: clock[0]))
     server = FleetServer.__new__(FleetServer)      # no socket: only its serving loop
     asked = []
 
     def drain(most):
         asked.append(most)
         assert len(asked) < 10_000, "the stop never ends"
-        time.sleep(handle_s)
+        clock[0] += 0.001
         return waiting.pop(0) if waiting else most
 
     server.drain, server.answer = drain, lambda: None
-    began = time.perf_counter()
+    server.served = clock[0] - judged_s
     server.serve_waiting()
-    return asked, time.perf_counter() - began
+    return asked
 
 
-def test_past_saturation_a_stop_of_the_tick_serves_a_bounded_time_and_the_tick_goes_on():
-    asked, took = serving([], 0.001)            # pushes always waiting: the fleet's too big
-    assert set(asked) == {SERVE_BATCH} and len(asked) <= SERVE_MOST_S / 0.001 + 1
-    assert took < SERVE_MOST_S + 0.05
-    asked, _ = serving([SERVE_BATCH, 3, 0], 0.0)    # the queue empties: it stops at once
+def test_past_saturation_a_stop_of_the_tick_serves_a_bounded_time_and_the_tick_goes_on(
+        monkeypatch):
+    asked = serving(monkeypatch, [])        # pushes always waiting: the fleet's too big
+    assert set(asked) == {SERVE_BATCH} and len(asked) == round(SERVE_LEAST_S / 0.001)
+    asked = serving(monkeypatch, [], judged_s=0.005)     # a job took 5 ms to judge
+    assert len(asked) == round(0.005 * SERVE_RATIO / 0.001)
+    asked = serving(monkeypatch, [SERVE_BATCH, 3, 0])    # the queue empties: it stops at once
     assert len(asked) == 3
