@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (BigInteger, Boolean, DateTime, Float, Identity, Index, Integer, MetaData,
-                        Text, UniqueConstraint, text, true)
+                        SmallInteger, Text, UniqueConstraint, text, true)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -123,6 +123,36 @@ class PeerLag(Base):
     lag_median_ns: Mapped[int | None] = mapped_column(BigInteger)
     lag_p95_ns: Mapped[int | None] = mapped_column(BigInteger)
     lag_max_ns: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class CallStats(Base):
+    """One minute of one rank's calls of a kind, op and communicator (syncs apart by whether
+    they waited on peers): counts, sums and a histogram of durations (``echod.summaries``)."""
+
+    __tablename__ = "call_stats"
+    __table_args__ = (
+        Index(None, "cluster", "job", "t"),
+        Index(None, "cluster", "node", "t"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    cluster: Mapped[str] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(Text)
+    node: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    t: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(Text)
+    op: Mapped[str | None] = mapped_column(Text)
+    comm_hash: Mapped[str | None] = mapped_column(Text)
+    peer_wait: Mapped[bool] = mapped_column(Boolean)
+    calls: Mapped[int] = mapped_column(BigInteger)
+    timed: Mapped[int] = mapped_column(BigInteger)
+    duration_ns: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    last_t: Mapped[datetime]
+    buckets: Mapped[list[int]] = mapped_column(ARRAY(SmallInteger))
+    counts: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    sums: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
 
 
 class StragglerVerdict(Base):

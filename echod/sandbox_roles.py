@@ -39,7 +39,7 @@ log = logging.getLogger("echod.sandbox")
 DEFAULT_ROLE = "ingero_sql"
 DEFAULT_TIMEOUT_MS = 60_000
 READABLE_TABLES = ("events", "health_scores", "thresholds", "peer_lag", "straggler_verdicts",
-                   "jobs", "nodes")
+                   "jobs", "nodes", "call_stats")
 ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Backstops for a session that somehow skips ``Sandbox.reading``; an owner that may not set one
 # (temp_file_limit needs a superuser) leaves it out.

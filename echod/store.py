@@ -26,6 +26,7 @@ from . import columnrows
 from .db import RETENTION_LOCK, ensure_partitions
 from .jobrecords import JOB_KINDS, job_fields, merge, upsert_jobs
 from .models import Node
+from .summaries import SUMMARIZE
 
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
 FUTURE_SLACK_S = 86_400
@@ -321,6 +322,7 @@ class Sink:
     check: Any
     casts: dict[str, str] = field(default_factory=dict)
     on_conflict: str = "DO NOTHING"
+    summarize: str | None = None    # CTEs over ``moved`` (the rows stored) that summarize them
 
     def create_staging(self) -> str:
         columns = ", ".join(f'"{name}" {kind}' for name, kind in self.columns)
@@ -329,8 +331,11 @@ class Sink:
     def move(self) -> str:
         names = ", ".join(f'"{name}"' for name, _ in self.columns)
         values = ", ".join(self.casts.get(name, f'"{name}"') for name, _ in self.columns)
-        return (f"INSERT INTO {self.table} ({names}) SELECT {values} FROM stage_{self.table} "
+        move = (f"INSERT INTO {self.table} ({names}) SELECT {values} FROM stage_{self.table} "
                 f"ORDER BY {self.key} ON CONFLICT {self.on_conflict}")
+        if self.summarize is None:
+            return move
+        return f"WITH moved AS ({move} RETURNING *), {self.summarize} SELECT count(*) FROM moved"
 
 
 SINKS = (
@@ -338,7 +343,7 @@ SINKS = (
         ("t", "timestamptz"), ("id", "text"), ("cluster", "text"), ("node", "text"),
         ("job", "text"), ("rank", "int4"), ("kind", "text"), ("op", "text"),
         ("comm_hash", "text"), ("seq", "int8"), ("bytes", "int8"), ("duration_ns", "int8"),
-        ("attrs", "text")), check_event, {"attrs": "attrs::jsonb"}),
+        ("attrs", "text")), check_event, {"attrs": "attrs::jsonb"}, summarize=SUMMARIZE),
     Sink("scores", "health_scores", "cluster, node, t", (
         ("cluster", "text"), ("node", "text"), ("t", "timestamptz"), ("job", "text"),
         ("score", "float8"), ("state", "text"), ("throughput", "float8"), ("compute", "float8"),
@@ -493,7 +498,7 @@ def copy_and_move(connection: Connection, sink: Sink, rows: list[tuple]) -> int:
             for row in rows:
                 copy.write_row(row)
         cursor.execute(sink.move())
-        return cursor.rowcount
+        return cursor.rowcount if sink.summarize is None else cursor.fetchone()[0]
 
 
 def upsert_nodes(connection: Connection, nodes: dict[tuple[str, str], list]) -> None:

@@ -728,7 +728,8 @@ def test_the_sandbox_migration_goes_down_and_up_again(engine):
     with engine.connect() as connection:
         assert len(connection.scalar(text("SELECT key FROM sandbox_key"))) == 64
         assert connection.scalar(text(
-            "SELECT count(*) FROM pg_policies WHERE policyname = 'tenant_read'")) == 7
+            "SELECT count(*) FROM pg_policies WHERE policyname = 'tenant_read'")) == len(
+                READABLE_TABLES)
         assert connection.scalar(text(
             "SELECT p.proowner = c.relowner AND p.prosecdef FROM pg_proc p, pg_class c "
             "WHERE p.proname = 'ingero_scope' AND c.relname = 'sandbox_key'")) is True

@@ -242,10 +242,20 @@ def test_an_agent_restarted_mid_job_names_no_hang_and_the_job_is_still_judged(st
     assert "node node1's agent restarted" in stack.fleetd.log()
 
 
+RAW_SYNCS = """SELECT rank, count(*), sum(duration_ns) FROM events WHERE job = '2901'
+AND kind = 'sync' AND duration_ns IS NOT NULL GROUP BY rank ORDER BY rank"""
+SUMMED_SYNCS = """SELECT rank, sum(timed), sum(duration_ns) FROM call_stats WHERE job = '2901'
+AND kind = 'sync' GROUP BY rank ORDER BY rank"""
+SELF_WORK = """SELECT rank, percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ns) FROM events
+WHERE job = '2901' AND kind = 'sync' AND duration_ns IS NOT NULL
+  AND coalesce(attrs -> 'peer_wait', 'false'::jsonb) <> 'true'::jsonb GROUP BY rank"""
+
+
 def test_agents_of_both_wire_versions_push_one_job_and_both_are_judged_and_stored(stack):
     """A rolling upgrade: node3's agent sends maps (the push of wire 1.2), node0's to node2's
     columns (1.3). One job spans the four; a rank late on each side is named on its node, and
-    echod stores every collective of every rank."""
+    echod stores every collective of every rank, and summaries of its calls that answer as the
+    raw events do."""
     pushes = {kind: metric(stack.fleet_port, "ingero_fleet_messages_total", type=kind)
               for kind in ("push", "columnpush")}
     run(stack, "2901", "srun", [{"rank": r, "kind": "host_delay", "delay_ms": 80,
@@ -256,6 +266,15 @@ def test_agents_of_both_wire_versions_push_one_job_and_both_are_judged_and_store
     assert stack.tool("job_report", job="2901")["collectives"] == 30 * 16
     assert len(stack.tool("find_stragglers", job="2901")["ranks"]) == 16
     assert "job 2901: rank(s)" not in stack.fleetd.log(), "one run, whatever each node sends"
+    # The per-minute summaries echod wrote from both forms say what the raw events say.
+    sql = stack.client().sql
+    assert sql(SUMMED_SYNCS)["rows"] == sql(RAW_SYNCS)["rows"]
+    median = {rank: ns / 1e6 for rank, ns in sql(SELF_WORK)["rows"]}
+    answered = {row["rank"]: row["self_work_ms"]
+                for row in stack.tool("job_report", job="2901")["per_rank"]}
+    assert answered.keys() == median.keys() and len(median) == 16
+    for rank, ms in median.items():
+        assert answered[rank] == pytest.approx(ms, rel=0.023, abs=0.001), rank
     for kind, before in pushes.items():
         assert metric(stack.fleet_port, "ingero_fleet_messages_total", type=kind) > before, kind
 

@@ -9,6 +9,7 @@ from sqlalchemy import Connection
 from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTION_BURST
 
 from ..registry import ToolContext, obj, tool
+from .calltotals import call_totals
 from .collectives import sample_calls
 from .evidence import BY_ANOTHER_PROCESS
 from .schema import (BOOL, CLUSTER_ARG, INT_OR_NULL, JOB_ARG, LIMIT, NODE_ARG, SCALAR,
@@ -32,14 +33,7 @@ SELECT th.t, th.cluster, th.cohort, th.panic, th.quorum_met, th.active, th.media
 FROM thresholds th WHERE {where} AND (th.panic OR NOT th.quorum_met)
 ORDER BY th.t DESC LIMIT :limit
 """
-CALL_DURATIONS = """
-SELECT e.cluster, e.node, e.job, e.rank, e.kind, e.op, count(*),
-       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY e.duration_ns), max(e.t)
-FROM events e
-WHERE e.duration_ns IS NOT NULL
-  AND e.kind IN ('comm_init', 'comm_destroy', 'sync', 'alloc', 'free', 'memcpy') AND {where}
-GROUP BY 1, 2, 3, 4, 5, 6 HAVING count(*) >= :min_calls
-"""
+HOST_CALLS = ("comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
 PREEMPTION_BURSTS = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, {jnum('count')} AS preemptions,
        e.attrs ->> 'preemptor_comm', {jnum('preemptor_pid')}
@@ -97,12 +91,13 @@ def anomalies(ctx: ToolContext, args: dict) -> dict:
     limit = args.get("limit", 100)
     found: list[dict] = []
     with reading(ctx) as conn:
-        where = pinned(conn, sel).where("e", rank=False)
+        sel = pinned(conn, sel)
+        where = sel.where("e", rank=False)
         params = {**where.params, "limit": limit + 1}
         found += edges(conn, where, params)
         if sel.node is None:
             found += threshold_alerts(conn, sel, limit + 1)
-        found += slow_calls(conn, sel, where, params)
+        found += slow_calls(conn, sel, params)
         found += host_anomalies(conn, where, params)
         found += failed_calls(conn, where, params)
     found.sort(key=lambda a: a["t"], reverse=True)
@@ -140,13 +135,16 @@ def threshold_alerts(conn: Connection, sel: Selection, limit: int) -> list[dict]
     return out
 
 
-def slow_calls(conn: Connection, sel: Selection, where: Where, params: dict) -> list[dict]:
-    """Ops whose p99 call duration is at least 3× their p50: exact for the host-side calls,
-    from the sampled collectives (as collective_stats reads them) for NCCL."""
-    found = [(cluster, node, job, rank, op or kind, calls, p50, p99, last)
-             for cluster, node, job, rank, kind, op, calls, (p50, p99), last in rows(
-                 conn, CALL_DURATIONS.format(where=where.sql()),
-                 {**params, "min_calls": SLOW_CALL_MIN_CALLS})]
+def slow_calls(conn: Connection, sel: Selection, params: dict) -> list[dict]:
+    """Ops whose p99 call duration is at least 3× their p50: for the host-side calls from the
+    per-minute summaries (quantiles within a histogram bucket, 2.2%), from the sampled
+    collectives (as collective_stats reads them) for NCCL."""
+    found = [(cluster, node, job, rank, op or kind, calls.timed, calls.durations.quantile(0.5),
+              calls.durations.quantile(0.99), calls.last)
+             for (cluster, node, job, rank, kind, op), calls in call_totals(
+                 conn, sel, HOST_CALLS, ("cluster", "node", "job", "rank", "kind", "op"),
+                 rank=False).items()
+             if calls.timed >= SLOW_CALL_MIN_CALLS]
     found += [(c.cluster, c.node, c.job, c.rank, c.op or "collective", c.calls, c.p50_ns,
                c.p99_ns, c.last)
               for c in sample_calls(conn, sel, sel.where("e", rank=False)).calls

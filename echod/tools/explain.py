@@ -12,6 +12,7 @@ from ingero.analysis import Bar
 from ingero.analysis.causes import CAUSES
 
 from ..registry import ToolContext, ToolError, obj, tool
+from .calltotals import call_totals
 from .diagnosis import Facts, SyncWork, diagnose
 from .evidence import (SIGNAL_NAME, SIGNALS_OUT, Evidence, HostEvidence, NodeHealth,
                        gather_evidence, lowest_signal)
@@ -19,15 +20,9 @@ from .lag import COVERAGE_OUT, RankLag, Survey, survey
 from .schema import (BOOL, CLUSTER_ARG, DEFAULT_MAX_ENTRIES, INT, JOB_ARG, MAX_ENTRIES,
                      NUM_OR_NULL, RANK, SINCE_ARG, STR, STR_OR_NULL, UNTIL_ARG,
                      WINDOW_OUT, array, closed, described, nullable)
-from .selection import Selection, job_cluster, ms, num, reading, rows, select, whole
+from .selection import Selection, job_cluster, ms, num, reading, select
 from .verdicts import VERDICT_OUT, read_verdicts
 
-SYNCS = """
-SELECT e.rank, coalesce(e.attrs -> 'peer_wait', 'false'::jsonb) = 'true'::jsonb, count(*),
-       sum(e.duration_ns), percentile_cont(0.5) WITHIN GROUP (ORDER BY e.duration_ns)
-FROM events e WHERE e.kind = 'sync' AND e.duration_ns IS NOT NULL AND {where}
-GROUP BY 1, 2
-"""
 RANK_EXISTS = """
 SELECT EXISTS (SELECT 1 FROM events e
                WHERE e.cluster = :cluster AND e.job = :job AND e.rank = :rank)
@@ -35,19 +30,19 @@ SELECT EXISTS (SELECT 1 FROM events e
 
 
 def sync_work(conn: Connection, sel: Selection) -> dict[int, SyncWork]:
-    """Per rank, its syncs in the selection: self-work (peer_wait false or absent) and
-    peer-wait, counted and summed, with the median self-work sync."""
-    where = sel.where("e", node=False, rank=False)
+    """Per rank, its timed syncs in the selection: self-work (peer_wait false or absent) and
+    peer-wait, counted and summed, with the median self-work sync (from the per-minute
+    summaries: within a histogram bucket, 2.2%)."""
     work: dict[int, SyncWork] = defaultdict(SyncWork)
-    for rank, peer_wait, calls, total, median in rows(conn, SYNCS.format(where=where.sql()),
-                                                      where.params):
-        if rank is None:
+    for (rank, peer_wait), calls in call_totals(conn, sel, ("sync",), ("rank", "peer_wait"),
+                                                node=False, rank=False).items():
+        if rank is None or not calls.timed:
             continue
         if peer_wait:
-            work[rank].wait_calls, work[rank].wait_ns = calls, whole(total)
+            work[rank].wait_calls, work[rank].wait_ns = calls.timed, calls.duration_ns
         else:
-            work[rank].self_calls, work[rank].self_ns = calls, whole(total)
-            work[rank].self_median_ns = median
+            work[rank].self_calls, work[rank].self_ns = calls.timed, calls.duration_ns
+            work[rank].self_median_ns = calls.durations.quantile(0.5)
     return work
 
 

@@ -24,7 +24,9 @@ def run_analysis(ctx: ToolContext, args: dict) -> dict:
     cut it short). Tables: events (t, id, cluster, node, job, rank, kind, op, comm_hash, seq,
     bytes, duration_ns, attrs jsonb), health_scores (cluster, node, t, job, score, state,
     throughput, compute, memory, cpu), thresholds (cluster, cohort, t, threshold, median, mad,
-    active, quorum_met, panic, stragglers), peer_lag, straggler_verdicts, jobs, nodes. Only the
+    active, quorum_met, panic, stragglers), peer_lag, straggler_verdicts, jobs, nodes,
+    call_stats (per rank and minute t: kind, op, comm_hash, peer_wait, calls, timed,
+    duration_ns, bytes, last_t, and buckets, counts, sums: a histogram of durations). Only the
     rows of your clusters are visible; statements that write, change settings or reach files
     or the network are refused (400). Times come back in ISO 8601, intervals in seconds."""
     timeout = args.get("timeout_s")

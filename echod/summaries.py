@@ -1,0 +1,124 @@
+"""Per-rank, per-minute summaries of timed calls (table ``call_stats``), written with the events
+and read by the tools instead of the raw events.
+
+A minute of one rank's calls of one kind, op and communicator (syncs apart by whether they
+waited on peers) is a row: how many calls, how many had a duration, the durations' and bytes'
+sums, the last call's time, and the durations as a histogram: bucket ``b`` holds durations
+``d`` (ns) with ``floor(log2(d) * BUCKETS_PER_OCTAVE) == b`` (bucket -1 the zeros), with their
+count and their sum. A quantile read from it takes the mean of the bucket it falls in: exact
+where the bucket's durations are equal, and never further from the exact one than a bucket is
+wide (2^(1/32), 2.2%); between two buckets it is interpolated as ``percentile_cont``
+interpolates between values. Counts and sums are exact.
+
+A tool's window [since, until) is answered from the rows of the whole minutes inside it, and
+from the raw events of the two part minutes at its ends: the same calls as the raw events'.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+BUCKETS_PER_OCTAVE = 32
+ZERO = -1                               # the bucket of durations of 0 ns
+KINDS = ("collective", "sync", "alloc", "free", "memcpy", "comm_init", "comm_destroy")
+MINUTE = timedelta(minutes=1)
+KEY = "cluster, job, node, rank, t, kind, op, comm_hash, peer_wait"
+# A call's bucket in SQL (NULL: no duration): the same as ``bucket`` below.
+BUCKET_SQL = (f"CASE WHEN {{d}} > 0 THEN floor(ln({{d}}::float8) * "
+              f"{BUCKETS_PER_OCTAVE / math.log(2)!r})::int2 WHEN {{d}} = 0 THEN {ZERO} END")
+PEER_WAIT_SQL = "coalesce({a}.kind = 'sync' AND {a}.attrs -> 'peer_wait' = 'true'::jsonb, false)"
+KINDS_SQL = ", ".join(f"'{kind}'" for kind in KINDS)
+
+
+
+def _each(column: str) -> str:
+    """A per-bucket column of ``per_bucket`` as an array, in bucket order."""
+    return (f"coalesce(array_agg({column} ORDER BY bucket) FILTER (WHERE bucket IS NOT NULL), "
+            "'{}')")
+
+
+# The tail of the statement that moves a batch's events in (``moved``: the rows stored, so a
+# batch sent again adds nothing): its summary rows, one per minute and group.
+SUMMARIZE = f"""
+per_bucket AS (
+    SELECT m.cluster, m.job, m.node, m.rank, date_trunc('minute', m.t) AS t, m.kind, m.op,
+           m.comm_hash, {PEER_WAIT_SQL.format(a="m")} AS peer_wait,
+           {BUCKET_SQL.format(d="m.duration_ns")} AS bucket, count(*) AS calls,
+           count(m.duration_ns) AS timed, sum(m.duration_ns) AS duration_ns,
+           sum(m.bytes) AS bytes, max(m.t) AS last_t
+    FROM moved m WHERE m.kind IN ({KINDS_SQL})
+    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+summarized AS (
+    INSERT INTO call_stats ({KEY}, calls, timed, duration_ns, bytes, last_t, buckets, counts,
+                            sums)
+    SELECT {KEY}, sum(calls), sum(timed), sum(duration_ns), sum(bytes), max(last_t),
+           {_each("bucket")}, {_each("timed")}, {_each("duration_ns")}
+    FROM per_bucket GROUP BY {KEY})
+"""
+
+
+def bucket(ns: float) -> int:
+    """The histogram bucket of a duration in ns (as ``BUCKET_SQL`` computes it)."""
+    return ZERO if ns == 0 else math.floor(math.log(ns) * (BUCKETS_PER_OCTAVE / math.log(2)))
+
+
+class Histogram:
+    """Durations by bucket (count and sum), merged from summary rows and raw events."""
+
+    __slots__ = ("counts", "sums")
+
+    def __init__(self):
+        self.counts: dict[int, int] = defaultdict(int)
+        self.sums: dict[int, int] = defaultdict(int)
+
+    def add(self, buckets, counts, sums) -> None:
+        for b, n, total in zip(buckets, counts, sums):
+            self.counts[int(b)] += int(n)
+            self.sums[int(b)] += int(total)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def quantile(self, q: float) -> float | None:
+        """``percentile_cont(q)`` over the durations, read from the buckets."""
+        n = self.total()
+        if not n:
+            return None
+        position = q * (n - 1)
+        low, frac = int(position), position - int(position)
+        below = self._at(low)
+        return below if not frac else below + frac * (self._at(low + 1) - below)
+
+    def _at(self, index: int) -> float:
+        """The ``index``-th duration (0-based, in order), as its bucket's mean."""
+        seen = 0
+        for b in sorted(self.counts):
+            seen += self.counts[b]
+            if index < seen:
+                return self.sums[b] / self.counts[b]
+        last = max(self.counts)
+        return self.sums[last] / self.counts[last]
+
+
+def minutes(since: datetime | None, until: datetime | None) -> tuple:
+    """Split a window in three: the part minute at its start (raw events), the whole minutes
+    (summaries), the part minute at its end (raw events). Each is (since, until), None bound
+    for open; a part is None where there is none."""
+    first = None if since is None else _ceil(since)
+    last = None if until is None else _floor(until)
+    if first is not None and last is not None and first >= last:
+        return (since, until), None, None             # within one minute: all raw
+    head = (since, first) if since is not None and since < first else None
+    tail = (last, until) if until is not None and last < until else None
+    return head, (first, last), tail
+
+
+def _floor(t: datetime) -> datetime:
+    return t.replace(second=0, microsecond=0)
+
+
+def _ceil(t: datetime) -> datetime:
+    floor = _floor(t)
+    return floor if floor == t else floor + MINUTE

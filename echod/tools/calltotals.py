@@ -1,0 +1,87 @@
+"""Counts, sums and duration quantiles of calls, read from the per-minute summaries
+(``call_stats``) for the whole minutes of a window and from the raw events for the part minutes
+at its ends: the same calls the raw events hold, read from a few rows a rank and minute."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from ..summaries import BUCKET_SQL, PEER_WAIT_SQL, Histogram, minutes
+from .selection import Selection, Window, rows, whole
+
+GROUPS = ("cluster", "job", "node", "rank", "kind", "op", "comm_hash", "peer_wait")
+
+SUMMED = """
+SELECT {by}, sum(s.calls), sum(s.timed), sum(s.duration_ns), sum(s.bytes), max(s.last_t)
+FROM call_stats s WHERE s.kind = ANY (CAST(:kinds AS text[])) AND {where}
+GROUP BY {by}
+"""
+BUCKETED = """
+SELECT {by}, u.bucket, sum(u.n), sum(u.total)
+FROM call_stats s CROSS JOIN LATERAL unnest(s.buckets, s.counts, s.sums) AS u(bucket, n, total)
+WHERE s.kind = ANY (CAST(:kinds AS text[])) AND {where}
+GROUP BY {by}, u.bucket
+"""
+RAW = """
+SELECT {by}, {bucket}, count(*), count(e.duration_ns), sum(e.duration_ns), sum(e.bytes),
+       max(e.t)
+FROM events e WHERE e.kind = ANY (CAST(:kinds AS text[])) AND {where}
+GROUP BY {by}, {bucket}
+"""
+
+
+@dataclass
+class Totals:
+    """Calls of one group: all, those with a duration, their sums, the last, the durations."""
+
+    calls: int = 0
+    timed: int = 0
+    duration_ns: int = 0
+    bytes: int = 0
+    last: datetime | None = None
+    durations: Histogram = field(default_factory=Histogram)
+
+    def took(self, calls: int, timed: int, duration_ns, nbytes, last: datetime | None) -> None:
+        self.calls += int(calls)
+        self.timed += int(timed)
+        self.duration_ns += whole(duration_ns) or 0
+        self.bytes += whole(nbytes) or 0
+        if last is not None and (self.last is None or last > self.last):
+            self.last = last
+
+
+def call_totals(conn: Connection, sel: Selection, kinds: tuple[str, ...], by: tuple[str, ...],
+                *, node: bool = True, rank: bool = True) -> dict[tuple, Totals]:
+    """Per group (the values of ``by``, names of GROUPS), the calls of ``kinds`` the selection
+    holds (``node`` and ``rank``: whether its node and rank narrow it)."""
+    assert set(by) <= set(GROUPS), by
+    head, whole_minutes, tail = minutes(sel.window.since, sel.window.until)
+    out: dict[tuple, Totals] = defaultdict(Totals)
+    params = {"kinds": list(kinds)}
+    if whole_minutes is not None:
+        where = replace(sel, window=Window(*whole_minutes)).where("s", node=node, rank=rank)
+        columns = ", ".join(f"s.{name}" for name in by)
+        for row in rows(conn, SUMMED.format(by=columns, where=where.sql()),
+                        {**where.params, **params}):
+            out[tuple(row[:len(by)])].took(*row[len(by):])
+        for row in rows(conn, BUCKETED.format(by=columns, where=where.sql()),
+                        {**where.params, **params}):
+            out[tuple(row[:len(by)])].durations.add([row[-3]], [row[-2]], [row[-1]])
+    columns = ", ".join(PEER_WAIT_SQL.format(a="e") if name == "peer_wait" else f"e.{name}"
+                        for name in by)
+    for part in (head, tail):
+        if part is None:
+            continue
+        where = replace(sel, window=Window(*part)).where("e", node=node, rank=rank)
+        for row in rows(conn, RAW.format(by=columns, where=where.sql(),
+                                         bucket=BUCKET_SQL.format(d="e.duration_ns")),
+                        {**where.params, **params}):
+            key, (b, calls, timed, ns, nbytes, last) = tuple(row[:len(by)]), row[len(by):]
+            out[key].took(calls, timed, ns, nbytes, last)
+            if b is not None:
+                out[key].durations.add([b], [timed], [ns])
+    return dict(out)

@@ -1,0 +1,113 @@
+"""Per-rank, per-minute summaries (call_stats): written with the events they summarize, once
+(a batch sent again adds nothing), and what they say is what the raw events say: the same
+counts and sums, quantiles within a histogram bucket (exact where its durations are equal)."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from bench.push_cost import node_second
+from echod.store import write_batch
+from echod.summaries import BUCKETS_PER_OCTAVE, Histogram, bucket, minutes
+
+BUCKET = 2 ** (1 / BUCKETS_PER_OCTAVE) - 1        # a quantile's error, at most
+MIX = {"sync": 12, "alloc": 5, "collective": 6, "free": 5, "memcpy": 2}
+BASE = 1.8e9 + 50                    # 10 s before a minute ends: pushes straddle it
+
+RAW = """
+SELECT rank, kind, op, coalesce(kind = 'sync' AND attrs -> 'peer_wait' = 'true'::jsonb, false),
+       count(*), count(duration_ns), sum(duration_ns), sum(bytes),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ns),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns)
+FROM events WHERE job = '4242' GROUP BY 1, 2, 3, 4
+"""
+SUMMARY = """
+SELECT s.rank, s.kind, s.op, s.peer_wait, u.bucket, sum(u.n), sum(u.total)
+FROM call_stats s, unnest(s.buckets, s.counts, s.sums) AS u(bucket, n, total)
+WHERE s.job = '4242' GROUP BY 1, 2, 3, 4, 5
+"""
+SUMMED = """
+SELECT rank, kind, op, peer_wait, sum(calls), sum(timed), sum(duration_ns), sum(bytes)
+FROM call_stats WHERE job = '4242' GROUP BY 1, 2, 3, 4
+"""
+
+
+def pushes(seconds: int, node: int = 0) -> list[dict]:
+    """A node's batches as fleetd forwards them, one a second, each event tagged with it."""
+    out = []
+    for second in range(seconds):
+        events = node_second(node, second, MIX, BASE)
+        for k, event in enumerate(events):
+            event.update(node=f"node{node}", cluster="bench", boot_id="b", job="4242")
+            event["attrs"]["duration_ns"] = 1_000 + (k * 7919) % 5_000_000   # spread out
+        out.append({"events": events})
+    return out
+
+
+def summarized(connection) -> dict:
+    histograms = defaultdict(Histogram)
+    for rank, kind, op, wait, b, n, total in connection.execute(text(SUMMARY)):
+        histograms[(rank, kind, op, wait)].add([b], [n], [total])
+    out = {}
+    for rank, kind, op, wait, *sums in connection.execute(text(SUMMED)):
+        durations = histograms[(rank, kind, op, wait)]
+        out[(rank, kind, op, wait)] = (*sums, durations.quantile(0.5), durations.quantile(0.99))
+    return out
+
+
+def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothing(engine):
+    batches = pushes(20)
+    for batch in batches:
+        write_batch(engine, batch, now=BASE + 100)
+    with engine.connect() as connection:
+        raw = {tuple(row[:4]): tuple(row[4:]) for row in connection.execute(text(RAW))}
+        summary = summarized(connection)
+        minutes_stored = connection.scalar(text(
+            "SELECT count(DISTINCT t) FROM call_stats WHERE job = '4242'"))
+    assert minutes_stored == 2                          # the batches straddle a minute
+    assert summary.keys() == raw.keys() and len(raw) >= 6
+    for key, (calls, timed, ns, nbytes, median, p99) in raw.items():
+        got = summary[key]
+        assert got[:4] == (calls, timed, ns, nbytes), key
+        assert got[4] == pytest.approx(median, rel=BUCKET * 1.01), key
+        assert got[5] == pytest.approx(p99, rel=BUCKET * 1.01), key
+    write_batch(engine, batches[3], now=BASE + 100)     # fleetd sends one again
+    with engine.connect() as connection:
+        assert summarized(connection) == summary
+
+
+def test_a_quantile_from_the_buckets_is_within_half_a_bucket_of_percentile_cont():
+    rng = random.Random(7)
+    for values in ([rng.lognormvariate(13, 1.5) for _ in range(999)],
+                   [10_000.0] * 50 + [1e9] * 50,            # between two far buckets
+                   [0.0, 0.0, 5.0], [123_456.0]):
+        histogram = Histogram()
+        for v in values:
+            histogram.add([bucket(v)], [1], [v])
+        for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+            exact = float(np.percentile(values, q * 100))
+            low, high = (float(np.percentile(values, q * 100, method=m))
+                         for m in ("lower", "higher"))
+            spread = (high - low) * BUCKET + 1e-9
+            assert histogram.quantile(q) == pytest.approx(
+                exact, rel=BUCKET * 1.01, abs=spread), (q, values[:3])
+    assert Histogram().quantile(0.5) is None
+    equal = Histogram()
+    equal.add([bucket(7e6)], [5], [35e6])            # a bucket's durations all equal: exact
+    assert equal.quantile(0.5) == 7e6
+
+
+def test_a_window_is_its_whole_minutes_and_the_raw_ends():
+    at = lambda m, s=0: datetime(2026, 11, 26, 10, m, s, tzinfo=UTC)  # noqa: E731
+    assert minutes(at(1, 30), at(5, 10)) == ((at(1, 30), at(2)), (at(2), at(5)),
+                                             (at(5), at(5, 10)))
+    assert minutes(at(1), at(5)) == (None, (at(1), at(5)), None)
+    assert minutes(None, None) == (None, (None, None), None)
+    assert minutes(at(1, 10), at(1, 50)) == ((at(1, 10), at(1, 50)), None, None)
+    assert minutes(None, at(3, 1)) == (None, (None, at(3)), (at(3), at(3, 1)))
