@@ -29,8 +29,8 @@ from bench import scale_model  # noqa: E402
 from bench.harness import RESULTS  # noqa: E402
 
 # In the order they run and appear: the cheap ones first, so a failure shows early.
-BENCHMARKS = ["rank_analysis", "push_cost", "trace_overhead", "ingest_rate", "fleet_scale",
-              "tool_latency", "quality", "drills"]
+BENCHMARKS = ["rank_analysis", "push_cost", "trace_overhead", "agent_rate", "ingest_rate",
+              "fleet_scale", "tool_latency", "quality", "drills"]
 DOCS = REPO / "docs" / "benchmarks.md"
 README = REPO / "README.md"
 QUOTE = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)

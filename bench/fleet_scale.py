@@ -34,6 +34,7 @@ from tests.support import metric  # noqa: E402
 NAME = "fleet_scale"
 ROOT_BECAUSE = "tens of thousands of sockets need the hard descriptor limit raised"
 TARGET_AGENTS, TARGET_P99_MS = 10_000, 10.0
+HERE_AGENTS = 2_000              # what one fleetd must answer within the target on this machine
 RANKS_PER_JOB = 64
 DESCRIPTOR_MARGIN = 64           # fleetd's own files, sockets and metrics server
 
@@ -155,7 +156,7 @@ def descriptors() -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--agents", type=int, nargs="+", default=[1000, 5000, 10000, 20000])
+    parser.add_argument("--agents", type=int, nargs="+", default=[1000, 2000, 5000, 10000, 20000])
     parser.add_argument("--seconds", type=float, default=20.0, help="pushing time per size")
     parser.add_argument("--processes", type=int, default=4, help="generator processes")
     parser.add_argument("--profile-at", type=int, default=5000, metavar="AGENTS",
@@ -168,15 +169,18 @@ def add_arguments(parser) -> None:
                         help="events per push (8 ranks: an all-reduce entry and a sync each)")
 
 
-def at_target(result: dict) -> dict | None:
-    return next((r for r in result["rows"] if r["agents"] == TARGET_AGENTS), None)
+def at_target(result: dict, agents: int = TARGET_AGENTS) -> dict | None:
+    return next((r for r in result["rows"] if r["agents"] == agents), None)
 
 
 def summary(result: dict) -> str:
     row = at_target(result) or result["rows"][-1]
     split = next((r for r in reversed(result.get("sharded") or [])
                   if r["agents"] == row["agents"]), None)
-    return (f"{row['agents']:,} agents at a push a second: reply p99 {row['reply_ms_p99']} ms "
+    here = at_target(result, HERE_AGENTS)
+    return (("" if here is None else f"{HERE_AGENTS:,} agents: reply p99 {here['reply_ms_p99']} "
+             f"ms (target {TARGET_P99_MS:g} ms on this machine); ")
+            + f"{row['agents']:,} agents at a push a second: reply p99 {row['reply_ms_p99']} ms "
             f"(target {TARGET_P99_MS:g} ms at {TARGET_AGENTS:,}), fleetd "
             f"{row['fleetd_cpu_share']:.2f} CPU, {row['fleetd_rss_mib']['peak']} MiB"
             + ("" if split is None else
@@ -206,9 +210,13 @@ def section(result: dict) -> str:
         "fleetd aligns per job. Reply time is measured at the agents, send to reply.",
         harness.table(["agents", "reply p50", "reply p99", "answered", "fleetd CPU",
                        "fleetd CPU per push", "fleetd peak RSS", "recompute per job", "generator"], rows),
-        f"Target: {TARGET_AGENTS:,} agents with a reply p99 under {TARGET_P99_MS:g} ms. The "
-        "generator shares the machine with fleetd; its CPU and how late it ran behind its "
-        "schedule are in the last column.",
+        f"Target: {TARGET_AGENTS:,} agents with a reply p99 under {TARGET_P99_MS:g} ms, and "
+        f"on this 2-CPU machine {HERE_AGENTS:,} agents within it. The generator shares the "
+        "machine with fleetd; its CPU and how late it ran behind its schedule are in the last "
+        "column.",
+        *([harness.against(f"reply p99 at {HERE_AGENTS:,} agents", row["reply_ms_p99"],
+                           TARGET_P99_MS, "ms", False)]
+          if (row := at_target(result, HERE_AGENTS)) else []),
         *([harness.against(f"reply p99 at {TARGET_AGENTS:,} agents", row["reply_ms_p99"],
                            TARGET_P99_MS, "ms", False)] if (row := at_target(result)) else []),
         *[f"Not measured: {n} agents, because {why}." for n, why in result["skipped"].items()],

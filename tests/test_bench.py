@@ -41,6 +41,10 @@ def test_every_benchmark_runs_at_smoke_size_and_documents_itself(tmp_path):
     tools = json.loads((tmp_path / "tool_latency.json").read_text())["tools_warm"]
     assert all(0 < call["sql_s"] <= call["s"] and call["slowest_sql"] for call in tools.values())
     assert "µs of CPU per event" in docs and "in PostgreSQL" in docs
+    # A busy node's agent at 4x the reference mix: every event the ranks made stored once.
+    busy = json.loads((tmp_path / "agent_rate.json").read_text())
+    assert busy["stored"] == busy["expected"], busy
+    assert not any(busy["agent"][k] for k in ("events_lost", "events_dropped", "batches_dropped"))
     # fleetd sharded by job: both shards took pushes, the agents had every answer
     split = json.loads((tmp_path / "fleet_scale.json").read_text())["sharded"][0]
     assert split["shards"] == 2 and split["answered"] == split["pushed"] > 0
