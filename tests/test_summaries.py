@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
+from alembic import command
+
 from bench.push_cost import node_second
+from echod.db import alembic_config, upgrade
 from echod.store import write_batch
 from echod.summaries import BUCKETS_PER_OCTAVE, Histogram, bucket, minutes
 
@@ -80,6 +83,19 @@ def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothi
     write_batch(engine, batches[3], now=BASE + 100)     # fleetd sends one again
     with engine.connect() as connection:
         assert summarized(connection) == summary
+
+
+def test_an_upgrade_summarizes_the_events_stored_before_it(engine):
+    for batch in pushes(5):
+        write_batch(engine, batch, now=BASE + 100)
+    with engine.connect() as connection:
+        written = summarized(connection)
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0007")     # an echod before summaries
+        assert connection.scalar(text("SELECT to_regclass('call_stats')")) is None
+    upgrade(engine)
+    with engine.connect() as connection:
+        assert summarized(connection) == written
 
 
 def test_a_quantile_from_the_buckets_is_within_half_a_bucket_of_percentile_cont():
