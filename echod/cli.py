@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from datetime import UTC
 
 import click
 import sqlalchemy.exc
@@ -20,6 +21,8 @@ from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable
 from .ingest import IngestServer
 from .metrics import EchoMetrics
+from .retention import Policy
+from .retention import apply as apply_retention
 from .tokens_cli import token_group
 
 
@@ -104,11 +107,11 @@ def upgrade(engine) -> str:
         raise DatabaseUnavailable(f"cannot reach the database: {first_line(exc)}") from None
 
 
-def retention(engine, days: int):
-    def drop_old_partitions():
-        for name in db.drop_partitions_older_than(engine, days):
-            click.echo(f"echod: retention dropped {name}", err=True)
-    return drop_old_partitions
+def retention(engine, policy: Policy):
+    def keep_what_is_owed():
+        for done in apply_retention(engine, policy):
+            click.echo(f"echod: retention {done}", err=True)
+    return keep_what_is_owed
 
 
 def settings(config, flags):
@@ -151,7 +154,7 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
                     api.start()
                 code = 0 if signals.stop else IngestServer(
                     cfg, writer(engine), metrics, signals,
-                    housekeeping=retention(engine, cfg.retention_days),
+                    housekeeping=retention(engine, Policy.of(cfg)),
                     on_reload=api.reload if api else None,
                     on_tick=ticks(api.check if api else None, revive)).run()
             finally:
@@ -205,6 +208,25 @@ def db_status() -> None:
     current, head = _with_engine(db.status)
     state = "up to date" if current == head else "needs 'echod db upgrade'"
     click.echo(f"current {current or 'none'}\nhead    {head}\n{state}")
+
+
+@db_group.command("retention")
+@click.option("--as-of", "as_of", metavar="TIME", type=click.DateTime(
+    ["%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]),
+    help="Apply it as it will be due at this UTC time instead of now (what is past its "
+         "window then is dropped or thinned now).")
+@click.option("--dry-run", is_flag=True, help="Say what is due; change nothing.")
+def db_retention(as_of, dry_run: bool) -> None:
+    """Apply the retention policy (--retention-days, --raw-days, --raw-days-by-kind,
+    --evidence-window) now rather than at echod's next hourly pass, and say what it did.
+
+    Example: echod --raw-days 2 db retention --dry-run
+    """
+    config, flags = click.get_current_context().find_root().obj
+    policy = Policy.of(settings(config, flags))
+    now = None if as_of is None else as_of.replace(tzinfo=UTC).timestamp()
+    done = _with_engine(lambda engine: apply_retention(engine, policy, now, dry_run=dry_run))
+    click.echo("\n".join(done) if done else "nothing is due")
 
 
 main.add_command(keygen_command("/etc/ingero/keys", "echod", "echod"))

@@ -1,8 +1,8 @@
 """Every echod setting, declared once: flags, echod.yaml, ECHOD_* variables and echod(8)."""
 
 from ingero import wire
-from ingero.settings import (Setting, boolean, integer, listen_address, log_level, number,
-                             optional, optional_text, path, text, zmq_endpoint)
+from ingero.settings import (Setting, boolean, integer, kind_days, listen_address, log_level,
+                             number, optional, optional_text, path, text, zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/echod.yaml"
 
@@ -23,7 +23,20 @@ SETTINGS = [
     Setting("state_dir", "/var/lib/ingero/echod", path,
             "Where the private PostgreSQL cluster lives when no --dsn is given.", "DIR"),
     Setting("retention_days", 30, integer(1, 36_500),
-            "Days of events kept; older day partitions are dropped.", "DAYS"),
+            "Days anything is kept: call summaries, peer lag, scores, verdicts and the raw "
+            "events around verdicts; older day partitions are dropped, older rows deleted.",
+            "DAYS"),
+    Setting("raw_days", 7, integer(1, 36_500),
+            "Days the raw events of the frequent call kinds (collective, sync, alloc, free, "
+            "memcpy; their per-minute summaries stay) are kept whole; after that, only those "
+            "within --evidence-window of a verdict.", "DAYS"),
+    Setting("raw_days_by_kind", {}, kind_days,
+            "Raw windows per event kind, instead of --raw-days (KIND=DAYS,..., e.g. "
+            "collective=14,sync=2); the other kinds are kept whole for --retention-days unless "
+            "named here.", "KIND=DAYS"),
+    Setting("evidence_window", 600, number(0, 7 * 86_400),
+            "Seconds before a verdict's onset and after it cleared in which its job's raw "
+            "events are kept for --retention-days.", "SECONDS"),
     Setting("metrics_addr", "127.0.0.1:9472", listen_address,
             "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
     Setting("max_frame_bytes", wire.MAX_FRAME_BYTES, integer(1024, 256 * 1024 * 1024),

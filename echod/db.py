@@ -3,8 +3,8 @@
 Migrations are Alembic's, configured here in code (no alembic.ini): ``upgrade`` runs at start,
 under an advisory lock so that two echod processes starting together migrate once, and refuses
 a database that a newer echod has migrated (``SchemaTooNew``). Partitions are named
-``events_YYYYMMDD`` and cover one UTC day each; the writer makes them on demand, retention drops
-whole ones.
+``events_YYYYMMDD`` and cover one UTC day each; the writer makes them on demand, retention
+(``echod.retention``) thins and drops them.
 """
 
 from __future__ import annotations
@@ -100,6 +100,12 @@ def partition_name(day: date) -> str:
     return f"events_{day:%Y%m%d}"
 
 
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    """The times a day's partition holds: from its midnight (UTC) to the next."""
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    return start, start + DAY
+
+
 def partition_day(name: str) -> date | None:
     match = PARTITION_NAME.match(name)
     return datetime.strptime(match.group(1), "%Y%m%d").date() if match else None
@@ -120,22 +126,8 @@ def ensure_partitions(connection: Connection, days: set[date]) -> list[str]:
     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PARTITION_LOCK})
     missing = sorted(days - event_partitions(connection).keys())
     for day in missing:
-        start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        start, end = day_bounds(day)
         connection.execute(text(
             f"CREATE TABLE {partition_name(day)} PARTITION OF events "
-            f"FOR VALUES FROM ('{start.isoformat()}') TO ('{(start + DAY).isoformat()}')"))
+            f"FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"))
     return [partition_name(day) for day in missing]
-
-
-def drop_partitions_older_than(engine: Engine, days: int, now: float | None = None) -> list[str]:
-    """Drop the partitions of ``events`` whose whole day ended more than ``days`` days before
-    ``now`` (default: the current time); return their names, oldest first."""
-    now = time.time() if now is None else now
-    cutoff = datetime.fromtimestamp(now, UTC) - timedelta(days=days)
-    with engine.begin() as connection:
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RETENTION_LOCK})
-        old = [name for day, name in sorted(event_partitions(connection).items())
-               if datetime(day.year, day.month, day.day, tzinfo=UTC) + DAY <= cutoff]
-        for name in old:
-            connection.execute(text(f"DROP TABLE {name}"))
-    return old

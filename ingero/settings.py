@@ -151,15 +151,21 @@ def shard(value: Any) -> tuple[int, int]:
     return k, n
 
 
-def node_counts(value: Any) -> dict[str, int]:
-    """``cluster=N,...`` on the command line, or a mapping in YAML."""
-    if isinstance(value, dict):
-        pairs = value.items()
-    else:
-        pairs = [item.split("=", 1) for item in str(value).split(",") if item.strip()]
-        if any(len(p) != 2 for p in pairs):
-            raise ValueError("expected CLUSTER=COUNT[,CLUSTER=COUNT...]")
-    return {text(str(k)): integer(1, 1_000_000)(v) for k, v in pairs}
+def named_integers(name: str, unit: str, lo: int, hi: int) -> Callable[[Any], dict[str, int]]:
+    """``NAME=N,...`` on the command line, or a mapping in YAML."""
+    def parse(value: Any) -> dict[str, int]:
+        if isinstance(value, dict):
+            pairs = value.items()
+        else:
+            pairs = [item.split("=", 1) for item in str(value).split(",") if item.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise ValueError(f"expected {name}={unit}[,{name}={unit}...]")
+        return {text(str(k)): integer(lo, hi)(v) for k, v in pairs}
+    return parse
+
+
+node_counts = named_integers("CLUSTER", "COUNT", 1, 1_000_000)
+kind_days = named_integers("KIND", "DAYS", 1, 36_500)
 
 
 def env_matches(value: Any) -> dict[str, str]:

@@ -19,11 +19,12 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from echod.db import (drop_partitions_older_than, event_partitions, head_revision, make_engine,
-                      status, upgrade)
+from echod.db import event_partitions, head_revision, make_engine, status, upgrade
 from echod.embedded import EmbeddedPostgres, find_bindir
 from echod.errors import EmbeddedDatabaseError, SchemaTooNew
 from echod.models import Base, Event, HealthScore, Node, Threshold
+from echod.retention import Policy
+from echod.retention import apply as apply_retention
 from echod.store import write_batch
 from echod.tools.anomalies import FAILED_CALLS
 
@@ -203,11 +204,67 @@ def test_events_of_three_days_land_in_three_partitions_and_retention_drops_the_o
         placed = dict(connection.execute(text(
             "SELECT tableoid::regclass::text, count(*) FROM events GROUP BY 1")).all())
     assert placed == {name: 5 for name in names}
-    assert drop_partitions_older_than(engine, 2, now=now) == names[:1]
-    assert drop_partitions_older_than(engine, 2, now=now) == []
+    whole = Policy(days=2, raw_days=2)
+    assert apply_retention(engine, whole, now=now) == [   # the day and its summaries
+        f"dropped {names[0]}", f"deleted 5 call_stats rows from before {days[1]:%Y-%m-%d}"]
+    assert apply_retention(engine, whole, now=now) == []
     with engine.connect() as connection:
         assert sorted(event_partitions(connection).values()) == names[1:]
         assert connection.scalar(text("SELECT count(*) FROM events")) == 10
+
+
+def test_a_day_past_its_raw_window_keeps_the_kinds_still_owed_and_the_evidence_of_a_verdict(
+        engine):
+    """Raw window 1 day for the summarized kinds, 2 for syncs, the whole 30 for the rest; a
+    verdict on job 4242 from 11:00 to 11:30 with 10 minutes of evidence either side."""
+    now = time.time()
+    noon = datetime.fromtimestamp(now, UTC).replace(hour=12, minute=0, second=0,
+                                                    microsecond=0) - timedelta(days=2)
+    minutes = [noon - timedelta(hours=2) + timedelta(minutes=m) for m in range(240)]
+    events = [event("node01", m, t.timestamp()) for m, t in enumerate(minutes)]
+    events += [{**event("node01", 1000 + m, t.timestamp() + 1), "kind": "sync"}
+               for m, t in enumerate(minutes)]
+    events += [{**event("node01", 2000 + m, t.timestamp() + 2), "job": "7", "kind": "collective"}
+               for m, t in enumerate(minutes)]                     # another job: no verdict
+    events += [{**event("node01", 3000, noon.timestamp()), "kind": "process_exit"}]
+    onset, cleared = noon - timedelta(hours=1), noon - timedelta(minutes=30)
+    batch = {"events": events, "verdicts": [verdict(0, onset.timestamp(),
+                                                   cleared=cleared.timestamp())]}
+    assert write_batch(engine, batch, now=now).stored == len(events) + 1
+    name = f"events_{noon:%Y%m%d}"
+    policy = Policy(days=30, raw_days=1, by_kind={"sync": 2}, evidence_s=600)
+    thinned = f"thinned {name}: raw alloc, collective, free, memcpy kept only around verdicts"
+    assert apply_retention(engine, policy, now=now, dry_run=True) == [thinned]
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM events")) == len(events)
+    assert apply_retention(engine, policy, now=now) == [thinned]
+    assert apply_retention(engine, policy, now=now) == []           # once per closed window
+    kept = "SELECT kind, job, min(t), max(t), count(*) FROM events GROUP BY 1, 2 ORDER BY 1, 2"
+    with engine.connect() as connection:
+        rows = {(kind, job): (lo, hi, n) for kind, job, lo, hi, n in
+                connection.execute(text(kept))}
+        sums = connection.execute(text(
+            "SELECT kind, sum(calls) FROM call_stats GROUP BY 1 ORDER BY 1")).all()
+    window = (onset - timedelta(minutes=10), cleared + timedelta(minutes=10))
+    assert rows[("collective", "4242")] == (*window, 51)         # the evidence, minute by minute
+    assert ("collective", "7") not in rows                       # nobody named there
+    assert rows[("sync", "4242")][2] == 240                      # its own window is still open
+    assert rows[("process_exit", "4242")][2] == 1                # rare: kept whole
+    assert sums == [("collective", 480), ("sync", 240)]          # the summaries stay whole
+    # A day later the syncs' window closes too: the same partition is thinned once more.
+    said = apply_retention(engine, policy, now=now + 86_400)
+    assert said == [f"thinned {name}: raw alloc, collective, free, memcpy, sync kept only "
+                    "around verdicts"]
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM events WHERE kind = 'sync'")) == 50
+        indexes = "SELECT count(*) FROM pg_indexes WHERE tablename = :name"
+        assert connection.scalar(text(indexes), {"name": name}) == \
+            connection.scalar(text(indexes), {"name": "events"})   # a partition with them all
+    # Past the whole retention, the day, its summaries and the verdict go.
+    said = apply_retention(engine, policy, now=now + 31 * 86_400)
+    assert said[0] == f"dropped {name}" and any("call_stats" in s for s in said), said
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM straggler_verdicts")) == 0
 
 
 # -- the embedded cluster ----------------------------------------------------------------------

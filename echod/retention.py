@@ -1,0 +1,185 @@
+"""What echod keeps, and for how long.
+
+Everything is kept for ``--retention-days``: the per-minute call summaries, peer lag, scores,
+thresholds, verdicts, and the raw events around each verdict. The raw events of the frequent
+call kinds (``THINNED``: summarized in ``call_stats``, and most of what a job makes) are kept
+whole for ``--raw-days`` only, or per kind for ``--raw-days-by-kind``; the rare kinds
+(communicators made and destroyed, process exits, preemptions, block I/O: few, and what
+several tools read) are kept whole for the full retention unless named there. Past its raw window, a day partition of ``events`` is rewritten with only
+the rows still owed: the kinds whose window is still open, and every event of a verdict's job
+(and the node's job-less events) from ``--evidence-window`` before the verdict's onset to as
+long after it cleared (or was last seen). The kinds a partition has lost are written in its
+table comment, so a partition is rewritten once per window that closes, not every hour.
+
+A day is dropped whole once it is past the retention. Thinning copies the kept rows into a
+new table and swaps it in for the partition, so the disk is given back at once (a DELETE
+would leave the space to the partition, which gets no new rows); the swap holds off writers
+(``RETENTION_LOCK``) for as long as the copy of that one day takes. fleetd keeps what arrives
+meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import Connection, Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import Text
+
+from .db import DAY, RETENTION_LOCK, day_bounds, event_partitions
+
+THINNED = ("collective", "sync", "alloc", "free", "memcpy")
+COMMENT_KEY = "ingero_raw_dropped"
+# Rows with a time of their own, deleted once it is past the retention; verdicts by the
+# latest time they speak of.
+AGED_ROWS = {
+    "call_stats": "t",
+    "peer_lag": "t",
+    "health_scores": "t",
+    "thresholds": "t",
+    "straggler_verdicts": "coalesce(cleared, last_seen, t)",
+}
+# The verdicts' windows of evidence that reach into one day: [lo, hi] per job and node.
+WINDOWS = """
+    SELECT DISTINCT cluster, job, node,
+           greatest(coalesce(onset, t) - make_interval(secs => :margin), :day_lo) AS lo,
+           least(coalesce(cleared, last_seen, t) + make_interval(secs => :margin), :day_hi) AS hi
+    FROM straggler_verdicts
+    WHERE coalesce(onset, t) - make_interval(secs => :margin) < :day_hi
+      AND coalesce(cleared, last_seen, t) + make_interval(secs => :margin) >= :day_lo"""
+
+
+@dataclass(frozen=True)
+class Policy:
+    days: int                                   # everything
+    raw_days: int                               # raw events of the THINNED kinds
+    by_kind: dict[str, int] = field(default_factory=dict)
+    evidence_s: float = 600.0                   # around a verdict, before and after
+
+    @classmethod
+    def of(cls, cfg) -> Policy:
+        return cls(cfg.retention_days, cfg.raw_days, dict(cfg.raw_days_by_kind),
+                   cfg.evidence_window)
+
+    def raw_window(self, kind: str) -> int:
+        """Days the raw events of ``kind`` are kept whole."""
+        days = self.by_kind.get(kind, self.raw_days if kind in THINNED else self.days)
+        return min(days, self.days)
+
+    def expired(self, age_days: float) -> frozenset[str]:
+        """The kinds whose raw window has closed on a day that ended ``age_days`` ago."""
+        return frozenset(kind for kind in set(THINNED) | set(self.by_kind)
+                         if self.raw_window(kind) <= age_days)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What retention does to one day partition: drop it, or thin it to these kinds lost."""
+    partition: str
+    day: date
+    drop: bool
+    kinds: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.drop:
+            return f"dropped {self.partition}"
+        return (f"thinned {self.partition}: raw {', '.join(self.kinds)} kept only around "
+                "verdicts")
+
+
+def dropped_kinds(connection: Connection, partition: str) -> frozenset[str]:
+    """The kinds a partition has been thinned of already (its table comment)."""
+    comment = connection.scalar(text("SELECT obj_description(CAST(:name AS regclass), "
+                                     "'pg_class')"), {"name": partition})
+    try:
+        return frozenset(json.loads(comment or "{}").get(COMMENT_KEY, ()))
+    except (ValueError, AttributeError):
+        return frozenset()
+
+
+def plan(connection: Connection, policy: Policy, now: float) -> list[Step]:
+    """What is due, oldest day first."""
+    steps = []
+    for day, name in sorted(event_partitions(connection).items()):
+        age = (now - day_bounds(day)[1].timestamp()) / DAY.total_seconds()
+        if age >= policy.days:
+            steps.append(Step(name, day, drop=True))
+            continue
+        done = dropped_kinds(connection, name)
+        if not policy.expired(age) <= done:
+            steps.append(Step(name, day, drop=False,
+                              kinds=tuple(sorted(policy.expired(age) | done))))
+    return steps
+
+
+def thin(connection: Connection, step: Step, evidence_s: float) -> None:
+    """Swap the partition for a copy of the rows it still owes (see the module's doc)."""
+    name, new = step.partition, f"{step.partition}_thinned"
+    lo, hi = day_bounds(step.day)
+    kinds = bindparam("kinds", list(step.kinds), type_=ARRAY(Text))
+    connection.execute(text(f"CREATE TABLE {new} (LIKE events INCLUDING DEFAULTS)"))
+    connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {new}_pkey PRIMARY KEY (t, id)"))
+    connection.execute(text(f"INSERT INTO {new} SELECT * FROM {name} WHERE kind <> ALL(:kinds)")
+                       .bindparams(kinds))
+    # Per window, the job's events by the partition's (cluster, job, t) index, and the node's
+    # events of no job by (cluster, node, t); windows of one job may overlap.
+    connection.execute(text(f"""
+        WITH windows AS ({WINDOWS})
+        INSERT INTO {new}
+        SELECT e.* FROM windows w JOIN {name} e ON e.cluster = w.cluster AND e.job = w.job
+            AND e.t BETWEEN w.lo AND w.hi WHERE e.kind = ANY(:kinds)
+        UNION ALL
+        SELECT e.* FROM windows w JOIN {name} e ON e.cluster = w.cluster AND e.node = w.node
+            AND e.t BETWEEN w.lo AND w.hi WHERE e.kind = ANY(:kinds)
+            AND (e.job IS NULL OR w.job IS NULL)
+        ON CONFLICT DO NOTHING""").bindparams(kinds),
+        {"margin": evidence_s, "day_lo": lo, "day_hi": hi})
+    # The partition's bound as a constraint first, so that attaching need not scan the copy.
+    bounds = f"'{lo.isoformat()}'", f"'{hi.isoformat()}'"
+    connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {name}_day "
+                            f"CHECK (t IS NOT NULL AND t >= {bounds[0]} AND t < {bounds[1]})"))
+    connection.execute(text(f"ALTER TABLE events DETACH PARTITION {name}"))
+    connection.execute(text(f"DROP TABLE {name}"))
+    connection.execute(text(f"ALTER TABLE {new} RENAME TO {name}"))
+    connection.execute(text(f"ALTER INDEX {new}_pkey RENAME TO {name}_pkey"))
+    connection.execute(text(f"ALTER TABLE events ATTACH PARTITION {name} "
+                            f"FOR VALUES FROM ({bounds[0]}) TO ({bounds[1]})"))
+    connection.execute(text(f"COMMENT ON TABLE {name} IS "
+                            f"'{json.dumps({COMMENT_KEY: list(step.kinds)})}'"))
+
+
+def apply(engine: Engine, policy: Policy, now: float | None = None,
+          dry_run: bool = False) -> list[str]:
+    """Drop and thin what is due as of ``now`` (default: the current time), each day in a
+    transaction of its own, then delete the rows past the retention; say what was done."""
+    now = time.time() if now is None else now
+    with engine.connect() as connection:
+        steps = plan(connection, policy, now)
+    said = []
+    # Rows go with the days of events they belong to: those whose whole day is past.
+    cutoff = day_bounds((datetime.fromtimestamp(now, UTC) - timedelta(days=policy.days)).date())[0]
+    for step in steps:
+        if not dry_run:
+            with engine.begin() as connection:
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                                   {"key": RETENTION_LOCK})
+                if step.partition not in event_partitions(connection).values():
+                    continue                    # another echod did it meanwhile
+                if step.drop:
+                    connection.execute(text(f"DROP TABLE {step.partition}"))
+                else:
+                    thin(connection, step, policy.evidence_s)
+        said.append(step.describe())
+    if dry_run:
+        return said
+    with engine.begin() as connection:
+        for table, when in AGED_ROWS.items():
+            gone = connection.execute(text(f"DELETE FROM {table} WHERE {when} < :cutoff"),
+                                      {"cutoff": cutoff}).rowcount
+            if gone:
+                said.append(f"deleted {gone} {table} rows from before {cutoff:%Y-%m-%d}")
+    return said
+
