@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (BigInteger, Boolean, DateTime, Float, Identity, Index, Integer, MetaData,
-                        SmallInteger, Text, UniqueConstraint, text, true)
+                        SmallInteger, Text, UniqueConstraint, false, text, true)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -31,6 +31,11 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: Timestamp, dict[str, Any]: JSONB, list[str]: ARRAY(Text)}
 
 
+# The calls that failed (a number other than 0 returned), as the partial index over them has it.
+FAILED_CALL = ("kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(attrs -> 'result') = 'number' "
+               "AND attrs -> 'result' <> '0'::jsonb")
+
+
 class Event(Base):
     """One traced event; the columns queries filter on are lifted out of ``attrs``."""
 
@@ -41,9 +46,7 @@ class Event(Base):
         Index(None, "kind", "t"),
         Index("ix_events_collective_seq", "cluster", "job", "comm_hash", "seq",
               postgresql_include=["rank", "t"], postgresql_where=text("kind = 'collective'")),
-        Index("ix_events_failed_calls", "cluster", "t", postgresql_where=text(
-            "kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(attrs -> 'result') = 'number' "
-            "AND attrs -> 'result' <> '0'::jsonb")),
+        Index("ix_events_failed_calls", "cluster", "t", postgresql_where=text(FAILED_CALL)),
         {"postgresql_partition_by": "RANGE (t)"},
     )
 
@@ -123,11 +126,16 @@ class PeerLag(Base):
     lag_median_ns: Mapped[int | None] = mapped_column(BigInteger)
     lag_p95_ns: Mapped[int | None] = mapped_column(BigInteger)
     lag_max_ns: Mapped[int | None] = mapped_column(BigInteger)
+    lag_p99_ns: Mapped[int | None] = mapped_column(BigInteger)
+    last_arrivals: Mapped[int | None] = mapped_column(BigInteger)
+    idle_caused_ns: Mapped[int | None] = mapped_column(BigInteger)
+    waited_ns: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class CallStats(Base):
     """One minute of one rank's calls of a kind, op and communicator (syncs apart by whether
-    they waited on peers): counts, sums and a histogram of durations (``echod.summaries``)."""
+    they waited on peers, failed calls apart, copies by direction): counts, sums and a
+    histogram of durations (``echod.summaries``)."""
 
     __tablename__ = "call_stats"
     __table_args__ = (
@@ -145,10 +153,16 @@ class CallStats(Base):
     op: Mapped[str | None] = mapped_column(Text)
     comm_hash: Mapped[str | None] = mapped_column(Text)
     peer_wait: Mapped[bool] = mapped_column(Boolean)
+    failed: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    detail: Mapped[str | None] = mapped_column(Text)
     calls: Mapped[int] = mapped_column(BigInteger)
     timed: Mapped[int] = mapped_column(BigInteger)
     duration_ns: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)
+    timed_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    small_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    first_t: Mapped[datetime | None]
     last_t: Mapped[datetime]
     buckets: Mapped[list[int]] = mapped_column(ARRAY(SmallInteger))
     counts: Mapped[list[int]] = mapped_column(ARRAY(Integer))

@@ -6,10 +6,11 @@ call kinds (``THINNED``: summarized in ``call_stats``, and most of what a job ma
 whole for ``--raw-days`` only, or per kind for ``--raw-days-by-kind``; the rare kinds
 (communicators made and destroyed, process exits, preemptions, block I/O: few, and what
 several tools read) are kept whole for the full retention unless named there. Past its raw window, a day partition of ``events`` is rewritten with only
-the rows still owed: the kinds whose window is still open, and every event of a verdict's job
-(and the node's job-less events) from ``--evidence-window`` before the verdict's onset to as
-long after it cleared (or was last seen). The kinds a partition has lost are written in its
-table comment, so a partition is rewritten once per window that closes, not every hour.
+the rows still owed: the kinds whose window is still open, the calls that failed, and every
+event of a verdict's job (and the node's job-less events) from ``--evidence-window`` before
+the verdict's onset to as long after it cleared (or was last seen). The kinds a partition
+has lost are written in its table comment, so a partition is rewritten once per window that
+closes, not every hour.
 
 A day is dropped whole once it is past the retention. Thinning copies the kept rows into a
 new table and swaps it in for the partition, so the disk is given back at once (a DELETE
@@ -30,6 +31,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Text
 
 from .db import DAY, RETENTION_LOCK, day_bounds, event_partitions
+from .models import FAILED_CALL
 
 THINNED = ("collective", "sync", "alloc", "free", "memcpy")
 COMMENT_KEY = "ingero_raw_dropped"
@@ -124,6 +126,9 @@ def thin(connection: Connection, step: Step, evidence_s: float) -> None:
     connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {new}_pkey PRIMARY KEY (t, id)"))
     connection.execute(text(f"INSERT INTO {new} SELECT * FROM {name} WHERE kind <> ALL(:kinds)")
                        .bindparams(kinds))
+    # Failed calls are few and each is evidence (the failed-calls index finds them).
+    connection.execute(text(f"INSERT INTO {new} SELECT * FROM {name} WHERE {FAILED_CALL} "
+                            "AND kind = ANY(:kinds)").bindparams(kinds))
     # Per window, the job's events by the partition's (cluster, job, t) index, and the node's
     # events of no job by (cluster, node, t); windows of one job may overlap.
     connection.execute(text(f"""

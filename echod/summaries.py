@@ -2,8 +2,10 @@
 and read by the tools instead of the raw events.
 
 A minute of one rank's calls of one kind, op and communicator (syncs apart by whether they
-waited on peers) is a row: how many calls, how many had a duration, the durations' and bytes'
-sums, the last call's time, and the durations as a histogram: bucket ``b`` holds durations
+waited on peers, failed calls apart from the others, copies by direction: ``detail``) is a
+row: how many calls, how many had a duration, the durations' and bytes' sums (and the bytes
+of the calls with a duration), the largest call's bytes, how many moved under 1 MiB, the
+first and last call's times, and the durations as a histogram: bucket ``b`` holds durations
 ``d`` (ns) with ``floor(log2(d) * BUCKETS_PER_OCTAVE) == b`` (bucket -1 the zeros), with their
 count and their sum. A quantile read from it takes the mean of the bucket it falls in: exact
 where the bucket's durations are equal, and never further from the exact one than a bucket is
@@ -24,11 +26,16 @@ BUCKETS_PER_OCTAVE = 32
 ZERO = -1                               # the bucket of durations of 0 ns
 KINDS = ("collective", "sync", "alloc", "free", "memcpy", "comm_init", "comm_destroy")
 MINUTE = timedelta(minutes=1)
-KEY = "cluster, job, node, rank, t, kind, op, comm_hash, peer_wait"
+KEY = "cluster, job, node, rank, t, kind, op, comm_hash, peer_wait, failed, detail"
+SMALL_BYTES = 2**20                     # a small allocation or copy
 # A call's bucket in SQL (NULL: no duration): the same as ``bucket`` below.
 BUCKET_SQL = (f"CASE WHEN {{d}} > 0 THEN floor(ln({{d}}::float8) * "
               f"{BUCKETS_PER_OCTAVE / math.log(2)!r})::int2 WHEN {{d}} = 0 THEN {ZERO} END")
 PEER_WAIT_SQL = "coalesce({a}.kind = 'sync' AND {a}.attrs -> 'peer_wait' = 'true'::jsonb, false)"
+# A call that returned an error (a number other than 0), as the failed-calls index has it.
+FAILED_SQL = ("coalesce(jsonb_typeof({a}.attrs -> 'result') = 'number' "
+              "AND {a}.attrs -> 'result' <> '0'::jsonb, false)")
+DETAIL_SQL = "CASE WHEN {a}.kind = 'memcpy' THEN {a}.attrs ->> 'direction' END"
 KINDS_SQL = ", ".join(f"'{kind}'" for kind in KINDS)
 
 
@@ -45,15 +52,19 @@ SUMMARIZE = f"""
 per_bucket AS (
     SELECT m.cluster, m.job, m.node, m.rank, date_trunc('minute', m.t) AS t, m.kind, m.op,
            m.comm_hash, {PEER_WAIT_SQL.format(a="m")} AS peer_wait,
+           {FAILED_SQL.format(a="m")} AS failed, {DETAIL_SQL.format(a="m")} AS detail,
            {BUCKET_SQL.format(d="m.duration_ns")} AS bucket, count(*) AS calls,
            count(m.duration_ns) AS timed, sum(m.duration_ns) AS duration_ns,
-           sum(m.bytes) AS bytes, max(m.t) AS last_t
+           sum(m.bytes) AS bytes, sum(m.bytes) FILTER (WHERE m.duration_ns > 0) AS timed_bytes,
+           max(m.bytes) AS max_bytes, count(*) FILTER (WHERE m.bytes < {SMALL_BYTES}) AS small,
+           min(m.t) AS first_t, max(m.t) AS last_t
     FROM moved m WHERE m.kind IN ({KINDS_SQL})
-    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
 summarized AS (
-    INSERT INTO call_stats ({KEY}, calls, timed, duration_ns, bytes, last_t, buckets, counts,
-                            sums)
-    SELECT {KEY}, sum(calls), sum(timed), sum(duration_ns), sum(bytes), max(last_t),
+    INSERT INTO call_stats ({KEY}, calls, timed, duration_ns, bytes, timed_bytes, max_bytes,
+                            small_calls, first_t, last_t, buckets, counts, sums)
+    SELECT {KEY}, sum(calls), sum(timed), sum(duration_ns), sum(bytes), sum(timed_bytes),
+           max(max_bytes), sum(small), min(first_t), max(last_t),
            {_each("bucket")}, {_each("timed")}, {_each("duration_ns")}
     FROM per_bucket GROUP BY {KEY})
 """

@@ -25,7 +25,8 @@ import numpy as np
 
 from ingero.analysis import causes
 from ingero.analysis.lag import peer_lag
-from ingero.analysis.stragglers import LagPolicy, idle_caused, judge, quiet, slow_workers
+from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, quiet,
+                                       slow_workers)
 from ingero.runtime import RateLimitedLog
 from ingero.vocabulary import POINT_TO_POINT
 from ingero.wire import Push
@@ -388,17 +389,26 @@ class RankAnalysis:
         known = np.isfinite(lag).all(axis=0)
         if known.sum() < 2 or PAIR in comm:
             return True
+        # The rank's lag summary for echod, which answers from these where the raw
+        # collectives are not kept (or too many to read): its lag on the clocks known; who
+        # came last and who waited only where every rank's clock is known (among a part of
+        # the ranks, the last of that part is no last arrival).
         t = float(np.nanmedian(entries[-1]))
-        summary = (np.quantile(lag[:, known], [0.5, 0.95, 1.0], axis=0) * 1e9).round() \
+        summary = (np.quantile(lag[:, known], [0.5, 0.95, 0.99, 1.0], axis=0) * 1e9).round() \
             .astype(np.int64)
+        waits = arrivals(entries) if known.all() else None
         for at, column in enumerate(np.flatnonzero(known)):
-            median, p95, largest = summary[:, at].tolist()
+            median, p95, p99, largest = summary[:, at].tolist()
             self.pending_lag.append({
                 "t": t, "cluster": job.cluster, "job": job.job, "comm_hash": comm,
                 "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
                 "node": job.facts[ranks[column]].node or None,
                 "samples": len(seq), "lag_median_ns": median, "lag_p95_ns": p95,
-                "lag_max_ns": largest})
+                "lag_p99_ns": p99, "lag_max_ns": largest,
+                **({} if waits is None else {
+                    "last_arrivals": int(waits[0][column]),
+                    "idle_caused_ns": round(waits[1][column] * 1e9),
+                    "waited_ns": round(waits[2][column] * 1e9)})})
         return True
 
     def _charge(self, job: JobState, comm: str, window: CommWindow, ranks: list[int],

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from ingero.analysis import causes
 from ingero.analysis.clock import best_offset, exchange
 from ingero.analysis.lag import peer_lag
-from ingero.analysis.stragglers import (LagPolicy, idle_caused, judge, last_share,
+from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, last_share,
                                         missing_ranks, onset, period, recent_instances,
                                         slow_workers, step_interval)
 
@@ -198,6 +198,9 @@ def test_idle_caused_charges_the_last_rank_for_everyone_s_wait():
     entries = np.array([[0.0, 1.0, 3.0], [10.0, 12.0, 11.0]])
     assert idle_caused(entries).tolist() == [0.0, 3.0, 5.0]   # (3-0)+(3-1); (12-10)+(12-11)
     assert last_share(entries).tolist() == [0.0, 0.5, 0.5]
+    last, caused, waited = arrivals(np.vstack([entries, [[5.0, np.nan, np.nan]]]))
+    assert last.tolist() == [0.0, 1.0, 1.0] and caused.tolist() == [0.0, 3.0, 5.0]
+    assert waited.tolist() == [3.0 + 2.0, 2.0, 0.0 + 1.0]    # an instance of one: no wait
     assert step_interval(entries) == pytest.approx(10.0)
 
 

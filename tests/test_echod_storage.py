@@ -226,7 +226,8 @@ def test_a_day_past_its_raw_window_keeps_the_kinds_still_owed_and_the_evidence_o
                for m, t in enumerate(minutes)]
     events += [{**event("node01", 2000 + m, t.timestamp() + 2), "job": "7", "kind": "collective"}
                for m, t in enumerate(minutes)]                     # another job: no verdict
-    events += [{**event("node01", 3000, noon.timestamp()), "kind": "process_exit"}]
+    events += [{**event("node01", 3000, noon.timestamp()), "kind": "process_exit"},
+               {**event("node01", 3001, noon.timestamp(), result=2), "job": "7", "kind": "alloc"}]
     onset, cleared = noon - timedelta(hours=1), noon - timedelta(minutes=30)
     batch = {"events": events, "verdicts": [verdict(0, onset.timestamp(),
                                                    cleared=cleared.timestamp())]}
@@ -250,7 +251,8 @@ def test_a_day_past_its_raw_window_keeps_the_kinds_still_owed_and_the_evidence_o
     assert ("collective", "7") not in rows                       # nobody named there
     assert rows[("sync", "4242")][2] == 240                      # its own window is still open
     assert rows[("process_exit", "4242")][2] == 1                # rare: kept whole
-    assert sums == [("collective", 480), ("sync", 240)]          # the summaries stay whole
+    assert rows[("alloc", "7")][2] == 1                          # a failed call: evidence
+    assert sums == [("alloc", 1), ("collective", 480), ("sync", 240)]   # the summaries stay
     # A day later the syncs' window closes too: the same partition is thinned once more.
     said = apply_retention(engine, policy, now=now + 86_400)
     assert said == [f"thinned {name}: raw alloc, collective, free, memcpy, sync kept only "

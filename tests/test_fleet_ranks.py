@@ -114,6 +114,13 @@ def test_a_late_rank_is_raised_once_updated_and_cleared_when_it_recovers():
     assert [r["revision"] for r in rows] == list(range(len(rows)))
     assert rows[0]["cleared"] is None and rows[-1]["cleared"] == verdict.cleared
     assert {r["rank"] for r in lag} == set(range(8))
+    # The lag summaries carry who came last and who waited: rank 5 while it was late.
+    late = [r for r in lag if r["rank"] == 5 and 20 <= r["seq_first"] and r["seq_last"] < 50]
+    assert late and all(r["last_arrivals"] == r["samples"] for r in late)
+    assert all(r["idle_caused_ns"] == pytest.approx(7 * 0.29e9 * r["samples"], rel=0.02)
+               for r in late)
+    assert all(r["waited_ns"] > 0 and r["last_arrivals"] == 0 and r["idle_caused_ns"] == 0
+               for r in lag if r["rank"] != 5 and 20 <= r["seq_first"] and r["seq_last"] < 50)
 
 
 def test_the_reply_names_the_live_straggler_ranks_of_a_node():
@@ -161,8 +168,10 @@ def test_a_node_whose_clock_is_not_known_yet_is_compared_with_no_other(caplog):
     exchanged(ra, "n0", 0.0)
     ra.observe(push("n0", steps(range(4), 0, 40)), T0 + 2.5)
     ra.observe(push("n1", steps(range(4, 8), 0, 40, skew=0.02)), T0 + 2.5)
-    assert ra.tick(T0 + 2.5) == [] and ra.pending_lag and \
-        {row["rank"] for row in ra.take_rows()[1]} <= set(range(4)), "n1 not compared"
+    assert ra.tick(T0 + 2.5) == [] and ra.pending_lag
+    lag = ra.take_rows()[1]
+    assert {row["rank"] for row in lag} <= set(range(4)), "n1 not compared"
+    assert not any("last_arrivals" in row for row in lag), "no last arrival among a part"
     exchanged(ra, "n1", 0.02, T0 + 2.6)
     late = lambda r, s: 0.05 if r == 6 else 0.0  # noqa: E731
     ra.observe(push("n0", steps(range(4), 40, 80, late)), T0 + 4.5)

@@ -17,7 +17,8 @@ from alembic import command
 from bench.push_cost import node_second
 from echod.db import alembic_config, upgrade
 from echod.store import write_batch
-from echod.summaries import BUCKETS_PER_OCTAVE, Histogram, bucket, minutes
+from echod.summaries import (BUCKETS_PER_OCTAVE, DETAIL_SQL, FAILED_SQL, SMALL_BYTES, Histogram,
+                             bucket, minutes)
 
 BUCKET = 2 ** (1 / BUCKETS_PER_OCTAVE) - 1        # a quantile's error, at most
 MIX = {"sync": 12, "alloc": 5, "collective": 6, "free": 5, "memcpy": 2}
@@ -35,6 +36,17 @@ SELECT s.rank, s.kind, s.op, s.peer_wait, u.bucket, sum(u.n), sum(u.total)
 FROM call_stats s, unnest(s.buckets, s.counts, s.sums) AS u(bucket, n, total)
 WHERE s.job = '4242' GROUP BY 1, 2, 3, 4, 5
 """
+DETAIL = f"""
+SELECT rank, kind, op, {FAILED_SQL.format(a="events")}, {DETAIL_SQL.format(a="events")},
+       count(*), sum(bytes) FILTER (WHERE duration_ns > 0), max(bytes),
+       count(*) FILTER (WHERE bytes < {SMALL_BYTES}), min(t), max(t)
+FROM events WHERE job = '4242' GROUP BY 1, 2, 3, 4, 5
+"""
+DETAIL_SUMMED = """
+SELECT rank, kind, op, failed, detail, sum(calls), sum(timed_bytes), max(max_bytes),
+       sum(small_calls), min(first_t), max(last_t)
+FROM call_stats WHERE job = '4242' GROUP BY 1, 2, 3, 4, 5
+"""
 SUMMED = """
 SELECT rank, kind, op, peer_wait, sum(calls), sum(timed), sum(duration_ns), sum(bytes)
 FROM call_stats WHERE job = '4242' GROUP BY 1, 2, 3, 4
@@ -49,6 +61,10 @@ def pushes(seconds: int, node: int = 0) -> list[dict]:
         for k, event in enumerate(events):
             event.update(node=f"node{node}", cluster="bench", boot_id="b", job="4242")
             event["attrs"]["duration_ns"] = 1_000 + (k * 7919) % 5_000_000   # spread out
+            if event["kind"] in ("alloc", "memcpy"):     # small and large, failed, two ways
+                event["attrs"]["bytes"] = 1 + (k % 5) * 2**19
+                event["attrs"]["result"] = 2 if k % 7 == 0 and event["kind"] == "alloc" else 0
+                event["attrs"]["direction"] = ("host_to_device", "device_to_host")[k % 2]
         out.append({"events": events})
     return out
 
@@ -80,22 +96,33 @@ def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothi
         assert got[:4] == (calls, timed, ns, nbytes), key
         assert got[4] == pytest.approx(median, rel=BUCKET * 1.01), key
         assert got[5] == pytest.approx(p99, rel=BUCKET * 1.01), key
+    with engine.connect() as connection:
+        detail = {tuple(row[:5]): tuple(row[5:]) for row in connection.execute(text(DETAIL))}
+        assert {tuple(row[:5]): tuple(row[5:])
+                for row in connection.execute(text(DETAIL_SUMMED))} == detail
+    assert {key[3:] for key in detail if key[1] == "alloc"} == {(False, None), (True, None)}
+    assert {key[4] for key in detail if key[1] == "memcpy"} == {"host_to_device",
+                                                                "device_to_host"}
+    assert any(small for _, _, _, small, *_ in detail.values())
     write_batch(engine, batches[3], now=BASE + 100)     # fleetd sends one again
     with engine.connect() as connection:
         assert summarized(connection) == summary
 
 
-def test_an_upgrade_summarizes_the_events_stored_before_it(engine):
+@pytest.mark.parametrize("before", ["0007", "0008"])   # no summaries; summaries of less
+def test_an_upgrade_summarizes_the_events_stored_before_it(engine, before):
     for batch in pushes(5):
         write_batch(engine, batch, now=BASE + 100)
     with engine.connect() as connection:
-        written = summarized(connection)
+        written = summarized(connection), set(connection.execute(text(DETAIL_SUMMED)))
     with engine.begin() as connection:
-        command.downgrade(alembic_config(connection), "0007")     # an echod before summaries
-        assert connection.scalar(text("SELECT to_regclass('call_stats')")) is None
+        command.downgrade(alembic_config(connection), before)
+        assert (connection.scalar(text("SELECT to_regclass('call_stats')")) is None) == \
+            (before == "0007")
     upgrade(engine)
     with engine.connect() as connection:
-        assert summarized(connection) == written
+        assert (summarized(connection), set(connection.execute(text(DETAIL_SUMMED)))) == \
+            written
 
 
 def test_a_quantile_from_the_buckets_is_within_half_a_bucket_of_percentile_cont():

@@ -8,9 +8,9 @@ from sqlalchemy import Connection
 
 from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTION_BURST
 
+from ..models import FAILED_CALL
 from ..registry import ToolContext, obj, tool
 from .calltotals import call_totals
-from .collectives import sample_calls
 from .evidence import BY_ANOTHER_PROCESS
 from .schema import (BOOL, CLUSTER_ARG, INT_OR_NULL, JOB_ARG, LIMIT, NODE_ARG, SCALAR,
                      SINCE_ARG, STR, STR_OR_NULL, TIME, UNTIL_ARG, WINDOW_OUT, array, closed)
@@ -33,7 +33,7 @@ SELECT th.t, th.cluster, th.cohort, th.panic, th.quorum_met, th.active, th.media
 FROM thresholds th WHERE {where} AND (th.panic OR NOT th.quorum_met)
 ORDER BY th.t DESC LIMIT :limit
 """
-HOST_CALLS = ("comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
+TIMED_CALLS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
 PREEMPTION_BURSTS = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, {jnum('count')} AS preemptions,
        e.attrs ->> 'preemptor_comm', {jnum('preemptor_pid')}
@@ -47,11 +47,9 @@ FROM events e WHERE e.kind = 'blockio' AND {{where}}
   AND (coalesce(e.bytes, 0) >= :heavy_bytes OR coalesce({jnum('requests')}, 0) >= :heavy_requests)
 ORDER BY e.t DESC LIMIT :limit
 """
-FAILED_CALLS = """
+FAILED_CALLS = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, e.kind, e.op, (e.attrs ->> 'result')::numeric
-FROM events e
-WHERE e.kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(e.attrs -> 'result') = 'number'
-  AND e.attrs -> 'result' <> '0'::jsonb AND {where}
+FROM events e WHERE {FAILED_CALL} AND {{where}}
 ORDER BY e.t DESC LIMIT :limit
 """
 ANOMALY_OUT = closed({
@@ -80,9 +78,9 @@ def anomalies(ctx: ToolContext, args: dict) -> dict:
     """What stands out, newest first (at most 'limit', default 100). Types: straggler / resolved
     (a node agent's own verdict edges: its score crossed the bar), panic / quorum_lost (a
     cohort's threshold could not be trusted: too many nodes under it, or too few nodes), slow_calls
-    (an op on one rank whose p99 call duration is at least 3× its p50 over at least 10 calls;
-    t is its last call; NCCL calls are judged on the collectives collective_stats reads, every
-    k-th past 100,000 entries, and their duration is the enqueue), preemption_burst (the
+    (an op on one rank whose p99 call duration is at least 3× its p50 over at least 10 calls,
+    from the per-minute summaries; t is its last call; an NCCL call's duration is the
+    enqueue), preemption_burst (the
     process was pushed off its CPU at least 5 times in one sample; detail names the preemptor),
     heavy_blockio (at least 64 MiB or 1000 requests of block I/O in one sample), failed_call
     (a sync, allocation or free whose result ≠ 0, e.g. a failed cudaMalloc). The window
@@ -136,19 +134,14 @@ def threshold_alerts(conn: Connection, sel: Selection, limit: int) -> list[dict]
 
 
 def slow_calls(conn: Connection, sel: Selection, params: dict) -> list[dict]:
-    """Ops whose p99 call duration is at least 3× their p50: for the host-side calls from the
-    per-minute summaries (quantiles within a histogram bucket, 2.2%), from the sampled
-    collectives (as collective_stats reads them) for NCCL."""
+    """Ops whose p99 call duration is at least 3× their p50, from the per-minute summaries
+    (quantiles within a histogram bucket, 2.2%)."""
     found = [(cluster, node, job, rank, op or kind, calls.timed, calls.durations.quantile(0.5),
               calls.durations.quantile(0.99), calls.last)
              for (cluster, node, job, rank, kind, op), calls in call_totals(
-                 conn, sel, HOST_CALLS, ("cluster", "node", "job", "rank", "kind", "op"),
+                 conn, sel, TIMED_CALLS, ("cluster", "node", "job", "rank", "kind", "op"),
                  rank=False).items()
              if calls.timed >= SLOW_CALL_MIN_CALLS]
-    found += [(c.cluster, c.node, c.job, c.rank, c.op or "collective", c.calls, c.p50_ns,
-               c.p99_ns, c.last)
-              for c in sample_calls(conn, sel, sel.where("e", rank=False)).calls
-              if c.calls >= SLOW_CALL_MIN_CALLS and c.p99_ns is not None]
     out = []
     for cluster, node, job, rank, name, calls, p50, p99, last in found:
         ratio = p99 / max(p50, 1.0)

@@ -1,19 +1,19 @@
 """The tools over traced calls: collective_stats (NCCL), memcpy_bandwidth (cudaMemcpy*) and
-memory_hotspots (GPU allocations)."""
+memory_hotspots (GPU allocations), all three from the per-minute call summaries (every call
+counted, whatever retention kept of the raw events)."""
 
 from __future__ import annotations
 
 from ingero.vocabulary import COPY_DIRECTIONS
 
 from ..registry import ToolContext, obj, tool
-from .collectives import DEFAULT_CALL_ENTRIES, sample_calls
+from .calltotals import call_totals
+from .collectives import summed_calls
 from .lag import COVERAGE_OUT
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, LIMIT, MAX_ENTRIES, NAME,
                      NODE_ARG, NUM_OR_NULL, RANK_ARG, SINCE_ARG, STR, STR_OR_NULL, UNTIL_ARG,
                      WINDOW_OUT, array, closed, described)
-from .selection import num, pinned, reading, rows, select, whole
-
-SMALL_ALLOCATION = 2**20
+from .selection import num, pinned, reading, select
 
 
 # -- collective_stats --------------------------------------------------------------------------
@@ -25,7 +25,8 @@ SMALL_ALLOCATION = 2**20
                         "comm_hash": described(NAME, "Only this communicator (16 hex digits)."),
                         "rank": RANK_ARG, "since": SINCE_ARG, "until": UNTIL_ARG,
                         "limit": LIMIT,
-                        "max_entries": {**MAX_ENTRIES, "default": DEFAULT_CALL_ENTRIES}}),
+                        "max_entries": described(MAX_ENTRIES, "Accepted and ignored: every "
+                                                 "call is counted, from the summaries.")}),
       output_schema=closed({
           "collectives": array(closed({
               "cluster": STR, "job": STR, "op": STR_OR_NULL, "comm_hash": STR, "rank": INT,
@@ -40,20 +41,19 @@ def collective_stats(ctx: ToolContext, args: dict) -> dict:
     this rank (any op), which tracks the training step time. Read the durations honestly: NCCL
     calls are asynchronous, the traced duration is the enqueue call and not the transfer on the
     GPU, so enqueue bandwidth is no bus bandwidth; it falls when the host is slow to enqueue.
-    Past 'max_entries' (collective, rank) entries only every k-th collective is read
-    (coverage.stride = k) and calls and bytes are scaled by k. Collectives without a job,
-    communicator or sequence number are not counted. At most 'limit' rows (default 100). The
-    window defaults to the whole job when 'job' is given, else the last hour."""
+    Every call is counted, from the per-minute summaries (coverage.source = 'summaries'):
+    the percentiles are within 2.2% (a histogram bucket), and the interval is per minute the
+    mean time between the rank's collectives on the communicator, the median over the
+    minutes. Collectives without a job or communicator are not counted. At most 'limit' rows
+    (default 100). The window defaults to the whole job when 'job' is given, else the last
+    hour."""
     sel = select(ctx, args, rank=True)
     limit = args.get("limit", 100)
     with reading(ctx) as conn:
-        where = sel.where("e", node=False).equal("e.op", "op", args.get("op"))
-        found = sample_calls(conn, sel, where, comm_hash=args.get("comm_hash"),
-                             max_entries=args.get("max_entries", DEFAULT_CALL_ENTRIES),
-                             intervals=True)
-    k = found.stride
+        found = summed_calls(conn, pinned(conn, sel), op=args.get("op"),
+                             comm_hash=args.get("comm_hash"), intervals=True)
     out = [{"cluster": c.cluster, "job": c.job, "op": c.op, "comm_hash": c.comm_hash,
-            "rank": c.rank, "node": c.node, "calls": c.calls * k, "bytes": whole(c.bytes) * k,
+            "rank": c.rank, "node": c.node, "calls": c.calls, "bytes": c.bytes,
             "call_p50_us": None if c.p50_ns is None else num(c.p50_ns / 1e3, 3),
             "call_p95_us": None if c.p95_ns is None else num(c.p95_ns / 1e3, 3),
             "enqueue_bandwidth_gbps": num(c.timed_bytes / c.timed_ns, 3) if c.timed_ns else None,
@@ -64,17 +64,6 @@ def collective_stats(ctx: ToolContext, args: dict) -> dict:
 
 
 # -- memcpy_bandwidth --------------------------------------------------------------------------
-
-COPIES = """
-SELECT e.cluster, e.node, e.rank, e.attrs ->> 'direction' AS direction, count(*), sum(e.bytes),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY e.bytes::float8 / e.duration_ns)
-           FILTER (WHERE e.duration_ns > 0 AND e.bytes IS NOT NULL),
-       sum(e.bytes) FILTER (WHERE e.duration_ns > 0),
-       sum(e.duration_ns) FILTER (WHERE e.duration_ns > 0 AND e.bytes IS NOT NULL)
-FROM events e WHERE e.kind = 'memcpy' AND {where}
-GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-"""
-
 
 @tool("memcpy_bandwidth", summary="Per node, rank and direction: copies, bytes and the GB/s "
       "they reached",
@@ -89,44 +78,37 @@ GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
               "gbps_aggregate": NUM_OR_NULL})),
           "window": WINDOW_OUT}))
 def memcpy_bandwidth(ctx: ToolContext, args: dict) -> dict:
-    """cudaMemcpy* copies per (node, rank, direction): how many, bytes, the median per-copy rate
-    (bytes / traced duration, GB/s) and the aggregate (all bytes / all durations). A host-to-
-    device rate far under its peers' points at PCIe, NUMA placement or pageable (unpinned)
-    host memory. For the *Async calls the traced duration is the enqueue, so their rate is an
-    upper bound of little meaning. The window defaults to the whole job when 'job' is given,
-    else the last hour."""
+    """cudaMemcpy* copies per (node, rank, direction): how many, bytes, the rate of a median
+    copy (its mean size over the median traced duration, GB/s) and the aggregate (all bytes
+    / all durations of the copies with a duration). A host-to-device rate far under its
+    peers' points at PCIe, NUMA placement or pageable (unpinned) host memory. For the *Async
+    calls the traced duration is the enqueue, so their rate is an upper bound of little
+    meaning. From the per-minute summaries: every copy, the median duration within 2.2%. The
+    window defaults to the whole job when 'job' is given, else the last hour."""
     sel = select(ctx, args, node=True)
     with reading(ctx) as conn:
-        where = pinned(conn, sel).where("e", rank=False)
-        where.equal("e.attrs ->> 'direction'", "direction", args.get("direction"))
-        found = rows(conn, COPIES.format(where=where.sql()), where.params)
-    return {"copies": [{"cluster": cluster, "node": node, "rank": rank, "direction": direction,
-                        "copies": copies, "bytes": whole(nbytes), "gbps_median": num(median, 3),
-                        "gbps_aggregate": num(timed_bytes / timed_ns, 3) if timed_ns else None}
-                       for cluster, node, rank, direction, copies, nbytes, median, timed_bytes,
-                       timed_ns in found],
-            "window": sel.window.to_json()}
+        found = call_totals(conn, pinned(conn, sel), ("memcpy",),
+                            ("cluster", "node", "rank", "detail"), rank=False,
+                            only={"detail": args.get("direction")})
+    copies = []
+    for (cluster, node, rank, direction), t in sorted(found.items(), key=ordered):
+        median = t.durations.quantile(0.5)
+        size = t.timed_bytes / t.timed if t.timed else None
+        copies.append({"cluster": cluster, "node": node, "rank": rank, "direction": direction,
+                       "copies": t.calls, "bytes": t.bytes,
+                       "gbps_median": num(size / median, 3) if size is not None and median
+                       else None,
+                       "gbps_aggregate": num(t.timed_bytes / t.duration_ns, 3)
+                       if t.duration_ns else None})
+    return {"copies": copies, "window": sel.window.to_json()}
+
+
+def ordered(item: tuple[tuple, object]) -> tuple:
+    """Groups in order, None last where a value may be missing."""
+    return tuple((value is None, value if value is not None else 0) for value in item[0])
 
 
 # -- memory_hotspots ---------------------------------------------------------------------------
-
-OK_CALL = "coalesce(e.attrs -> 'result', '0'::jsonb) = '0'::jsonb"
-ALLOCATIONS = f"""
-SELECT * FROM (
-SELECT e.cluster, e.node, e.rank,
-       count(*) FILTER (WHERE e.kind = 'alloc' AND {OK_CALL}) AS allocations,
-       count(*) FILTER (WHERE e.kind = 'free' AND {OK_CALL}) AS frees,
-       coalesce(sum(e.bytes) FILTER (WHERE e.kind = 'alloc' AND {OK_CALL}), 0) AS allocated,
-       coalesce(sum(e.bytes) FILTER (WHERE e.kind = 'free' AND {OK_CALL}), 0) AS freed,
-       max(e.bytes) FILTER (WHERE e.kind = 'alloc' AND {OK_CALL}) AS largest,
-       count(*) FILTER (WHERE e.kind = 'alloc' AND NOT {OK_CALL}) AS failed,
-       count(*) FILTER (WHERE e.kind = 'alloc' AND {OK_CALL} AND e.bytes < :small) AS small
-FROM events e WHERE e.kind IN ('alloc', 'free') AND {{where}}
-GROUP BY 1, 2, 3
-) a
-ORDER BY a.allocated - a.freed DESC, a.cluster, a.node, a.rank LIMIT :limit
-"""
-
 
 @tool("memory_hotspots", summary="Per node and rank: GPU allocations, bytes outstanding, failed "
       "and small allocations, most outstanding first",
@@ -151,15 +133,31 @@ def memory_hotspots(ctx: ToolContext, args: dict) -> dict:
     sel = select(ctx, args, node=True)
     limit = args.get("limit", 100)
     with reading(ctx) as conn:
-        where = pinned(conn, sel).where("e", rank=False)
-        found = rows(conn, ALLOCATIONS.format(where=where.sql()),
-                     {**where.params, "small": SMALL_ALLOCATION, "limit": limit + 1})
-    out = [{"cluster": cluster, "node": node, "rank": rank, "allocations": allocations,
-            "frees": frees, "bytes_allocated": whole(allocated), "bytes_freed": whole(freed),
-            "bytes_outstanding": whole(allocated) - whole(freed),
-            "largest_allocation": None if largest is None else whole(largest),
-            "failed_allocations": failed,
-            "small_allocation_share": num(small / allocations, 4) if allocations else None}
-           for cluster, node, rank, allocations, frees, allocated, freed, largest, failed, small
-           in found[:limit]]
-    return {"ranks": out, "truncated": len(found) > limit, "window": sel.window.to_json()}
+        found = call_totals(conn, pinned(conn, sel), ("alloc", "free"),
+                            ("cluster", "node", "rank", "kind", "failed"), rank=False)
+    ranks: dict[tuple, dict] = {}
+    for (cluster, node, rank, kind, failed), t in found.items():
+        row = ranks.setdefault((cluster, node, rank), {
+            "cluster": cluster, "node": node, "rank": rank, "allocations": 0, "frees": 0,
+            "bytes_allocated": 0, "bytes_freed": 0, "largest_allocation": None,
+            "failed_allocations": 0, "small": 0})
+        if failed:
+            row["failed_allocations"] += t.calls if kind == "alloc" else 0
+        elif kind == "alloc":
+            row["allocations"] += t.calls
+            row["bytes_allocated"] += t.bytes
+            row["small"] += t.small
+            if t.max_bytes is not None:
+                row["largest_allocation"] = max(t.max_bytes, row["largest_allocation"] or 0)
+        else:
+            row["frees"] += t.calls
+            row["bytes_freed"] += t.bytes
+    out = sorted(ranks.values(), key=lambda r: (
+        -(r["bytes_allocated"] - r["bytes_freed"]), r["cluster"], r["node"],
+        (r["rank"] is None, r["rank"] or 0)))
+    for row in out:
+        row["bytes_outstanding"] = row["bytes_allocated"] - row["bytes_freed"]
+        small = row.pop("small")
+        row["small_allocation_share"] = num(small / row["allocations"], 4) \
+            if row["allocations"] else None
+    return {"ranks": out[:limit], "truncated": len(out) > limit, "window": sel.window.to_json()}

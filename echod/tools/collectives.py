@@ -6,21 +6,20 @@ INCLUDE rank, t; migration 0003), their sequence range in the window by a few pr
 at most ``max_entries`` (instance, rank) entries are read by lookups of evenly spaced sequence
 numbers: every ``stride``-th collective, all of them when the window holds fewer; answers say
 the stride. Entry times come back packed in one bytea and the lag statistics are numpy's
-(``entry_lags``); call statistics, which need the heap, read a smaller sample.
+(``entry_lags``). Call statistics (counts, bytes, durations) come from the per-minute
+summaries instead: every call, none of the heap.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 from sqlalchemy import Connection, text
 
-from ingero.analysis import step_intervals
-
-from .selection import Selection, Where, rows, storable, whole
+from .calltotals import call_totals
+from .selection import Selection, Where, rows, storable
 
 
 # -- where the collectives are -----------------------------------------------------------------
@@ -131,8 +130,6 @@ CROSS JOIN LATERAL (
     OFFSET 0) e
 """
 EVERY_STRIDE = "generate_series(c.lo, c.hi, CAST(:stride AS bigint))"
-AND_THE_NEXT = ("(SELECT generate_series(c.lo, c.hi, CAST(:stride AS bigint)) UNION ALL "
-                "SELECT generate_series(c.lo + 1, c.hi + 1, CAST(:stride AS bigint)))")
 # OFFSET 0 keeps each lateral subquery a probe of one instance by the index: flattened into a
 # join, PostgreSQL may rather merge-join the whole index (it cannot tell how many rows
 # generate_series makes). The sequence numbers come from generate_series itself, not from an
@@ -154,13 +151,11 @@ ORDER BY c.cluster, c.job, e.rank, e.t DESC
 """
 
 
-def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int,
-                 and_next: bool = False) -> tuple[np.ndarray, ...]:
-    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance
-    (and, with ``and_next``, into the instance after each)."""
+def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int
+                 ) -> tuple[np.ndarray, ...]:
+    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance."""
     window = Where().within("e.t", sel.window)
-    statement = ENTRIES.format(window=window.sql(),
-                               seqs=AND_THE_NEXT if and_next else EVERY_STRIDE)
+    statement = ENTRIES.format(window=window.sql(), seqs=EVERY_STRIDE)
     packed = conn.execute(text(statement), {**window.params, **comm_arrays(comms),
                                             "stride": stride}).scalar()
     entries = np.frombuffer(packed or b"", ENTRY)
@@ -185,28 +180,17 @@ def rank_nodes(conn: Connection, comms: list[Communicator]) -> dict[tuple, str]:
 
 # -- call statistics ---------------------------------------------------------------------------
 
-CALLS = """
-SELECT CAST(c.ix - 1 AS integer), e.op, e.rank, count(*), sum(e.bytes),
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY e.duration_ns),
-       sum(e.bytes) FILTER (WHERE e.duration_ns > 0),
-       sum(e.duration_ns) FILTER (WHERE e.duration_ns > 0 AND e.bytes IS NOT NULL), max(e.t)
-FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]),
-            CAST(:los AS bigint[]), CAST(:his AS bigint[]))
-     WITH ORDINALITY AS c(cluster, job, comm_hash, lo, hi, ix)
-CROSS JOIN LATERAL generate_series(c.lo, c.hi, CAST(:stride AS bigint)) AS g(seq)
-CROSS JOIN LATERAL (
-    SELECT e.op, e.rank, e.bytes, e.duration_ns, e.t FROM events e
-    WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
-      AND e.comm_hash = c.comm_hash AND e.seq = g.seq AND e.rank IS NOT NULL AND {where}
-    OFFSET 0) e
-GROUP BY 1, 2, 3
+# Per minute, communicator and rank: its collectives' first and last times and count.
+MINUTES = """
+SELECT s.cluster, s.job, s.comm_hash, s.rank, s.t, min(s.first_t), max(s.last_t), sum(s.calls)
+FROM call_stats s WHERE s.kind = 'collective' AND s.comm_hash IS NOT NULL AND {where}
+GROUP BY 1, 2, 3, 4, 5
 """
-DEFAULT_CALL_ENTRIES = 100_000          # call statistics read the heap: a smaller sample
 
 
 @dataclass
 class CallStats:
-    """Collective calls of one (op, communicator, rank) among those examined."""
+    """Collective calls of one (op, communicator, rank)."""
 
     cluster: str
     job: str
@@ -229,37 +213,47 @@ class CallStats:
 class CallSurvey:
     calls: list[CallStats]
     coverage: dict
-    stride: int
 
 
-def sample_calls(conn: Connection, sel: Selection, where: Where, *, comm_hash: str | None = None,
-                 max_entries: int = DEFAULT_CALL_ENTRIES, intervals: bool = False) -> CallSurvey:
-    """Per (op, communicator, rank): calls, bytes and call-duration percentiles from every
-    stride-th collective of the selection's communicators (``where`` filters the calls); with
-    ``intervals``, also the median time to the next collective on the communicator."""
-    comms = [c for c in communicators(conn, sel) if comm_hash in (None, c.comm_hash)]
-    stride = max(1, math.ceil(sum(c.instances * max(c.ranks, 1) for c in comms) / max_entries))
-    coverage = {"communicators": len(comms), "instances_total": sum(c.instances for c in comms),
-                "instances_examined": sum(-(-c.instances // stride) for c in comms),
-                "stride": stride, "entries_examined": 0}
-    if not comms:
-        return CallSurvey([], coverage, stride)
-    nodes = rank_nodes(conn, comms)
-    found = []
-    for ix, op, rank, calls, nbytes, durations, timed_bytes, timed_ns, last in rows(
-            conn, CALLS.format(where=where.sql()),
-            {**where.params, **comm_arrays(comms), "stride": stride}):
-        c = comms[ix]
-        found.append(CallStats(c.cluster, c.job, op, c.comm_hash, rank,
-                               nodes.get((c.cluster, c.job, rank)), calls, whole(nbytes),
-                               *(durations or (None,) * 3), whole(timed_bytes), whole(timed_ns),
-                               last))
+def summed_calls(conn: Connection, sel: Selection, *, op: str | None = None,
+                 comm_hash: str | None = None, intervals: bool = False) -> CallSurvey:
+    """Per (op, communicator, rank) of a job: calls, bytes and call-duration percentiles from
+    the per-minute summaries (``call_totals``: every call, quantiles within a bucket); with
+    ``intervals``, also the time between its collectives on the communicator: per minute the
+    mean (from the minute's first to its last, over the calls less one), the median of those
+    over the minutes."""
+    totals = call_totals(conn, sel, ("collective",),
+                         ("cluster", "job", "op", "comm_hash", "rank", "node"),
+                         node=False, only={"op": op, "comm_hash": comm_hash})
+    found = [CallStats(cluster, job, op_, comm, rank, node, t.calls, t.bytes,
+                       *(t.durations.quantile(q) for q in (0.5, 0.95, 0.99)), t.timed_bytes,
+                       t.duration_ns, t.last)
+             for (cluster, job, op_, comm, rank, node), t in totals.items()
+             if job is not None and comm is not None and rank is not None]
     if intervals and found:
-        gaps = step_intervals(*read_entries(conn, sel, comms, stride, and_next=stride > 1))
-        index = {(c.cluster, c.job, c.comm_hash): i for i, c in enumerate(comms)}
+        gaps = minute_intervals(conn, sel, comm_hash)
         for call in found:
-            call.interval_us = gaps.get((index[(call.cluster, call.job, call.comm_hash)],
-                                         call.rank))
+            call.interval_us = gaps.get((call.cluster, call.job, call.comm_hash, call.rank))
     found.sort(key=lambda c: (c.cluster, c.job, c.op or "", c.comm_hash, c.rank))
-    coverage["entries_examined"] = sum(c.calls for c in found)
-    return CallSurvey(found, coverage, stride)
+    per_comm: dict[tuple, dict[int, int]] = {}
+    for c in found:
+        ranks = per_comm.setdefault((c.cluster, c.job, c.comm_hash), {})
+        ranks[c.rank] = ranks.get(c.rank, 0) + c.calls
+    instances = sum(max(ranks.values()) for ranks in per_comm.values())
+    return CallSurvey(found, {"communicators": len(per_comm), "instances_total": instances,
+                              "instances_examined": instances, "stride": 1,
+                              "entries_examined": sum(c.calls for c in found),
+                              "source": "summaries"})
+
+
+def minute_intervals(conn: Connection, sel: Selection, comm_hash: str | None
+                     ) -> dict[tuple, float]:
+    """(cluster, job, communicator, rank) → µs between its collectives (see summed_calls)."""
+    where = sel.where("s", node=False).equal("s.comm_hash", "comm_hash", comm_hash)
+    means: dict[tuple, list[float]] = {}
+    for cluster, job, comm, rank, _minute, first, last, calls in rows(
+            conn, MINUTES.format(where=where.sql()), where.params):
+        if calls >= 2 and first is not None:
+            means.setdefault((cluster, job, comm, rank), []).append(
+                (last - first).total_seconds() * 1e6 / (int(calls) - 1))
+    return {key: float(np.median(values)) for key, values in means.items()}

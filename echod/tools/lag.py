@@ -10,6 +10,18 @@ before the last one waits t_last − t_rank. The stored times are each node's ow
 are put on fleetd's clock first, less the median offset fleetd estimated for the node in the
 window (it comes with the node's health scores; in a window with none, the nearest one before
 or after it; 0 where fleetd reported none).
+
+From summaries. Where the window holds more entries than the caller lets it read, or its raw
+collectives were thinned by retention, the survey answers from fleetd's lag summaries
+(``peer_lag``: per rank, per run of collectives fleetd settled, on its clock, the lag's
+median, 95th and 99th percentiles and maximum, the instances the rank entered last, the wait
+it caused and its own wait). A rank's q-quantile is then the q-quantile of its runs'
+q-quantiles, each run weighted by its instances (a tail of a few instances reads high: a
+run's 99th percentile is about its maximum), its maximum the largest, its
+counts and waits the sums (who came last and who waited over the runs where fleetd knew every
+rank's node clock: ``compared``); the job's step time is each communicator's time over its
+sequence span. ``coverage.source`` says which: ``events`` or ``summaries``. A fleetd from
+before the summaries carried waits leaves them 0 there.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 
 from .collectives import Communicator, communicators, rank_nodes, read_entries
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
-from .selection import Selection, Where, Window, rows
+from .selection import Selection, Where, Window, rows, storable
 
 POLICY = LagPolicy()                   # fleetd's
 
@@ -48,6 +60,13 @@ class RankLag:
     straggler: bool = False
     lag_p99: float | None = None
     slack: float = 0.0          # its node's clock uncertainty, seconds
+    compared: int | None = None  # instances its arrivals count over, where not all samples
+
+    @property
+    def last_share(self) -> float | None:
+        """The share of the instances compared that it entered last."""
+        over = self.samples if self.compared is None else self.compared
+        return self.last_arrivals / over if over else None
 
 
 @dataclass
@@ -61,6 +80,7 @@ class Survey:
     instances_examined: int
     stride: int
     entries_examined: int
+    source: str = "events"
 
     @property
     def idle_total(self) -> float:
@@ -75,7 +95,7 @@ class Survey:
     def coverage(self) -> dict:
         return {"communicators": self.communicators, "instances_total": self.instances_total,
                 "instances_examined": self.instances_examined, "stride": self.stride,
-                "entries_examined": self.entries_examined}
+                "entries_examined": self.entries_examined, "source": self.source}
 
     def rank(self, cluster: str, job: str, rank: int) -> RankLag | None:
         return next((r for r in self.ranks if (r.cluster, r.job, r.rank) == (cluster, job, rank)),
@@ -83,13 +103,22 @@ class Survey:
 
 
 COVERAGE_OUT = closed({"communicators": INT, "instances_total": INT, "instances_examined": INT,
-                       "stride": INT, "entries_examined": INT})
+                       "stride": INT, "entries_examined": INT,
+                       "source": {"type": "string", "enum": ["events", "summaries"]}})
 
 
 def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTRIES) -> Survey:
-    """Every rank's entry lag in the selection, from at most ``max_entries`` entries."""
+    """Every rank's entry lag in the selection: from its raw collectives, at most
+    ``max_entries`` entries of them; from fleetd's summaries where there are more, or where
+    retention thinned them (see the module's doc)."""
     comms = communicators(conn, sel)
     entries = sum(c.instances * max(c.ranks, 1) for c in comms)
+    if entries > max_entries or any_thinned(conn):
+        found = summary_survey(conn, sel)
+        # Past the cap, or where fleetd settled more entries than the raw events still hold
+        # (retention thinned them).
+        if found is not None and (entries > max_entries or found.entries_examined > entries):
+            return found
     stride = max(1, math.ceil(entries / max_entries))
     jobs = {key: i for i, key in enumerate(dict.fromkeys((c.cluster, c.job) for c in comms))}
     job_of = np.array([jobs[(c.cluster, c.job)] for c in comms], np.int64)
@@ -112,6 +141,81 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     return Survey(ranks, bars, len(comms), sum(c.instances for c in comms),
                   stats.instances if stats else 0, stride,
                   int(stats.samples.sum()) if stats else 0)
+
+
+# -- from fleetd's summaries -------------------------------------------------------------------
+
+# The days whose raw collectives retention thinned (their partitions' comments).
+THINNED = """
+SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = CAST('events' AS regclass)
+  AND obj_description(c.oid, 'pg_class') LIKE '%"collective"%'
+LIMIT 1
+"""
+# Per rank: its runs' q-quantiles weighted by their instances, the q-quantile of those (the
+# least value whose runs hold at least q of the instances).
+RANK_SUMMARIES = """
+WITH runs AS (
+    SELECT p.cluster, p.job, p.rank, p.node, p.samples, p.lag_median_ns AS p50,
+           p.lag_p95_ns AS p95, coalesce(p.lag_p99_ns, p.lag_p95_ns) AS p99, p.lag_max_ns,
+           p.last_arrivals, p.idle_caused_ns, p.waited_ns,
+           sum(p.samples) OVER rank_runs AS total,
+           sum(p.samples) OVER (rank_runs ORDER BY p.lag_median_ns) AS upto50,
+           sum(p.samples) OVER (rank_runs ORDER BY p.lag_p95_ns) AS upto95,
+           sum(p.samples) OVER (rank_runs ORDER BY coalesce(p.lag_p99_ns, p.lag_p95_ns)) AS upto99
+    FROM peer_lag p WHERE {where} AND p.lag_median_ns IS NOT NULL
+    WINDOW rank_runs AS (PARTITION BY p.cluster, p.job, p.rank))
+SELECT cluster, job, rank, min(node), sum(samples),
+       min(p50) FILTER (WHERE upto50 >= 0.5 * total), min(p95) FILTER (WHERE upto95 >= 0.95 * total),
+       min(p99) FILTER (WHERE upto99 >= 0.99 * total), max(lag_max_ns),
+       coalesce(sum(last_arrivals), 0), coalesce(sum(idle_caused_ns), 0),
+       coalesce(sum(waited_ns), 0),
+       coalesce(sum(samples) FILTER (WHERE last_arrivals IS NOT NULL), 0)
+FROM runs GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+"""
+COMM_SUMMARIES = """
+SELECT p.cluster, p.job, p.comm_hash, min(p.seq_first), max(p.seq_last),
+       max(p.seq_last) - min(p.seq_last), extract(epoch FROM max(p.t) - min(p.t)),
+       sum(p.samples), count(DISTINCT p.rank)
+FROM peer_lag p WHERE {where} GROUP BY 1, 2, 3
+"""
+
+
+def any_thinned(conn: Connection) -> bool:
+    """Whether retention has thinned the raw collectives of any day."""
+    return bool(rows(conn, THINNED, {}))
+
+
+def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
+    """The survey from fleetd's lag summaries (see the module's doc); None where there are
+    none."""
+    if sel.job is not None and not storable(sel.job):
+        return None
+    where = sel.where("p", node=False, rank=False)
+    found = rows(conn, RANK_SUMMARIES.format(where=where.sql()), where.params)
+    if not found:
+        return None
+    ranks = [RankLag(cluster, job, rank, node, int(samples), median / 1e9, p95 / 1e9,
+                     largest / 1e9, int(last), int(caused) / 1e9, int(waited) / 1e9,
+                     lag_p99=p99 / 1e9, compared=int(compared))
+             for cluster, job, rank, node, samples, median, p95, p99, largest, last, caused,
+             waited, compared in found]
+    steps: dict[tuple[str, str], list[float]] = defaultdict(list)
+    instances = examined = entries = 0
+    comms = rows(conn, COMM_SUMMARIES.format(where=where.sql()), where.params)
+    for cluster, job, _comm, lo, hi, span, seconds, samples, nranks in comms:
+        if span and seconds:
+            steps[(cluster, job)].append(float(seconds) / span)
+        instances += hi - lo + 1
+        examined += int(samples) // max(nranks, 1)
+        entries += int(samples)
+    bars = job_bars(ranks, {job: float(np.median(v)) for job, v in steps.items()})
+    clocks = node_offsets(conn, sel, {(r.cluster, r.node) for r in ranks})
+    for r in ranks:
+        r.slack = clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
+        r.straggler = bool(r.samples >= POLICY.min_instances
+                           and r.lag_median - r.slack > bars[(r.cluster, r.job)].bar)
+    return Survey(ranks, bars, len(comms), instances, examined, 1, entries, "summaries")
 
 
 # Per node: the median offset (and uncertainty) fleetd reported in the window; where it

@@ -39,8 +39,10 @@ def get_cost(ctx: ToolContext, args: dict) -> dict:
     GPU-hour for gpu + provider (H100-80GB: ec2 12.29, gcp 11.06, lambda 2.49, coreweave 4.25;
     A100-80GB: ec2 4.10, lambda 1.29; for EC2 and GCP the 8-GPU instance's price divided by 8:
     list prices, not your bill), else null (GPU-seconds only). verdicts_gpu_seconds is what
-    fleetd's straggler verdicts in the window put on it, when there are any. estimated is true
-    when only every k-th collective was read (coverage.stride = k; the totals are scaled by k).
+    fleetd's straggler verdicts in the window put on it, when there are any. Past
+    'max_entries', or where retention thinned the raw collectives, the idle time comes from
+    fleetd's per-rank summaries (coverage.source = 'summaries'); estimated is true when only
+    every k-th collective was read (coverage.stride = k; the totals are scaled by k).
     The window defaults to the whole job when 'job' is given, else the last hour. Each node's
     times are put on fleetd's clock first."""
     sel = select(ctx, args)
@@ -63,8 +65,14 @@ JOB_EVENTS = """
 SELECT (SELECT count(*) FROM (SELECT 1 FROM events e
                               WHERE e.cluster = :cluster AND e.job = :job AND {window}
                               LIMIT :cap) counted),
-       (SELECT min(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job AND {window}),
-       (SELECT max(e.t) FROM events e WHERE e.cluster = :cluster AND e.job = :job AND {window})
+       least((SELECT min(e.t) FROM events e
+              WHERE e.cluster = :cluster AND e.job = :job AND {window}),
+             (SELECT min(s.first_t) FROM call_stats s
+              WHERE s.cluster = :cluster AND s.job = :job AND {first})),
+       greatest((SELECT max(e.t) FROM events e
+                 WHERE e.cluster = :cluster AND e.job = :job AND {window}),
+                (SELECT max(s.last_t) FROM call_stats s
+                 WHERE s.cluster = :cluster AND s.job = :job AND {last}))
 """
 EVENT_COUNT_CAP = 1_000_000
 JOB_NODES = """
@@ -76,13 +84,14 @@ SELECT s.node, avg(s.score) FROM health_scores s
 WHERE s.cluster = :cluster AND s.job = :job AND {window} GROUP BY 1
 """
 # Each rank's Slurm step: the most common one its events carry (every event of a process
-# carries it), among the first STEP_SAMPLE collectives and communicator set-ups read.
+# carries it), among its communicator set-ups (few, and kept whole by retention), or where a
+# rank has none in the window (its agent started later), among the first STEP_SAMPLE
+# collectives read.
 JOB_STEPS = """
 SELECT s.rank, mode() WITHIN GROUP (ORDER BY s.step)
 FROM (SELECT e.rank, e.attrs ->> 'step' AS step FROM events e
       WHERE e.cluster = :cluster AND e.job = :job AND e.rank IS NOT NULL
-        AND e.kind IN ('collective', 'comm_init') AND e.attrs ->> 'step' IS NOT NULL
-        AND {window}
+        AND e.kind = :kind AND e.attrs ->> 'step' IS NOT NULL AND {window}
       LIMIT :sample) s
 GROUP BY 1
 """
@@ -125,8 +134,10 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
     its verdicts on the job with); fleetd's verdicts and notes on its ranks (see
     find_stragglers); the
     stragglers with their evidence; and the cost summary of get_cost. Collectives are those
-    compared across ranks (an instance at least 2 ranks entered): past 'max_entries' every
-    k-th is read and the counts are k × those read (coverage.stride = k). 404 when the job is
+    compared across ranks (an instance at least 2 ranks entered): past 'max_entries', or where
+    retention thinned the raw collectives, the lags come from fleetd's per-rank summaries
+    (coverage.source = 'summaries'), or where there are none every k-th is read and the
+    counts are k × those read (coverage.stride = k). 404 when the job is
     not in the clusters you may see; 400 when it ran in several of them and no 'cluster' says
     which. Each node's times are put on fleetd's clock first."""
     rate, source = gpu_rate(args)
@@ -134,7 +145,7 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
         sel = Selection(cluster, args["job"], window=window_of(ctx, args, whole_job=True))
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
-        facts = job_facts(conn, sel)
+        facts = job_facts(conn, sel, {r.rank for r in found.ranks})
         stragglers = [r for r in ordered(found.ranks) if r.straggler]
         evidence = gather_evidence(conn, sel, stragglers)
         verdicts = read_verdicts(conn, sel)
@@ -154,22 +165,38 @@ def verdict_rate(verdicts: list[dict]) -> float | None:
     return None
 
 
-def job_facts(conn: Connection, sel: Selection) -> dict:
-    """What job_report says beside the lags, all of it measured in the window but the jobs
-    table's row."""
+def job_facts(conn: Connection, sel: Selection, ranks: set[int]) -> dict:
+    """What job_report says beside the lags (of ``ranks``), all of it measured in the window
+    but the jobs table's row."""
     params = {"cluster": sel.cluster, "job": sel.job}
     events = Where().within("e.t", sel.window)
     scores = Where().within("s.t", sel.window)
     return {"job": conn.execute(text(JOB_ROW), params).first(),
-            "events": conn.execute(text(JOB_EVENTS.format(window=events.sql())),
-                                   {**params, **events.params, "cap": EVENT_COUNT_CAP}).one(),
+            "events": conn.execute(text(JOB_EVENTS.format(
+                window=events.sql(), first=Where().within("s.first_t", sel.window).sql(),
+                last=Where().within("s.last_t", sel.window).sql())),
+                {**params, **events.params, "cap": EVENT_COUNT_CAP}).one(),
             "nodes": [n for (n,) in rows(conn, JOB_NODES.format(window=scores.sql()),
                                          {**params, **scores.params})],
             "scores": dict(rows(conn, RANK_SCORES.format(window=scores.sql()),
                                 {**params, **scores.params})),
-            "steps": dict(rows(conn, JOB_STEPS.format(window=events.sql()),
-                               {**params, **events.params, "sample": STEP_SAMPLE})),
+            "steps": job_steps(conn, sel, params, ranks),
             "work": sync_work(conn, sel)}
+
+
+def job_steps(conn: Connection, sel: Selection, params: dict, ranks: set[int]
+              ) -> dict[int, str]:
+    """Each rank's Slurm step (see JOB_STEPS)."""
+    events = Where().within("e.t", sel.window)
+    steps: dict[int, str] = {}
+    for kind in ("comm_init", "collective"):
+        if steps and ranks <= steps.keys():
+            break
+        for rank, step in rows(conn, JOB_STEPS.format(window=events.sql()),
+                               {**params, **events.params, "kind": kind,
+                                "sample": STEP_SAMPLE}):
+            steps.setdefault(rank, step)
+    return steps
 
 
 def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLag],
@@ -202,7 +229,7 @@ def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None, not
     return {"rank": lag.rank, "node": lag.node, "step": facts["steps"].get(lag.rank),
             "collectives": lag.samples * found.stride, "lag_median_ms": ms(lag.lag_median),
             "lag_p99_ms": ms(lag.lag_p99),
-            "last_share": num(lag.last_arrivals / lag.samples, 4) if lag.samples else None,
+            "last_share": num(lag.last_share, 4),
             "self_work_ms": num(own.self_median_ms, 3) if own else None,
             "peers_self_work_ms": num(peers_median(
                 [w.self_median_ms for r, w in work.items() if r != lag.rank]), 3),

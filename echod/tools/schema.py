@@ -13,8 +13,10 @@ RANK = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
 LIMIT = {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 100}
 MAX_ENTRIES = {"type": "integer", "minimum": 1000, "maximum": 10_000_000,
                "default": DEFAULT_MAX_ENTRIES,
-               "description": "Most (collective, rank) entries read; past it, every k-th "
-                              "collective is read (the answer's coverage.stride is k)."}
+               "description": "Most raw (collective, rank) entries read; past it the lags "
+                              "come from fleetd's per-rank summaries (coverage.source), or "
+                              "where there are none every k-th collective is read "
+                              "(coverage.stride is k)."}
 
 
 def described(schema: dict, description: str) -> dict:

@@ -48,7 +48,7 @@ def rank_json(r: RankLag, found: Survey, evidence: Evidence) -> dict:
     return {"cluster": r.cluster, "job": r.job, "rank": r.rank, "node": r.node,
             "samples": r.samples, "lag_median_ms": ms(r.lag_median), "lag_p95_ms": ms(r.lag_p95),
             "lag_max_ms": ms(r.lag_max), "last_arrivals": r.last_arrivals,
-            "last_share": num(r.last_arrivals / r.samples, 4) if r.samples else None,
+            "last_share": num(r.last_share, 4),
             "idle_caused_gpu_s": num(r.idle_caused * found.scale, 3),
             "straggler": r.straggler, "evidence": rank_evidence_json(evidence, r)}
 
@@ -88,8 +88,10 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     preemptions (and the top preemptor's command) and block I/O. The window defaults to the
     whole job when 'job' is given, else the last hour. Each node's times are put on fleetd's
     clock first (the median offset fleetd reported with its scores in the window). Past
-    'max_entries' (instance, rank)
-    entries only every k-th collective is read: coverage.stride is k (1 = all)."""
+    'max_entries' (instance, rank) entries, or where retention thinned the raw collectives,
+    the lags come from fleetd's per-rank summaries, on its clock (coverage.source =
+    'summaries'; a rank's quantiles are its runs' quantiles weighted by their instances),
+    or where there are none every k-th collective is read (coverage.stride is k)."""
     sel = select(ctx, args)
     with reading(ctx) as conn:
         sel = pinned(conn, sel)

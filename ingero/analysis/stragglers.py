@@ -97,16 +97,25 @@ def step_interval(entries: np.ndarray) -> float | None:
 def idle_caused(entries: np.ndarray) -> np.ndarray:
     """Per column: the time its peers waited for it, summed over the instances it entered last
     (each rank that arrived earlier waits ``t_last − t_rank``, one GPU per rank)."""
+    return arrivals(entries)[1]
+
+
+def arrivals(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column, over the instances at least 2 ranks entered: how many it entered last, the
+    time its peers waited for it there (``idle_caused``), and the time it waited for the last
+    rank itself."""
     entries = np.atleast_2d(entries)
-    caused = np.zeros(entries.shape[1])
+    last_count, caused, waited = (np.zeros(entries.shape[1]) for _ in range(3))
     complete = np.isfinite(entries).sum(axis=1) >= 2
     if not complete.any():
-        return caused
+        return last_count, caused, waited
     rows = entries[complete]
     last = np.nanmax(rows, axis=1)
-    idle = np.nansum(last[:, None] - rows, axis=1)
-    np.add.at(caused, np.nanargmax(rows, axis=1), idle)
-    return caused
+    behind = last[:, None] - rows
+    latest = np.nanargmax(rows, axis=1)
+    np.add.at(caused, latest, np.nansum(behind, axis=1))
+    np.add.at(last_count, latest, 1)
+    return last_count, caused, np.nansum(behind, axis=0)
 
 
 def last_share(entries: np.ndarray) -> np.ndarray:

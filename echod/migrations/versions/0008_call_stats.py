@@ -5,7 +5,7 @@ buckets, 32 an octave, each with its count and sum: ``echod.summaries``). Writte
 events, from the rows it stores (a batch sent again adds nothing). The tools read their
 counts, sums and quantiles here instead of walking every raw event; the SQL sandbox's tenants
 read their own clusters' rows, as in the other tables. The events already stored are
-summarized by the upgrade itself.
+summarized by 0009, which gives the rows the shape the current echod writes.
 
 Revision ID: 0008
 Revises: 0007
@@ -18,7 +18,6 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from echod.summaries import SUMMARIZE
 
 sandbox = importlib.import_module("echod.migrations.versions.0002_sandbox")
 
@@ -55,9 +54,6 @@ def upgrade() -> None:
     op.execute("ALTER TABLE call_stats ENABLE ROW LEVEL SECURITY")    # a tenant reads its own
     op.execute(f"CREATE POLICY {sandbox.POLICY} ON call_stats FOR SELECT TO PUBLIC "
                f"USING ({sandbox.POLICY_USING})")
-    # The events stored before: summarized as echod summarizes what it stores (a long
-    # statement on a large store, run once).
-    op.execute(f"WITH moved AS (SELECT * FROM events), {SUMMARIZE} SELECT count(*) FROM moved")
 
 
 def downgrade() -> None:

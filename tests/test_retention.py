@@ -1,0 +1,176 @@
+"""Retention as a user meets it: sim jobs through real ingerod (node-wide), fleetd and echod,
+then ``echod db retention`` with a short raw window, as it will be due days later. The raw
+events of the summarized kinds are gone outside the evidence window around the verdict; the
+summaries, the verdicts and that window stay; every tool still answers, and what it answers
+from summaries and verdicts is what it answered before."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import sim
+import echod.tools  # noqa: F401  (registers the tools)
+from echod.registry import REGISTRY
+from ingero.launch import wait_for
+from ingero.stack import Stack
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+
+from .support import needs_ebpf, scrape
+
+pytestmark = [pytest.mark.slow, needs_ebpf]
+
+PUSH_S = 1.0
+EVIDENCE_S = 1.0
+LATE, HEALTHY = "4101", "4102"
+LATE_RANK = 3
+EVENTS = "SELECT job, kind, count(*) FROM events WHERE job IN ('4101', '4102') GROUP BY 1, 2"
+SUMMARIES = ("SELECT job, kind, op, sum(calls), sum(timed), sum(duration_ns), sum(bytes) "
+             "FROM call_stats WHERE job IN ('4101', '4102') GROUP BY 1, 2, 3")
+IN_WINDOW = ("SELECT count(*) FROM events WHERE job = '4101' AND kind = 'collective' "
+             "AND t BETWEEN CAST('{lo}' AS timestamptz) AND CAST('{hi}' AS timestamptz)")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    sim.build()
+    stack = Stack(tmp_path_factory.mktemp("retention"), 2, push_s=PUSH_S,
+                  echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
+                  echod_root=Path(tempfile.mkdtemp(prefix="echod-retention-")))
+    # Before the first job, fleetd knows both nodes' clocks (one job's lags are then compared
+    # across every rank from its first collective, in the raw survey and in fleetd's).
+    assert wait_for(lambda: sum(name == "ingero_fleet_clock_offset_seconds"
+                                for name, _ in scrape(stack.fleet_port)) == 2, 30), stack.logs()
+    yield stack
+    assert stack.stop() == [0] * 4, stack.logs()
+
+
+def run(stack, job_id: str, stragglers=(), steps: int = 240) -> None:
+    scenario = scenarios.parse({"name": f"job-{job_id}", "stragglers": list(stragglers), "job": {
+        "nodes": 2, "ranks_per_node": 2, "steps": steps, "step_ms": 20, "launcher": "srun",
+        "allreduce_bytes": 1 << 20, "timeout_s": 60, "job_id": job_id}})
+    with Cluster(scenario, stack.root / f"job-{job_id}") as cluster:
+        result = cluster.wait()
+    assert result.ok, result.describe()
+
+
+def rows(stack, sql: str) -> set[tuple]:
+    return {tuple(row) for row in stack.client().sql(sql)["rows"]}
+
+
+def answers(stack) -> dict[str, dict]:
+    """Every tool's answer about the two jobs, as the API gives them."""
+    got = {}
+    for name, tool in REGISTRY.tools.items():
+        accepts = tool.input_schema.get("properties", {})
+        for job in (LATE, HEALTHY):
+            args = {"job": job} if "job" in accepts else {}
+            if "rank" in tool.input_schema.get("required", ()):
+                args["rank"] = LATE_RANK
+            if name == "run_analysis":
+                args = {"sql": f"SELECT count(*) FROM call_stats WHERE job = '{job}'"}
+            got[f"{name} {job}"] = stack.tool(name, **args)
+    return got
+
+
+def test_past_a_short_raw_window_only_the_evidence_stays_and_every_tool_still_answers(stack):
+    run(stack, LATE, [{"rank": LATE_RANK, "kind": "host_delay", "delay_ms": 60,
+                       "from_step": 160}])
+    run(stack, HEALTHY)
+    time.sleep(3 * PUSH_S + 2)
+    verdicts = stack.tool("find_stragglers", job=LATE)["verdicts"]
+    assert [(v["rank"], v["cause"]) for v in verdicts] == [(LATE_RANK, "host_work")], \
+        (verdicts, stack.logs())
+    before = answers(stack)
+    stored, summaries = rows(stack, EVENTS), rows(stack, SUMMARIES)
+    onset = min(datetime.fromisoformat(v["onset"] or v["raised"]) for v in verdicts)
+    end = max(datetime.fromisoformat(v["cleared"] or v["last_seen"]) for v in verdicts)
+    window = {"lo": onset - timedelta(seconds=EVIDENCE_S),
+              "hi": end + timedelta(seconds=EVIDENCE_S)}
+    evidence = rows(stack, IN_WINDOW.format(**window))
+
+    later = (datetime.now(UTC) + timedelta(days=3)).strftime("%Y-%m-%d")
+    done = stack.echod.echod("--config", "/dev/null", "--state-dir",
+                             str(stack.echod.root / "state"), "--raw-days", "1",
+                             "--evidence-window", str(EVIDENCE_S), "db", "retention",
+                             "--as-of", later)
+    assert done.returncode == 0, done.stderr
+    today = f"events_{datetime.now(UTC):%Y%m%d}"
+    assert done.stdout.startswith(f"thinned {today}: raw alloc, collective"), done.stdout
+
+    # What is left of the raw events: the late job's collectives in the window around its
+    # verdict, every one of them; nothing of the summarized kinds from the healthy job.
+    after = {(job, kind): n for job, kind, n in rows(stack, EVENTS)}
+    assert rows(stack, IN_WINDOW.format(**window)) == evidence
+    assert after[(LATE, "collective")] == next(iter(evidence))[0] > 0
+    assert after[(LATE, "collective")] < {(j, k): n for j, k, n in stored}[(LATE, "collective")]
+    assert not {kind for job, kind in after if job == HEALTHY} & {"collective", "sync", "alloc",
+                                                                  "free", "memcpy"}, after
+    # The summaries and the verdicts are whole, and what is answered from them is the same.
+    assert rows(stack, SUMMARIES) == summaries
+    now = answers(stack)
+    assert now.keys() == before.keys() and len(now) == 2 * len(REGISTRY.tools) >= 28
+    for job in (LATE, HEALTHY):
+        for name in ("collective_stats", "memcpy_bandwidth", "memory_hotspots", "anomalies"):
+            assert now[f"{name} {job}"] == before[f"{name} {job}"], name
+        assert now[f"find_stragglers {job}"]["verdicts"] == \
+            before[f"find_stragglers {job}"]["verdicts"]
+        report, earlier = now[f"job_report {job}"], before[f"job_report {job}"]
+        assert report["coverage"]["source"] == "summaries"
+        assert self_work(report) == self_work(earlier)
+        assert_same_lags(report, earlier)
+    explained, earlier = now[f"explain {LATE}"], before[f"explain {LATE}"]
+    assert (explained["cause"], explained["fix"]) == (earlier["cause"], earlier["fix"])
+    for part in ("sync", "verdict", "preemptions", "blockio"):
+        assert explained["evidence"][part] == earlier["evidence"][part], part
+
+
+def test_the_lag_survey_from_fleetd_s_summaries_answers_as_the_raw_collectives_do(stack):
+    """job_report on one job two ways: from the raw collectives, and (1,200 entries, more than
+    a cap of 1,000) from fleetd's per-rank lag summaries."""
+    run(stack, "4103", [{"rank": 1, "kind": "host_delay", "delay_ms": 40, "from_step": 100}],
+        steps=300)
+    time.sleep(3 * PUSH_S + 2)
+    raw = stack.tool("job_report", job="4103")
+    summed = stack.tool("job_report", job="4103", max_entries=1000)
+    assert (raw["coverage"]["source"], summed["coverage"]["source"]) == ("events", "summaries")
+    assert [r["rank"] for r in raw["top_stragglers"]] == [1], raw["top_stragglers"]
+    assert_same_lags(summed, raw)
+
+
+def assert_same_lags(report: dict, raw: dict) -> None:
+    """The per-rank lags of a report from summaries against one from the raw collectives:
+    the same stragglers, the same ranks, counts within 2%. Each corrects the nodes' clocks in
+    its own way (fleetd each push by its fitted offset, the raw survey by the median offset
+    of the window), and on this machine two corrections of one clock differ by up to a
+    millisecond: medians within 1 ms (the bar is several), and which of ranks within
+    microseconds of each other came last is that noise, as are their tails (so the shares of
+    last arrivals are not compared): a late rank's p99 and what it cost within 10% and 5%;
+    the job's idle time within 5% (or half a GPU-second)."""
+    got = {r["rank"]: r for r in report["per_rank"]}
+    expected = {r["rank"]: r for r in raw["per_rank"]}
+    assert got.keys() == expected.keys(), (report["per_rank"], raw["per_rank"])
+    for rank, r in expected.items():
+        mine = got[rank]
+        assert (mine["straggler"], mine["node"], mine["step"]) == \
+            (r["straggler"], r["node"], r["step"]), (rank, mine, r)
+        assert mine["lag_median_ms"] == pytest.approx(r["lag_median_ms"], abs=1.0), (mine, r)
+        assert mine["collectives"] == pytest.approx(r["collectives"], rel=0.02), (mine, r)
+        if r["verdict"] or r["straggler"]:      # the others' tails are the clocks' noise
+            assert mine["lag_p99_ms"] == pytest.approx(r["lag_p99_ms"], rel=0.1), (mine, r)
+            assert mine["cost_gpu_seconds"] == pytest.approx(r["cost_gpu_seconds"], rel=0.05), \
+                (mine, r)
+    assert report["cost"]["gpu_seconds_idle"] == pytest.approx(raw["cost"]["gpu_seconds_idle"],
+                                                               rel=0.05, abs=0.5)
+    assert [s["rank"] for s in report["top_stragglers"]] == \
+        [s["rank"] for s in raw["top_stragglers"]]
+
+
+def self_work(report: dict) -> dict[int, tuple]:
+    return {r["rank"]: (r["self_work_ms"], r["peers_self_work_ms"], r["verdict"], r["cause"])
+            for r in report["per_rank"]}
