@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
@@ -65,6 +66,7 @@ class IngestServer:
         os.set_blocking(self.finished, False)
         self.poller = zmq.Poller()             # the socket and the writers
         self.busy = zmq.Poller()               # the writers only: all of them are busy
+        self.keeping: threading.Thread | None = None    # retention, when it runs
 
     def open(self) -> None:
         self.endpoint = self.router.open(self.cfg.ingest_bind)
@@ -115,9 +117,16 @@ class IngestServer:
         return 0
 
     def keep_house(self) -> None:
-        """Retention, hourly; a failure is logged and tried again next time."""
-        if self.housekeeping is None:
+        """Retention, hourly, beside ingest (thinning a day copies what it keeps, which takes
+        a while on a large store); a failure is logged and tried again next time. One pass
+        at a time: an hour that finds the last one still running lets it be."""
+        if self.housekeeping is None or (self.keeping is not None and self.keeping.is_alive()):
             return
+        self.keeping = threading.Thread(target=self._keep_house, name="echod-retention",
+                                        daemon=True)
+        self.keeping.start()
+
+    def _keep_house(self) -> None:
         try:
             self.housekeeping()
         except Exception as exc:  # the database may be down; ingest goes on regardless

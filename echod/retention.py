@@ -14,9 +14,10 @@ closes, not every hour.
 
 A day is dropped whole once it is past the retention. Thinning copies the kept rows into a
 new table and swaps it in for the partition, so the disk is given back at once (a DELETE
-would leave the space to the partition, which gets no new rows); the swap holds off writers
-(``RETENTION_LOCK``) for as long as the copy of that one day takes. fleetd keeps what arrives
-meanwhile.
+would leave the space to the partition, which gets no new rows). Writes into that day wait
+while it is copied, writes into any day only while it is swapped (``RETENTION_LOCK``); a
+writer caught between the two is refused by PostgreSQL's deadlock check and its batch comes
+again. echod runs it beside ingest, not in its way.
 """
 
 from __future__ import annotations
@@ -117,9 +118,17 @@ def plan(connection: Connection, policy: Policy, now: float) -> list[Step]:
     return steps
 
 
-def thin(connection: Connection, step: Step, evidence_s: float) -> None:
-    """Swap the partition for a copy of the rows it still owes (see the module's doc)."""
+def thin(connection: Connection, step: Step, evidence_s: float) -> bool:
+    """Swap the partition for a copy of the rows it still owes (see the module's doc); False
+    where another echod did it first. Writes into the day wait while it is copied (a SHARE
+    ROW EXCLUSIVE lock on the partition, which readers pass); writes anywhere wait only for
+    the swap (``RETENTION_LOCK``)."""
     name, new = step.partition, f"{step.partition}_thinned"
+    if name not in event_partitions(connection).values():
+        return False
+    connection.execute(text(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE"))
+    if set(step.kinds) <= dropped_kinds(connection, name):
+        return False
     lo, hi = day_bounds(step.day)
     kinds = bindparam("kinds", list(step.kinds), type_=ARRAY(Text))
     connection.execute(text(f"CREATE TABLE {new} (LIKE events INCLUDING DEFAULTS)"))
@@ -146,6 +155,7 @@ def thin(connection: Connection, step: Step, evidence_s: float) -> None:
     bounds = f"'{lo.isoformat()}'", f"'{hi.isoformat()}'"
     connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {name}_day "
                             f"CHECK (t IS NOT NULL AND t >= {bounds[0]} AND t < {bounds[1]})"))
+    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RETENTION_LOCK})
     connection.execute(text(f"ALTER TABLE events DETACH PARTITION {name}"))
     connection.execute(text(f"DROP TABLE {name}"))
     connection.execute(text(f"ALTER TABLE {new} RENAME TO {name}"))
@@ -154,6 +164,16 @@ def thin(connection: Connection, step: Step, evidence_s: float) -> None:
                             f"FOR VALUES FROM ({bounds[0]}) TO ({bounds[1]})"))
     connection.execute(text(f"COMMENT ON TABLE {name} IS "
                             f"'{json.dumps({COMMENT_KEY: list(step.kinds)})}'"))
+    return True
+
+
+def drop(connection: Connection, step: Step) -> bool:
+    """Drop a day past the retention; False where another echod did it first."""
+    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RETENTION_LOCK})
+    if step.partition not in event_partitions(connection).values():
+        return False
+    connection.execute(text(f"DROP TABLE {step.partition}"))
+    return True
 
 
 def apply(engine: Engine, policy: Policy, now: float | None = None,
@@ -166,20 +186,14 @@ def apply(engine: Engine, policy: Policy, now: float | None = None,
     said = []
     # Rows go with the days of events they belong to: those whose whole day is past.
     cutoff = day_bounds((datetime.fromtimestamp(now, UTC) - timedelta(days=policy.days)).date())[0]
-    for step in steps:
-        if not dry_run:
-            with engine.begin() as connection:
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
-                                   {"key": RETENTION_LOCK})
-                if step.partition not in event_partitions(connection).values():
-                    continue                    # another echod did it meanwhile
-                if step.drop:
-                    connection.execute(text(f"DROP TABLE {step.partition}"))
-                else:
-                    thin(connection, step, policy.evidence_s)
-        said.append(step.describe())
     if dry_run:
-        return said
+        return [step.describe() for step in steps]
+    for step in steps:
+        with engine.begin() as connection:
+            done = drop(connection, step) if step.drop else \
+                thin(connection, step, policy.evidence_s)
+        if done:
+            said.append(step.describe())
     with engine.begin() as connection:
         for table, when in AGED_ROWS.items():
             gone = connection.execute(text(f"DELETE FROM {table} WHERE {when} < :cutoff"),

@@ -3,6 +3,7 @@ restart in the middle of ingest, bad rows counted one by one."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import threading
@@ -238,3 +239,30 @@ def test_an_agent_killed_with_pushes_unacknowledged_sends_them_after_its_restart
                              "AND kind = 'agent_restart'")).scalar_one()
     assert 0 < gap["untraced_s"] < 60, gap
     assert second.stop() == 0
+
+
+def test_retention_runs_beside_ingest_one_pass_at_a_time(caplog):
+    """Thinning a large day takes a while: the ingest loop starts it and goes on; an hour that
+    finds it still running starts no second pass; a pass that fails is logged."""
+    from echod.ingest import IngestServer
+    from ingero.runtime import RateLimitedLog
+
+    started, release, passes = threading.Event(), threading.Event(), []
+
+    def housekeeping():
+        passes.append(threading.current_thread().name)
+        started.set()
+        if not release.wait(10):
+            raise RuntimeError("never released")
+        raise ConnectionError("the database went away")
+
+    server = IngestServer.__new__(IngestServer)     # the loop's housekeeping alone
+    server.housekeeping, server.keeping = housekeeping, None
+    server.complaints = RateLimitedLog(logging.getLogger("echod.test"), 0.0)
+    server.keep_house()
+    assert started.wait(5)                         # keep_house returned while it runs
+    server.keep_house()
+    release.set()
+    server.keeping.join(5)
+    assert passes == ["echod-retention"] and not server.keeping.is_alive()
+    assert "retention skipped: the database went away" in caplog.text
