@@ -1,7 +1,7 @@
 """find_stragglers latency over millions of stored events, through the real SQL sandbox.
 
 A private embedded PostgreSQL (echod's, migrated) is filled with one 64-rank job shaped like a
-real one: an AllReduce per rank every 100 ms on one communicator (one rank 15–25 ms late, the
+real one: each rank's communicator set up once, an AllReduce per rank every 100 ms on it (one rank 15–25 ms late, the
 others within 2 ms), a peer-wait sync and a host-to-device copy per rank every tenth step, the
 late rank's preemptions every 5 s, health scores and thresholds, over a few hours that cross
 midnight (two day partitions). The rows are made in SQL with generate_series into the day
@@ -83,6 +83,44 @@ SELECT to_timestamp(:start + s * :step + 0.03 + k * 0.01),
 FROM generate_series(:first, :last) s, generate_series(0, :ranks - 1) r, generate_series(0, 1) k
 WHERE s % 10 = 0
 """
+# fleetd's per-rank lag summaries of the same collectives, as it forwards them: a run of
+# RUN_STEPS instances (a push interval's worth) per rank, its lag against the median entry of
+# the instance (close to the median of the others with 64 ranks), who came last, who waited.
+RUN_STEPS = 50
+PEER_LAG = """
+WITH instances AS (
+    SELECT e.seq, percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.t)) AS mid,
+           max(extract(epoch FROM e.t)) AS last,
+           count(*) * max(extract(epoch FROM e.t)) - sum(extract(epoch FROM e.t)) AS idle
+    FROM {table} e WHERE e.kind = 'collective' GROUP BY e.seq),
+entries AS (
+    SELECT e.rank, e.node, e.seq, extract(epoch FROM e.t) - i.mid AS lag,
+           extract(epoch FROM e.t) = i.last AS came_last, i.idle,
+           i.last - extract(epoch FROM e.t) AS waited
+    FROM {table} e JOIN instances i ON i.seq = e.seq WHERE e.kind = 'collective')
+INSERT INTO peer_lag (t, cluster, job, comm_hash, seq_first, seq_last, rank, node, samples,
+                      lag_median_ns, lag_p95_ns, lag_p99_ns, lag_max_ns, last_arrivals,
+                      idle_caused_ns, waited_ns)
+SELECT to_timestamp(:start + max(seq) * :step), :cluster, :job, :comm, min(seq), max(seq), rank,
+       min(node), count(*),
+       (1e9 * percentile_cont(0.5) WITHIN GROUP (ORDER BY lag))::bigint,
+       (1e9 * percentile_cont(0.95) WITHIN GROUP (ORDER BY lag))::bigint,
+       (1e9 * percentile_cont(0.99) WITHIN GROUP (ORDER BY lag))::bigint,
+       (1e9 * max(lag))::bigint, count(*) FILTER (WHERE came_last),
+       (1e9 * coalesce(sum(idle) FILTER (WHERE came_last), 0))::bigint,
+       (1e9 * sum(waited))::bigint
+FROM entries GROUP BY rank, seq / :run
+"""
+COMM_INITS = """
+INSERT INTO {table} (t, id, cluster, node, job, rank, kind, op, comm_hash, duration_ns, attrs)
+SELECT to_timestamp(:start - 2.0 + r * 0.001),
+       format('gpu-%s:b0:i%s', lpad((r / :per_node)::text, 2, '0'), r), :cluster,
+       format('gpu-%s', lpad((r / :per_node)::text, 2, '0')), :job, r, 'comm_init',
+       'ncclCommInitRank', :comm, 350000000,
+       jsonb_build_object('comm_rank', r, 'nranks', :ranks, 'pid', 4000 + r, 'job', :job,
+                          'step', 0, 'local_rank', r % :per_node, 'world_size', :ranks)
+FROM generate_series(0, :ranks - 1) r WHERE :first = 0
+"""
 PREEMPTIONS = """
 INSERT INTO {table} (t, id, cluster, node, job, rank, kind, attrs)
 SELECT to_timestamp(:start + s * :step + 0.05),
@@ -114,7 +152,7 @@ FROM generate_series(0, :nodes - 1) n
 """
 PARAMETER_TYPES = {"start": Float, "step": Float, "end": Float, "first": Integer, "last": Integer,
                    "ranks": Integer, "per_node": Integer, "late": Integer, "samples": Integer,
-                   "nodes": Integer, "cluster": Text, "job": Text, "comm": Text}
+                   "nodes": Integer, "cluster": Text, "job": Text, "comm": Text, "run": Integer}
 SIZES = """
 SELECT sum(pg_table_size(i.inhrelid)), sum(pg_indexes_size(i.inhrelid)),
        (SELECT sum(pg_relation_size(x.indexrelid)) FROM pg_index x
@@ -160,6 +198,11 @@ def summarize(conn, table: str) -> None:
                       "SELECT count(*) FROM moved"))
 
 
+def fleetd_summaries(conn, table: str, params: dict) -> None:
+    """The per-rank lag summaries fleetd forwards for a day's collectives (``PEER_LAG``)."""
+    conn.execute(typed(PEER_LAG.format(table=table)), {**params, "run": RUN_STEPS})
+
+
 def load(engine, params: dict) -> float:
     """Fill the database; return the seconds it took."""
     started = time.monotonic()
@@ -168,10 +211,11 @@ def load(engine, params: dict) -> float:
         for day, first, last in day_steps(params):
             table = partition_name(day.date())
             conn.execute(text(f"CREATE TABLE {table} (LIKE events INCLUDING DEFAULTS)"))
-            for statement in (COLLECTIVES, SYNCS_AND_COPIES, PREEMPTIONS):
+            for statement in (COMM_INITS, COLLECTIVES, SYNCS_AND_COPIES, PREEMPTIONS):
                 conn.execute(typed(statement.format(table=table)),
                              {**params, "first": first, "last": last})
             summarize(conn, table)
+            fleetd_summaries(conn, table, params)
             print(f"  {table}: steps {first}..{last} loaded, attaching (index builds)",
                   flush=True)
             conn.execute(text(
@@ -254,19 +298,34 @@ class SqlClock:
 
 
 def other_tools(ctx: ToolContext, hour: dict, clock: SqlClock) -> dict:
-    """The other job-level tools on the same data: one warm call each (after one to warm up)."""
-    calls = {"explain": {"job": JOB, "rank": 37}, "job_report": {"job": JOB},
-             "get_cost": {"job": JOB}, "collective_stats": {"job": JOB},
-             "collective_stats_one_hour": {**hour},
-             "anomalies_one_hour": {**hour}, "memcpy_bandwidth_one_hour": {**hour}}
+    """The other job-level tools on the same data: one warm call each (after one to warm up).
+    job_timeline twice: as a viewer asks for a slice of the job, and as ``ingero export``
+    asks for it whole (its default of 200,000 slices)."""
+    window = {"since": hour["since"], "until": hour["until"]}
+    calls = {"explain": ("explain", {"job": JOB, "rank": 37}),
+             "job_report": ("job_report", {"job": JOB}), "get_cost": ("get_cost", {"job": JOB}),
+             "collective_stats": ("collective_stats", {"job": JOB}),
+             "collective_stats_one_hour": ("collective_stats", hour),
+             "anomalies": ("anomalies", {"job": JOB}), "anomalies_one_hour": ("anomalies", hour),
+             "memcpy_bandwidth": ("memcpy_bandwidth", {"job": JOB}),
+             "memcpy_bandwidth_one_hour": ("memcpy_bandwidth", hour),
+             "memory_hotspots": ("memory_hotspots", {"job": JOB}),
+             "find_outlier_nodes": ("find_outlier_nodes", {"job": JOB}),
+             "job_timeline_10000_slices": ("job_timeline", {"job": JOB, "max_events": 10_000}),
+             "event_history_one_hour": ("event_history", hour),
+             "list_jobs_one_hour": ("list_jobs", window),
+             "cluster_summary": ("cluster_summary", {}),
+             "job_timeline_export": ("job_timeline", {"job": JOB})}
     found = {}
-    for name, args in calls.items():
-        tool = name.removesuffix("_one_hour")
+    for name, (tool, args) in calls.items():
         REGISTRY[tool].run(ctx, args)
         found[name] = clock.call(tool, ctx, args)
     print("  other tools, warm: " + ", ".join(f"{n} {c['s']} s (SQL {c['sql_s']} s)"
                                               for n, c in found.items()), flush=True)
     return found
+
+
+EXPORTS = ("job_timeline_export",)       # answers sized by what they export, not questions
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -325,10 +384,15 @@ def run(args) -> dict:
             if not conn.scalar(text("SELECT EXISTS (SELECT 1 FROM call_stats)")):
                 for table in event_partitions(conn).values():   # kept from before summaries
                     summarize(conn, table)
+            if not conn.scalar(text("SELECT EXISTS (SELECT 1 FROM peer_lag)")):
+                for table in event_partitions(conn).values():
+                    fleetd_summaries(conn, table, params)
             stored = conn.execute(text("SELECT count(*) FROM events")).scalar()
             table_bytes, index_bytes, seq_index_bytes = conn.execute(text(SIZES)).one()
             summary_rows, summary_bytes = conn.execute(text(
                 "SELECT count(*), pg_total_relation_size('call_stats') FROM call_stats")).one()
+            lag_rows, lag_bytes = conn.execute(text(
+                "SELECT count(*), pg_total_relation_size('peer_lag') FROM peer_lag")).one()
         password = secrets.token_urlsafe(24)
         key = prepare(engine, ROLE, password)
         engine.dispose()
@@ -364,6 +428,7 @@ def run(args) -> dict:
             "events_table_bytes": int(table_bytes), "events_indexes_bytes": int(index_bytes),
             "collective_index_bytes": int(seq_index_bytes),
             "call_stats_rows": int(summary_rows), "call_stats_bytes": int(summary_bytes),
+            "peer_lag_rows": int(lag_rows), "peer_lag_bytes": int(lag_bytes),
             "default_max_entries": tools.DEFAULT_MAX_ENTRIES, "entries_plan": plan,
             "cases": results, "tools_warm": others}
 
@@ -381,23 +446,35 @@ def add_arguments(parser) -> None:
 
 def missed(result: dict, slow: list[str], tools_run: int) -> str:
     """By how much the slow tools miss, and what bounds them."""
+    export = result["tools_warm"].get(EXPORTS[0])
+    exported = "" if export is None else (
+        f" The export of the whole job's timeline is no question: {export['s']} s, "
+        f"{export['sql_s'] / export['s']:.0%} of it in PostgreSQL and the rest building its "
+        "200,000 slices; its time is its answer's size.")
     if not slow:
-        return f"Target met: every tool under {TARGET_S} s."
+        return (f"Target met: every question answered under {TARGET_S} s, warm, the call "
+                "statistics from the per-minute summaries and the lags of a job this large "
+                "from fleetd's." + exported)
     calls = [result["tools_warm"][tool] for tool in slow]
     worst = max(calls, key=lambda c: c["s"])
     in_sql = min(c["sql_s"] / c["s"] for c in calls)
-    return (f"Target missed by {len(slow)} of {tools_run} calls "
-            f"({'; '.join(t.replace('_one_hour', ', one hour') for t in slow)}), the slowest "
+    return (f"Target missed by {len(slow)} of {tools_run - len(EXPORTS)} calls "
+            f"({'; '.join(label(t) for t in slow)}), the slowest "
             f"{worst['s'] / TARGET_S:.1f}× over. Each of them spends at least {in_sql:.0%} of "
-            "its time waiting on PostgreSQL, most of it in the statement shown: the bound is "
-            "the rows read, not Python. Sync and host-call statistics (explain, job_report, "
-            "anomalies) come from the per-minute summaries; what still reads raw events is "
-            "named by its statement.")
+            "its time waiting on PostgreSQL, most of it in the statement shown. The call "
+            "statistics come from the per-minute summaries and the lags of a job this large "
+            "from fleetd's; what still reads raw events is named by its statement." + exported)
+
+
+def label(name: str) -> str:
+    return (name.replace("_one_hour", ", one hour").replace("_10000_slices", ", 10,000 slices")
+            .replace("_export", ", the whole job (200,000 slices: what ingero export draws)"))
 
 
 def summary(result: dict) -> str:
     whole = result["cases"]["whole_job"]
-    tool, slowest = max(result["tools_warm"].items(), key=lambda kv: kv[1]["s"])
+    tool, slowest = max(((t, c) for t, c in result["tools_warm"].items() if t not in EXPORTS),
+                        key=lambda kv: kv[1]["s"])
     return (f"over {result['events']:,} events find_stragglers answers in "
             f"{whole['warm_p50_s']} s warm (p50, whole job), the slowest tool "
             f"{tool} in {slowest['s']} s (target {TARGET_S} s)")
@@ -408,30 +485,39 @@ def section(result: dict) -> str:
     for name, case in result["cases"].items():
         coverage = case["coverage"]
         rows.append([name.replace("_", " "), f"{coverage['instances_total']:,} collectives",
-                     f"{case['cold_s']} s", f"{case['warm_p50_s']} s", f"{case['warm_p95_s']} s",
-                     f"{case['exact_s']} s"])
-    others = [[tool.replace("_one_hour", ", one hour"), f"{c['s']} s",
+                     coverage.get("source", "events"), f"{case['cold_s']} s",
+                     f"{case['warm_p50_s']} s", f"{case['warm_p95_s']} s",
+                     f"{case['exact_s']} s",
+                     f"{case['first_rank_lag_median_ms']} / "
+                     f"{case['exact_first_rank_lag_median_ms']} ms"])
+    others = [[label(tool), f"{c['s']} s",
+               "an export" if tool in EXPORTS else
                "yes" if c["s"] <= TARGET_S else f"no, {c['s'] / TARGET_S:.1f}× over",
                f"{c['sql_s'] / c['s']:.0%} in {c['statements']} statements",
                f"{c['slowest_sql_s']} s: `{c['slowest_sql'][:70]}…`"]
               for tool, c in result["tools_warm"].items()]
-    slow = [tool for tool, c in result["tools_warm"].items() if c["s"] > TARGET_S]
+    slow = [tool for tool, c in result["tools_warm"].items()
+            if c["s"] > TARGET_S and tool not in EXPORTS]
     return "\n\n".join([
         "## Query latency over stored events: `tool_latency.py`",
         f"A private embedded PostgreSQL (echod's, migrated) holds {result['events']:,} events "
         f"of one {result['ranks']}-rank job ({result['hours']} hours across two day "
         f"partitions; rank {result['late_rank']} 15–25 ms late), made in SQL into the "
         f"detached partitions and attached (loading took {result['load_s']} s), with the "
-        "per-minute summaries of their timed calls that echod writes as it stores events "
+        "per-minute summaries of their events that echod writes as it stores them "
         f"({result.get('call_stats_rows', 0):,} rows, "
         f"{result.get('call_stats_bytes', 0) / 2**20:,.1f} MiB with their indexes, against "
         f"{(result['events_table_bytes'] + result['events_indexes_bytes']) / 2**30:,.1f} GiB "
-        "of events). "
+        "of events), and fleetd's per-rank lag summaries of those collectives as it forwards "
+        f"them, a row per rank and {RUN_STEPS} instances "
+        f"({result.get('peer_lag_rows', 0):,} rows, "
+        f"{result.get('peer_lag_bytes', 0) / 2**20:,.1f} MiB). "
         "`find_stragglers` runs as the API runs it (the sandbox role, row-level security, a "
-        "signed scope): one cold call (PostgreSQL restarted, page cache dropped), warm calls, "
-        "and one call that reads every collective.",
-        harness.table(["find_stragglers", "job", "cold", "warm p50", "warm p95",
-                       "every collective"], rows),
+        "signed scope): one cold call (PostgreSQL restarted, page cache dropped), warm calls "
+        "(past its cap of raw entries it answers from fleetd's summaries), and one call that "
+        "reads every raw collective; the late rank's median lag from each.",
+        harness.table(["find_stragglers", "job", "answered from", "cold", "warm p50",
+                       "warm p95", "every raw collective", "late rank's lag"], rows),
         "Each job-level tool, one warm call (the whole job unless marked), with the part of "
         "its time spent waiting on PostgreSQL and its slowest statement:",
         harness.table(["tool", "warm", f"under {TARGET_S} s", "in PostgreSQL",

@@ -1,5 +1,6 @@
-"""Per-rank, per-minute summaries of timed calls (table ``call_stats``), written with the events
-and read by the tools instead of the raw events.
+"""Per-rank, per-minute summaries of the events (table ``call_stats``), written with them and
+read by the tools instead of the raw events: the traced calls with their durations and bytes,
+and the other kinds (host samples, edges, exits) counted the same way.
 
 A minute of one rank's calls of one kind, op and communicator (syncs apart by whether they
 waited on peers, failed calls apart from the others, copies by direction: ``detail``) is a
@@ -24,7 +25,6 @@ from datetime import datetime, timedelta
 
 BUCKETS_PER_OCTAVE = 32
 ZERO = -1                               # the bucket of durations of 0 ns
-KINDS = ("collective", "sync", "alloc", "free", "memcpy", "comm_init", "comm_destroy")
 MINUTE = timedelta(minutes=1)
 KEY = "cluster, job, node, rank, t, kind, op, comm_hash, peer_wait, failed, detail"
 SMALL_BYTES = 2**20                     # a small allocation or copy
@@ -36,7 +36,6 @@ PEER_WAIT_SQL = "coalesce({a}.kind = 'sync' AND {a}.attrs -> 'peer_wait' = 'true
 FAILED_SQL = ("coalesce(jsonb_typeof({a}.attrs -> 'result') = 'number' "
               "AND {a}.attrs -> 'result' <> '0'::jsonb, false)")
 DETAIL_SQL = "CASE WHEN {a}.kind = 'memcpy' THEN {a}.attrs ->> 'direction' END"
-KINDS_SQL = ", ".join(f"'{kind}'" for kind in KINDS)
 
 
 
@@ -58,7 +57,7 @@ per_bucket AS (
            sum(m.bytes) AS bytes, sum(m.bytes) FILTER (WHERE m.duration_ns > 0) AS timed_bytes,
            max(m.bytes) AS max_bytes, count(*) FILTER (WHERE m.bytes < {SMALL_BYTES}) AS small,
            min(m.t) AS first_t, max(m.t) AS last_t
-    FROM moved m WHERE m.kind IN ({KINDS_SQL})
+    FROM moved m
     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
 summarized AS (
     INSERT INTO call_stats ({KEY}, calls, timed, duration_ns, bytes, timed_bytes, max_bytes,

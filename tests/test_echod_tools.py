@@ -767,3 +767,12 @@ def test_robust_bars_ignore_the_outlier():
 
 def iso(t: float) -> str:
     return tools.iso(tools.datetime.fromtimestamp(t, tools.UTC))
+
+
+def test_a_weighted_quantile_counts_each_run_as_many_times_as_it_has_instances():
+    from echod.tools.lag import weighted_quantile
+    # a rank on time for 160 instances, then 60 ms late for 80, in runs of unequal length
+    values, weights = np.array([0.0, 0.0, 60.0, 60.0, 60.0]), np.array([100, 60, 30, 30, 20])
+    assert weighted_quantile(values, weights, 0.5) == 0.0     # unweighted, the runs say 60
+    assert weighted_quantile(values, weights, 0.99) == 60.0
+    assert weighted_quantile(np.array([3.0]), np.array([7]), 0.5) == 3.0

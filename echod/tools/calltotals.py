@@ -22,20 +22,20 @@ DERIVED = {"peer_wait": PEER_WAIT_SQL, "failed": FAILED_SQL, "detail": DETAIL_SQ
 SUMMED = """
 SELECT {by}, sum(s.calls), sum(s.timed), sum(s.duration_ns), sum(s.bytes), max(s.last_t),
        sum(s.timed_bytes), max(s.max_bytes), sum(s.small_calls), min(s.first_t)
-FROM call_stats s WHERE s.kind = ANY (CAST(:kinds AS text[])) AND {where}
+FROM call_stats s WHERE {kinds} AND {where}
 GROUP BY {by}
 """
 BUCKETED = """
 SELECT {by}, u.bucket, sum(u.n), sum(u.total)
 FROM call_stats s CROSS JOIN LATERAL unnest(s.buckets, s.counts, s.sums) AS u(bucket, n, total)
-WHERE s.kind = ANY (CAST(:kinds AS text[])) AND {where}
+WHERE {kinds} AND {where}
 GROUP BY {by}, u.bucket
 """
 RAW = f"""
 SELECT {{by}}, {{bucket}}, count(*), count(e.duration_ns), sum(e.duration_ns), sum(e.bytes),
        max(e.t), sum(e.bytes) FILTER (WHERE e.duration_ns > 0), max(e.bytes),
        count(*) FILTER (WHERE e.bytes < {SMALL_BYTES}), min(e.t)
-FROM events e WHERE e.kind = ANY (CAST(:kinds AS text[])) AND {{where}}
+FROM events e WHERE {{kinds}} AND {{where}}
 GROUP BY {{by}}, {{bucket}}
 """
 
@@ -72,27 +72,34 @@ class Totals:
             self.first = first
 
 
-def call_totals(conn: Connection, sel: Selection, kinds: tuple[str, ...], by: tuple[str, ...],
+def call_totals(conn: Connection, sel: Selection, kinds: tuple[str, ...] | None,
+                by: tuple[str, ...],
                 *, node: bool = True, rank: bool = True,
-                only: dict[str, str | None] | None = None) -> dict[tuple, Totals]:
-    """Per group (the values of ``by``, names of GROUPS), the calls of ``kinds`` the selection
-    holds (``node`` and ``rank``: whether its node and rank narrow it; ``only``: groups that
-    must have these values, None for any)."""
+                only: dict[str, str | None] | None = None,
+                durations: bool = True) -> dict[tuple, Totals]:
+    """Per group (the values of ``by``, names of GROUPS), the calls of ``kinds`` (None: events
+    of every kind) the selection holds (``node`` and ``rank``: whether its node and rank
+    narrow it; ``only``: groups that must have these values, None for any; ``durations``:
+    whether to read the histograms too, for quantiles)."""
     assert set(by) <= set(GROUPS) and set(only or ()) <= set(GROUPS), (by, only)
     only = {name: value for name, value in (only or {}).items() if value is not None}
     head, whole_minutes, tail = minutes(sel.window.since, sel.window.until)
     out: dict[tuple, Totals] = defaultdict(Totals)
-    params = {"kinds": list(kinds)}
+    params = {} if kinds is None else {"kinds": list(kinds)}
+    of_kinds = "TRUE" if kinds is None else "{a}.kind = ANY (CAST(:kinds AS text[]))"
     if whole_minutes is not None:
         where = replace(sel, window=Window(*whole_minutes)).where("s", node=node, rank=rank)
         for name, value in only.items():
             where.equal(f"s.{name}", f"only_{name}", value)
         columns = ", ".join(f"s.{name}" for name in by)
-        for row in rows(conn, SUMMED.format(by=columns, where=where.sql()),
+        for row in rows(conn, SUMMED.format(by=columns, where=where.sql(),
+                                            kinds=of_kinds.format(a="s")),
                         {**where.params, **params}):
             out[tuple(row[:len(by)])].took(*row[len(by):])
-        for row in rows(conn, BUCKETED.format(by=columns, where=where.sql()),
-                        {**where.params, **params}):
+        bucketed = rows(conn, BUCKETED.format(by=columns, where=where.sql(),
+                                              kinds=of_kinds.format(a="s")),
+                        {**where.params, **params}) if durations else []
+        for row in bucketed:
             out[tuple(row[:len(by)])].durations.add([row[-3]], [row[-2]], [row[-1]])
     raw = {name: DERIVED[name].format(a="e") if name in DERIVED else f"e.{name}"
            for name in GROUPS}
@@ -104,6 +111,7 @@ def call_totals(conn: Connection, sel: Selection, kinds: tuple[str, ...], by: tu
         for name, value in only.items():
             where.equal(raw[name], f"only_{name}", value)
         for row in rows(conn, RAW.format(by=columns, where=where.sql(),
+                                         kinds=of_kinds.format(a="e"),
                                          bucket=BUCKET_SQL.format(d="e.duration_ns")),
                         {**where.params, **params}):
             key, (b, calls, timed, ns, *sums) = tuple(row[:len(by)]), row[len(by):]

@@ -152,31 +152,24 @@ WHERE i.inhparent = CAST('events' AS regclass)
   AND obj_description(c.oid, 'pg_class') LIKE '%"collective"%'
 LIMIT 1
 """
-# Per rank: its runs' q-quantiles weighted by their instances, the q-quantile of those (the
-# least value whose runs hold at least q of the instances).
+# Per rank: its runs' instances and q-quantiles (for ``weighted_quantile``) packed in one
+# bytea as RUN lays them out, and its sums.
 RANK_SUMMARIES = """
-WITH runs AS (
-    SELECT p.cluster, p.job, p.rank, p.node, p.samples, p.lag_median_ns AS p50,
-           p.lag_p95_ns AS p95, coalesce(p.lag_p99_ns, p.lag_p95_ns) AS p99, p.lag_max_ns,
-           p.last_arrivals, p.idle_caused_ns, p.waited_ns,
-           sum(p.samples) OVER rank_runs AS total,
-           sum(p.samples) OVER (rank_runs ORDER BY p.lag_median_ns) AS upto50,
-           sum(p.samples) OVER (rank_runs ORDER BY p.lag_p95_ns) AS upto95,
-           sum(p.samples) OVER (rank_runs ORDER BY coalesce(p.lag_p99_ns, p.lag_p95_ns)) AS upto99
-    FROM peer_lag p WHERE {where} AND p.lag_median_ns IS NOT NULL
-    WINDOW rank_runs AS (PARTITION BY p.cluster, p.job, p.rank))
-SELECT cluster, job, rank, min(node), sum(samples),
-       min(p50) FILTER (WHERE upto50 >= 0.5 * total), min(p95) FILTER (WHERE upto95 >= 0.95 * total),
-       min(p99) FILTER (WHERE upto99 >= 0.99 * total), max(lag_max_ns),
-       coalesce(sum(last_arrivals), 0), coalesce(sum(idle_caused_ns), 0),
-       coalesce(sum(waited_ns), 0),
-       coalesce(sum(samples) FILTER (WHERE last_arrivals IS NOT NULL), 0)
-FROM runs GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+SELECT p.cluster, p.job, p.rank, min(p.node),
+       string_agg(int8send(CAST(p.samples AS bigint)) || int8send(p.lag_median_ns)
+                  || int8send(coalesce(p.lag_p95_ns, p.lag_median_ns))
+                  || int8send(coalesce(p.lag_p99_ns, p.lag_p95_ns, p.lag_median_ns)), ''::bytea),
+       max(p.lag_max_ns), coalesce(sum(p.last_arrivals), 0), coalesce(sum(p.idle_caused_ns), 0),
+       coalesce(sum(p.waited_ns), 0),
+       coalesce(sum(p.samples) FILTER (WHERE p.last_arrivals IS NOT NULL), 0)
+FROM peer_lag p WHERE {where} AND p.lag_median_ns IS NOT NULL
+GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
 """
+RUN = np.dtype([("samples", ">i8"), ("p50", ">i8"), ("p95", ">i8"), ("p99", ">i8")])
 COMM_SUMMARIES = """
 SELECT p.cluster, p.job, p.comm_hash, min(p.seq_first), max(p.seq_last),
        max(p.seq_last) - min(p.seq_last), extract(epoch FROM max(p.t) - min(p.t)),
-       sum(p.samples), count(DISTINCT p.rank)
+       sum(p.samples)
 FROM peer_lag p WHERE {where} GROUP BY 1, 2, 3
 """
 
@@ -195,19 +188,22 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
     found = rows(conn, RANK_SUMMARIES.format(where=where.sql()), where.params)
     if not found:
         return None
-    ranks = [RankLag(cluster, job, rank, node, int(samples), median / 1e9, p95 / 1e9,
-                     largest / 1e9, int(last), int(caused) / 1e9, int(waited) / 1e9,
-                     lag_p99=p99 / 1e9, compared=int(compared))
-             for cluster, job, rank, node, samples, median, p95, p99, largest, last, caused,
-             waited, compared in found]
+    ranks = []
+    for cluster, job, rank, node, packed, largest, last, caused, waited, compared in found:
+        runs = np.frombuffer(packed, RUN)
+        weights = runs["samples"].astype(np.int64)
+        p50, p95, p99 = (weighted_quantile(runs[name].astype(np.float64), weights, q) / 1e9
+                         for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)))
+        ranks.append(RankLag(cluster, job, rank, node, int(weights.sum()), p50, p95,
+                             largest / 1e9, int(last), int(caused) / 1e9, int(waited) / 1e9,
+                             lag_p99=p99, compared=int(compared)))
     steps: dict[tuple[str, str], list[float]] = defaultdict(list)
-    instances = examined = entries = 0
+    instances = entries = 0
     comms = rows(conn, COMM_SUMMARIES.format(where=where.sql()), where.params)
-    for cluster, job, _comm, lo, hi, span, seconds, samples, nranks in comms:
+    for cluster, job, _comm, lo, hi, span, seconds, samples in comms:
         if span and seconds:
             steps[(cluster, job)].append(float(seconds) / span)
         instances += hi - lo + 1
-        examined += int(samples) // max(nranks, 1)
         entries += int(samples)
     bars = job_bars(ranks, {job: float(np.median(v)) for job, v in steps.items()})
     clocks = node_offsets(conn, sel, {(r.cluster, r.node) for r in ranks})
@@ -215,7 +211,16 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
         r.slack = clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
         r.straggler = bool(r.samples >= POLICY.min_instances
                            and r.lag_median - r.slack > bars[(r.cluster, r.job)].bar)
-    return Survey(ranks, bars, len(comms), instances, examined, 1, entries, "summaries")
+    # Every instance fleetd settled is in a run (a run holds them all, whatever ranks it has)
+    return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries")
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The least value whose weight, with that of the values under it, is at least q of the
+    whole: a run's quantile counted as many times as the run has instances."""
+    order = np.argsort(values, kind="stable")
+    held = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(held, q * held[-1])])
 
 
 # Per node: the median offset (and uncertainty) fleetd reported in the window; where it

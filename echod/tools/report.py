@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import Connection, text
 
 from ..registry import ToolContext, obj, tool
+from .calltotals import call_totals
 from .cost import COST_OUT, RATE_ARGS, cost_summary, gpu_rate, usd
 from .evidence import Evidence, gather_evidence
 from .lag import COVERAGE_OUT, RankLag, Survey, ordered, survey
@@ -61,20 +64,6 @@ JOB_ROW = """
 SELECT j."user", j.gpus, j.nodes, j.start, j."end" FROM jobs j
 WHERE j.cluster = :cluster AND j.id = :job
 """
-JOB_EVENTS = """
-SELECT (SELECT count(*) FROM (SELECT 1 FROM events e
-                              WHERE e.cluster = :cluster AND e.job = :job AND {window}
-                              LIMIT :cap) counted),
-       least((SELECT min(e.t) FROM events e
-              WHERE e.cluster = :cluster AND e.job = :job AND {window}),
-             (SELECT min(s.first_t) FROM call_stats s
-              WHERE s.cluster = :cluster AND s.job = :job AND {first})),
-       greatest((SELECT max(e.t) FROM events e
-                 WHERE e.cluster = :cluster AND e.job = :job AND {window}),
-                (SELECT max(s.last_t) FROM call_stats s
-                 WHERE s.cluster = :cluster AND s.job = :job AND {last}))
-"""
-EVENT_COUNT_CAP = 1_000_000
 JOB_NODES = """
 SELECT DISTINCT s.node FROM health_scores s
 WHERE s.cluster = :cluster AND s.job = :job AND {window}
@@ -121,8 +110,8 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
     """Everything about one job, over its whole run or over since/until (everything but the
     jobs table's row is measured in that window): who ran it and on how many GPUs, its start
     and end (when the jobs table knows), its nodes, ranks, first and last event, duration,
-    collectives and events stored (events are counted up to 1,000,000: events_capped says
-    there are more); per rank: its Slurm step (the most common its events carry), node,
+    collectives and events traced (every one, from the per-minute summaries; events_capped is
+    false, kept for older readers); per rank: its Slurm step (the most common its events carry), node,
     collectives, median and 99th-percentile entry lag (ms, see find_stragglers), last_share
     (the share of its collectives it entered last), self_work_ms (its median sync on its own
     kernels, peer_wait false) against peers_self_work_ms (the median of the other ranks'
@@ -169,19 +158,25 @@ def job_facts(conn: Connection, sel: Selection, ranks: set[int]) -> dict:
     """What job_report says beside the lags (of ``ranks``), all of it measured in the window
     but the jobs table's row."""
     params = {"cluster": sel.cluster, "job": sel.job}
-    events = Where().within("e.t", sel.window)
     scores = Where().within("s.t", sel.window)
     return {"job": conn.execute(text(JOB_ROW), params).first(),
-            "events": conn.execute(text(JOB_EVENTS.format(
-                window=events.sql(), first=Where().within("s.first_t", sel.window).sql(),
-                last=Where().within("s.last_t", sel.window).sql())),
-                {**params, **events.params, "cap": EVENT_COUNT_CAP}).one(),
+            "events": job_events(conn, sel),
             "nodes": [n for (n,) in rows(conn, JOB_NODES.format(window=scores.sql()),
                                          {**params, **scores.params})],
             "scores": dict(rows(conn, RANK_SCORES.format(window=scores.sql()),
                                 {**params, **scores.params})),
             "steps": job_steps(conn, sel, params, ranks),
             "work": sync_work(conn, sel)}
+
+
+def job_events(conn: Connection, sel: Selection) -> tuple[int, datetime | None, datetime | None]:
+    """How many events the job's ranks and nodes made in the window, the first and the last:
+    from the per-minute summaries (every event, whatever retention kept of the raw ones)."""
+    totals = call_totals(conn, sel, None, ("job",), node=False, rank=False,
+                         durations=False).values()
+    firsts = [t.first for t in totals if t.first is not None]
+    lasts = [t.last for t in totals if t.last is not None]
+    return (sum(t.calls for t in totals), min(firsts, default=None), max(lasts, default=None))
 
 
 def job_steps(conn: Connection, sel: Selection, params: dict, ranks: set[int]
@@ -215,7 +210,7 @@ def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLa
             "first_event": iso(first), "last_event": iso(last),
             "duration_s": num((last - first).total_seconds(), 3) if first and last else None,
             "collectives": sum(r.samples for r in found.ranks) * found.stride,
-            "events": count, "events_capped": count >= EVENT_COUNT_CAP,
+            "events": count, "events_capped": False,
             "per_rank": per_rank,
             "top_stragglers": [rank_json(r, found, evidence) for r in stragglers[:10]],
             "cost": cost, "coverage": found.coverage()}
