@@ -252,7 +252,8 @@ def test_a_day_past_its_raw_window_keeps_the_kinds_still_owed_and_the_evidence_o
     assert rows[("sync", "4242")][2] == 240                      # its own window is still open
     assert rows[("process_exit", "4242")][2] == 1                # rare: kept whole
     assert rows[("alloc", "7")][2] == 1                          # a failed call: evidence
-    assert sums == [("alloc", 1), ("collective", 480), ("sync", 240)]   # the summaries stay
+    assert sums == [("alloc", 1), ("collective", 480), ("process_exit", 1),   # summaries stay
+                    ("sync", 240)]
     # A day later the syncs' window closes too: the same partition is thinned once more.
     said = apply_retention(engine, policy, now=now + 86_400)
     assert said == [f"thinned {name}: raw alloc, collective, free, memcpy, sync kept only "
