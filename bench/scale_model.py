@@ -12,17 +12,21 @@ from __future__ import annotations
 import math
 
 from bench import fleet_scale, harness
+from echod import config as echod_config
+from echod.retention import THINNED
+from fleetd import config as fleetd_config
 
 GPUS = 10_000
 GPUS_PER_NODE = 8
 RANKS_PER_JOB = 64
 PUSH_INTERVAL_S = 5.0            # ingerod's default --push-interval
 HEADROOM = 0.7                   # of one CPU, what a process is planned to use
-RETENTION_DAYS = 30              # echod's default --retention-days
-RAW_DAYS = 7                     # echod's default --raw-days
-EVIDENCE_S = 600.0               # echod's default --evidence-window
-RECOMPUTE_S = 1.0                # fleetd's default --recompute-interval: a lag row a rank each
-THINNED = ("collective", "sync", "alloc", "free", "memcpy")     # echod.retention.THINNED
+ECHOD_DEFAULTS = {s.name: s.default for s in echod_config.SETTINGS}
+RETENTION_DAYS = ECHOD_DEFAULTS["retention_days"]
+RAW_DAYS = ECHOD_DEFAULTS["raw_days"]
+EVIDENCE_S = ECHOD_DEFAULTS["evidence_window"]
+# fleetd's default --recompute-interval: a lag row for each rank every recompute
+RECOMPUTE_S = next(s.default for s in fleetd_config.SETTINGS if s.name == "recompute_interval")
 # An assumption, not a measurement: each job is named once a day, for 10 minutes; its raw
 # events from the window before to the window after stay for the whole retention.
 VERDICT_S = 600.0

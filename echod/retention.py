@@ -103,6 +103,14 @@ def dropped_kinds(connection: Connection, partition: str) -> frozenset[str]:
         return frozenset()
 
 
+def thinned_of(connection: Connection, kind: str) -> bool:
+    """Whether retention has thinned the raw events of ``kind`` on any day."""
+    return connection.scalar(text(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = CAST('events' AS regclass) AND obj_description(c.oid, 'pg_class') "
+        "LIKE :marked)"), {"marked": f'%"{COMMENT_KEY}"%"{kind}"%'})
+
+
 def plan(connection: Connection, policy: Policy, now: float) -> list[Step]:
     """What is due, oldest day first."""
     steps = []

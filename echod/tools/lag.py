@@ -35,6 +35,7 @@ from sqlalchemy import Connection
 
 from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 
+from ..retention import thinned_of
 from .collectives import Communicator, communicators, rank_nodes, read_entries
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
 from .selection import Selection, Where, Window, rows, storable
@@ -113,7 +114,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     retention thinned them (see the module's doc)."""
     comms = communicators(conn, sel)
     entries = sum(c.instances * max(c.ranks, 1) for c in comms)
-    if entries > max_entries or any_thinned(conn):
+    if entries > max_entries or thinned_of(conn, "collective"):
         found = summary_survey(conn, sel)
         # Past the cap, or where fleetd settled more entries than the raw events still hold
         # (retention thinned them).
@@ -145,13 +146,6 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
 
 # -- from fleetd's summaries -------------------------------------------------------------------
 
-# The days whose raw collectives retention thinned (their partitions' comments).
-THINNED = """
-SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = CAST('events' AS regclass)
-  AND obj_description(c.oid, 'pg_class') LIKE '%"collective"%'
-LIMIT 1
-"""
 # Per rank: its runs' instances and q-quantiles (for ``weighted_quantile``) packed in one
 # bytea as RUN lays them out, and its sums.
 RANK_SUMMARIES = """
@@ -172,11 +166,6 @@ SELECT p.cluster, p.job, p.comm_hash, min(p.seq_first), max(p.seq_last),
        sum(p.samples)
 FROM peer_lag p WHERE {where} GROUP BY 1, 2, 3
 """
-
-
-def any_thinned(conn: Connection) -> bool:
-    """Whether retention has thinned the raw collectives of any day."""
-    return bool(rows(conn, THINNED, {}))
 
 
 def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
