@@ -52,6 +52,8 @@ PASSED_DOWN = ("host_work", "network_or_peer")   # causes a lateness passed down
 COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits at collectives
                                      # grew by this share of it at its onset
 COST_ERRORS = 2.0                    # and by this many standard errors of that growth
+AHEAD_WAITS = 6                      # syncs a peer since the onset before it is weighed,
+                                     # where hosts run ahead of their GPUs (2 where not)
 HARMLESS_GROWTH = 1.5                # a lateness shown to cost nobody is weighed again once
                                      # its lag has grown this many times
 WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
@@ -80,7 +82,14 @@ def waits_grew(before: list[int], after: list[int], lag_s: float, floor_s: float
     out from the waits' own spread (``COST_ERRORS`` standard errors of the difference of the
     means): waits at syncs every few steps vary by tens of ms under CPU contention, and a few
     ms more on average is what chance gives. Too few syncs before: it costs; fewer than
-    ``enough`` since its onset (hosts that sync every few steps only): None, not known yet."""
+    ``enough`` since its onset: None, not known yet. The answer is given once (a lateness
+    shown harmless stays so, one shown to cost is named). Where hosts run ahead of their
+    GPUs, ``enough`` is a few syncs of each peer (``AHEAD_WAITS``): a host that syncs every
+    ten steps, at a blocking read and at the tenth step's end, waits briefly at one and for
+    ten steps of GPU work at the other, and with only the first two since the onset, its
+    waits look spread as widely as that, which no growth stands out of (so weighed, a rank
+    behind its GPU queue was shown harmless and never named). Where they sync every step,
+    two a peer: more, and the waits' own drift over a busy job reads as growth."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
@@ -89,6 +98,48 @@ def waits_grew(before: list[int], after: list[int], lag_s: float, floor_s: float
     error = math.sqrt(statistics.variance(before) / len(before)
                       + statistics.variance(after) / len(after)) / 1e9
     return grew >= max(floor_s, COST_SHARE * lag_s, COST_ERRORS * error)
+
+
+def runs_ahead(job: JobState, ranks: list[int], column: int, times: np.ndarray) -> bool | None:
+    """Whether the job's hosts run ahead of their GPUs: its peers (of ``column``) sync with
+    them less than every other instance (``times``, on fleetd's clock; where a peer's syncs
+    kept no longer reach back to the first, over those since the oldest one kept); None
+    where none of them has synced yet."""
+    if not any(job.facts[rank].sync_end for at, rank in enumerate(ranks)
+               if at != column and rank in job.facts):
+        return None
+    shares = []
+    for at, rank in enumerate(ranks):
+        facts = job.facts.get(rank)
+        if at == column or facts is None:
+            continue
+        ends = np.fromiter(facts.sync_end, float)
+        since = times[np.isfinite(times)]
+        if len(ends) and len(ends) == facts.sync_end.maxlen:
+            since = since[since >= ends.min()]
+        if len(since) >= 2:
+            shares.append(int(((ends >= since.min()) & (ends <= since.max())).sum())
+                          / len(since))
+    return bool(shares) and float(np.median(shares)) < 0.5
+
+
+def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float) -> bool:
+    """Whether a rank's lag (``lag_s``, its late instances' median) is over ``k`` times the
+    swing of its peers' lags from instance to instance (1.4826·MAD of each one's lag less
+    its own median, at the instances judged: ``lag``, instances × columns; how late each is
+    on the whole, several of them late at once, is no swing). Hosts that enqueue several
+    steps ahead of their GPUs and sync every few drift apart by milliseconds within each run
+    of steps when their CPUs are busy; a rank a few ms late over a job's first instances is
+    that swing, not a straggler (it is judged against the ranks' median lags only, whose
+    spread is far smaller). Asked only where the hosts run ahead (``runs_ahead``): where they
+    sync every step, a rank's lateness from the start reaches its GPU, and is weighed alone."""
+    peers = np.delete(np.asarray(lag, float), column, axis=1)
+    with quiet():
+        swing = peers - np.nanmedian(peers, axis=0)
+    swing = swing[np.isfinite(swing)]
+    if len(swing) < 2:
+        return True
+    return lag_s > k * 1.4826 * float(np.median(np.abs(swing)))
 
 
 def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
@@ -462,6 +513,8 @@ class RankAnalysis:
         judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries))
         window.bar = judgement.bar_s
         lag = peer_lag(entries)
+        with quiet():
+            times = np.nanmedian(entries, axis=1)
         found = {}
         for f in judgement.findings:
             rank = ranks[f.column]
@@ -475,7 +528,7 @@ class RankAnalysis:
                 continue
             costs = f.kind != "persistent" or self._shown(
                 job, (comm, rank), self._recent(lag, f.column),
-                lambda: self._costs(job, ranks, f, onset, lag))
+                lambda: self._costs(job, ranks, f, onset, lag, times))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -524,15 +577,20 @@ class RankAnalysis:
         return answer
 
     def _costs(self, job: JobState, ranks: list[int], f, onset: float,
-               lag: np.ndarray) -> bool | None:
+               lag: np.ndarray, times: np.ndarray) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
         grew from its onset on, beyond what a later rank explains (``lag``: every column's, at
-        each instance judged; see ``waits_grew``). A rank late from the first
-        instances judged has no before to weigh them against: it is taken to cost (its own
-        waits cannot tell: every rank's sync ends with the collective, so its peers wait
-        longer than it by its lateness whether its GPU absorbed it or not)."""
+        each instance judged, ``times`` their median entries; see ``waits_grew``). A rank
+        late from the first instances judged has no before to weigh them against: it is
+        taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
+        so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
+        where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
+        once its lag stands out of the swing of its peers' (``stands_out``), and until then
+        it is not known yet."""
+        ahead = runs_ahead(job, ranks, f.column, times)
         if f.onset < self.policy.min_instances:
-            return True
+            return None if ahead is not False and not stands_out(lag, f.column, f.lag_p50_s,
+                                                                 self.policy.k) else True
         before, after, peers = [], [], 0
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
@@ -545,7 +603,7 @@ class RankAnalysis:
             since = np.nanmedian(lag[f.onset:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
         return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later,
-                          enough=2 * peers)
+                          enough=(AHEAD_WAITS if ahead is True else 2) * peers)
 
     def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,
                    f) -> bool:

@@ -700,6 +700,55 @@ def test_peers_waits_that_grew_by_less_than_their_spread_prove_no_cost(after_ms,
     assert bool([v for v in ra.active() if v.rank == 5]) == named
 
 
+def test_peers_that_wait_briefly_at_one_sync_and_long_at_another_are_weighed_over_steps():
+    """The peers sync twice every ten steps: briefly at a blocking read (15 ms) and long at
+    the tenth step's end (175 ms). From step 30 rank 5's host falls 120 ms behind its GPU
+    queue, and both grow (33 and 275 ms). One push after its onset, the peers' two waits
+    since are as far apart as their mean could grow: not known yet, neither named nor noted
+    harmless (noted, it would never be named). With six waits a peer since, it is named."""
+    others = [r for r in range(8) if r != 5]
+    def peer_waits(first: int) -> list[dict]:
+        return [{"id": f"n:pw{r}:{s}", "t": T0 + s * STEP + 0.01, "kind": "sync", "attrs": {
+            "duration_ns": int(((15.0, 175.0) if s < 30 else (33.0, 275.0))[s % 10 == 9] * 1e6),
+            "peer_wait": True, "rank": r, "job": "42", "pid": 1000 + r}}
+            for r in others for s in range(first, first + 10) if s % 5 == 4]
+    late = lambda r, s: 0.12 if r == 5 and s >= 30 else 0.0  # noqa: E731
+    ra = analysis()
+    feed(ra, late=late, until=40, also=peer_waits)
+    assert [v for v in ra.active() if v.rank == 5] == [] and ra.take_rows()[0] == []
+    feed(ra, late=late, start=40, until=50, also=peer_waits)
+    assert [v for v in ra.active() if v.rank == 5] == [] and ra.take_rows()[0] == []
+    feed(ra, late=late, start=50, until=60, also=peer_waits)
+    assert [v.rank for v in ra.active()] == [5]
+
+
+def swing(rank: int, step: int) -> float:
+    """Hosts that sync with their GPUs every ten steps, their CPUs busy: each drifts from the
+    others by up to about 10 ms over a run of ten steps, by how much and which way changing
+    from run to run."""
+    return ((rank * 5 + (step // 10) * 3) % 7 - 3) * 0.0004 * (step % 10)
+
+
+@pytest.mark.parametrize("late_ms, named", [(6.0, False), (30.0, True)])
+def test_a_rank_late_from_the_start_is_named_only_past_its_peers_swing(late_ms, named):
+    """Hosts that sync with their GPUs every ten steps only, and drift apart in between. With
+    no instances before its lateness, whether it costs cannot be weighed by its peers' waits:
+    a rank late from the first step is named once its lag stands out of the swing of its
+    peers' lags (their median lags make a bar far lower): 6 ms late throughout, within their
+    swing of about 10 ms, is not; 30 ms is."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    exchanged(ra, "n1", 0.0)
+    late = lambda r, s: late_ms / 1e3 if r == 5 else swing(r, s)  # noqa: E731
+    now = T0 + 40 * STEP + 0.3          # the job's first 40 steps in its first push
+    ra.observe(push("n0", steps(range(4), 0, 40, late)), now)
+    every_tenth = [e for e in waits([r for r in range(8) if r != 5], 700.0, 700.0, 0, steps=40)
+                   if e["id"].endswith("9")]
+    ra.observe(push("n1", steps(range(4, 8), 0, 40, late) + every_tenth), now)
+    changed = ra.tick(now)
+    assert {v.rank for v in changed} == ({5} if named else set()), changed
+
+
 def test_a_rank_whose_lateness_a_later_rank_covers_costs_nobody():
     """From step 30 rank 5 enters 120 ms late and rank 2 40 ms late, their GPU queues
     absorbing 80 ms of it: the peers wait 40 ms longer, all of it rank 5's doing (its GPU's
