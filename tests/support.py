@@ -174,3 +174,31 @@ def build_wheel(repo: Path, out: Path) -> Path:
                    capture_output=True, timeout=600)
     shutil.rmtree(source)
     return next(out.glob("ingero-*.whl"))
+
+
+def assert_same_lags(report: dict, raw: dict) -> None:
+    """The per-rank lags of a report from summaries against one from the raw collectives:
+    the same stragglers, the same ranks, counts within 2%. Each corrects the nodes' clocks in
+    its own way (fleetd each push by its fitted offset, the raw survey by the median offset
+    of the window), and on this machine two corrections of one clock differ by up to a
+    millisecond: medians within 1 ms (the bar is several), and which of ranks within
+    microseconds of each other came last is that noise, as are their tails (so the shares of
+    last arrivals are not compared): a late rank's p99 and what it cost within 10% and 5%;
+    the job's idle time within 5% (or half a GPU-second)."""
+    got = {r["rank"]: r for r in report["per_rank"]}
+    expected = {r["rank"]: r for r in raw["per_rank"]}
+    assert got.keys() == expected.keys(), (report["per_rank"], raw["per_rank"])
+    for rank, r in expected.items():
+        mine = got[rank]
+        assert (mine["straggler"], mine["node"], mine["step"]) == \
+            (r["straggler"], r["node"], r["step"]), (rank, mine, r)
+        assert mine["lag_median_ms"] == pytest.approx(r["lag_median_ms"], abs=1.0), (mine, r)
+        assert mine["collectives"] == pytest.approx(r["collectives"], rel=0.02), (mine, r)
+        if r["verdict"] or r["straggler"]:      # the others' tails are the clocks' noise
+            assert mine["lag_p99_ms"] == pytest.approx(r["lag_p99_ms"], rel=0.1), (mine, r)
+            assert mine["cost_gpu_seconds"] == pytest.approx(r["cost_gpu_seconds"], rel=0.05), \
+                (mine, r)
+    assert report["cost"]["gpu_seconds_idle"] == pytest.approx(raw["cost"]["gpu_seconds_idle"],
+                                                               rel=0.05, abs=0.5)
+    assert [s["rank"] for s in report["top_stragglers"]] == \
+        [s["rank"] for s in raw["top_stragglers"]]
