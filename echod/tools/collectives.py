@@ -18,8 +18,6 @@ from datetime import datetime
 import numpy as np
 from sqlalchemy import Connection, text
 
-from ingero.vocabulary import POINT_TO_POINT
-
 from .calltotals import call_totals
 from .selection import Selection, Where, rows, storable
 
@@ -40,10 +38,6 @@ class Communicator:
     @property
     def instances(self) -> int:
         return self.hi - self.lo + 1
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return self.cluster, self.job, self.comm_hash
 
 
 JOBS_OF_CLUSTERS = """
@@ -133,10 +127,8 @@ CROSS JOIN LATERAL (
     SELECT e.seq, e.rank, e.t FROM events e
     WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
       AND e.comm_hash = c.comm_hash AND e.seq = g.seq AND e.rank IS NOT NULL AND {window}
-      {calls}
     OFFSET 0) e
 """
-NO_POINT_TO_POINT = "AND e.op <> ALL (CAST(:p2p AS text[]))"
 EVERY_STRIDE = "generate_series(c.lo, c.hi, CAST(:stride AS bigint))"
 # OFFSET 0 keeps each lateral subquery a probe of one instance by the index: flattened into a
 # join, PostgreSQL may rather merge-join the whole index (it cannot tell how many rows
@@ -159,51 +151,15 @@ ORDER BY c.cluster, c.job, e.rank, e.t DESC
 """
 
 
-def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int,
-                 mixed: frozenset = frozenset()) -> tuple[np.ndarray, ...]:
-    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance;
-    on the communicators in ``mixed`` (their keys), their collectives' only, not the sends
-    and receives between them (the others' entries are read from the index alone)."""
+def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int
+                 ) -> tuple[np.ndarray, ...]:
+    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance."""
     window = Where().within("e.t", sel.window)
-    parts = [[i for i, c in enumerate(comms) if (c.key in mixed) == p2p] for p2p in (0, 1)]
-    read = []
-    for p2p, part in enumerate(parts):
-        if not part:
-            continue
-        statement = ENTRIES.format(window=window.sql(), seqs=EVERY_STRIDE,
-                                   calls=NO_POINT_TO_POINT if p2p else "")
-        packed = conn.execute(text(statement), {
-            **window.params, **comm_arrays([comms[i] for i in part]), "stride": stride,
-            "p2p": list(POINT_TO_POINT)}).scalar()
-        entries = np.frombuffer(packed or b"", ENTRY)
-        read.append((np.asarray(part, np.int64)[entries["comm"].astype(np.int64)],
-                     *(entries[name].astype(np.int64) for name in ENTRY.names[1:])))
-    if not read:
-        return tuple(np.zeros(0, np.int64) for _ in ENTRY.names)
-    return tuple(np.concatenate(column) for column in zip(*read))
-
-
-# Per communicator with point-to-point calls: whether it made nothing else.
-POINT_TO_POINT_COMMS = """
-SELECT s.cluster, s.job, s.comm_hash, bool_and(s.op = ANY (CAST(:p2p AS text[])))
-FROM call_stats s
-JOIN unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]))
-     AS c(cluster, job, comm_hash)
-  ON s.cluster = c.cluster AND s.job = c.job AND s.comm_hash = c.comm_hash
-WHERE s.kind = 'collective'
-GROUP BY 1, 2, 3 HAVING bool_or(s.op = ANY (CAST(:p2p AS text[])))
-"""
-
-
-def point_to_point(conn: Connection, comms: list[Communicator]) -> dict[tuple, bool]:
-    """The communicators with sends and receives (a pipeline's, or a group's that also runs
-    collectives), from the call summaries: for each, whether it made nothing else."""
-    if not comms:
-        return {}
-    arrays = comm_arrays(comms)
-    return {(cluster, job, comm): only for cluster, job, comm, only in rows(
-        conn, POINT_TO_POINT_COMMS, {"clusters": arrays["clusters"], "jobs": arrays["jobs"],
-                                     "comms": arrays["comms"], "p2p": list(POINT_TO_POINT)})}
+    statement = ENTRIES.format(window=window.sql(), seqs=EVERY_STRIDE)
+    packed = conn.execute(text(statement), {**window.params, **comm_arrays(comms),
+                                            "stride": stride}).scalar()
+    entries = np.frombuffer(packed or b"", ENTRY)
+    return tuple(entries[name].astype(np.int64) for name in ENTRY.names)
 
 
 def comm_arrays(comms: list[Communicator]) -> dict[str, list]:

@@ -9,10 +9,7 @@ per-instance aggregates give the idle time the cost tools report: every rank tha
 before the last one waits t_last − t_rank. The stored times are each node's own clock: they
 are put on fleetd's clock first, less the median offset fleetd estimated for the node in the
 window (it comes with the node's health scores; in a window with none, the nearest one before
-or after it; 0 where fleetd reported none). Sends and receives are no instances to lag in (a
-pipeline's receive waits on its send by design), as fleetd judges none: a communicator that
-made only those (so the call summaries say) is not surveyed, and one that made collectives
-too is read without them.
+or after it; 0 where fleetd reported none).
 
 From summaries. Where the window holds more entries than the caller lets it read, or its raw
 collectives were thinned by retention, the survey answers from fleetd's lag summaries
@@ -39,7 +36,7 @@ from sqlalchemy import Connection
 from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 
 from ..retention import thinned_of
-from .collectives import Communicator, communicators, point_to_point, rank_nodes, read_entries
+from .collectives import Communicator, communicators, rank_nodes, read_entries
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
 from .selection import Selection, Where, Window, rows, storable
 
@@ -116,8 +113,6 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     ``max_entries`` entries of them; from fleetd's summaries where there are more, or where
     retention thinned them (see the module's doc)."""
     comms = communicators(conn, sel)
-    p2p = point_to_point(conn, comms)
-    comms = [c for c in comms if not p2p.get(c.key)]
     entries = sum(c.instances * max(c.ranks, 1) for c in comms)
     if entries > max_entries or thinned_of(conn, "collective"):
         found = summary_survey(conn, sel)
@@ -131,7 +126,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     nodes = rank_nodes(conn, comms) if comms else {}
     stats, steps, clocks = None, {}, {}
     if comms:
-        comm, seq, rank, t = read_entries(conn, sel, comms, stride, frozenset(p2p))
+        comm, seq, rank, t = read_entries(conn, sel, comms, stride)
         clocks = node_offsets(conn, sel, {(cluster, node)
                                           for (cluster, _job, _rank), node in nodes.items()})
         t = t - clock_offsets_us(comms, nodes, clocks, comm, rank)
