@@ -100,26 +100,30 @@ def waits_grew(before: list[int], after: list[int], lag_s: float, floor_s: float
     return grew >= max(floor_s, COST_SHARE * lag_s, COST_ERRORS * error)
 
 
-def runs_ahead(job: JobState, ranks: list[int], column: int, times: np.ndarray) -> bool | None:
+def runs_ahead(job: JobState, ranks: list[int], column: int,
+               entries: np.ndarray) -> bool | None:
     """Whether the job's hosts run ahead of their GPUs: its peers (of ``column``) sync with
-    them less than every other instance (``times``, on fleetd's clock; where a peer's syncs
-    kept no longer reach back to the first, over those since the oldest one kept); None
-    where none of them has synced yet."""
-    if not any(job.facts[rank].sync_end for at, rank in enumerate(ranks)
-               if at != column and rank in job.facts):
-        return None
-    shares = []
+    them less than every other instance (``entries``, on fleetd's clock; where a peer's
+    syncs kept no longer reach back to the first, over those since the oldest one kept);
+    None where none of them has synced yet."""
+    with quiet():
+        times = np.nanmedian(entries, axis=1)
+    times = times[np.isfinite(times)]
+    shares, synced = [], False
     for at, rank in enumerate(ranks):
         facts = job.facts.get(rank)
         if at == column or facts is None:
             continue
         ends = np.fromiter(facts.sync_end, float)
-        since = times[np.isfinite(times)]
+        synced |= len(ends) > 0
+        since = times
         if len(ends) and len(ends) == facts.sync_end.maxlen:
             since = since[since >= ends.min()]
         if len(since) >= 2:
             shares.append(int(((ends >= since.min()) & (ends <= since.max())).sum())
                           / len(since))
+    if not synced:
+        return None
     return bool(shares) and float(np.median(shares)) < 0.5
 
 
@@ -513,8 +517,6 @@ class RankAnalysis:
         judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries))
         window.bar = judgement.bar_s
         lag = peer_lag(entries)
-        with quiet():
-            times = np.nanmedian(entries, axis=1)
         found = {}
         for f in judgement.findings:
             rank = ranks[f.column]
@@ -528,7 +530,7 @@ class RankAnalysis:
                 continue
             costs = f.kind != "persistent" or self._shown(
                 job, (comm, rank), self._recent(lag, f.column),
-                lambda: self._costs(job, ranks, f, onset, lag, times))
+                lambda: self._costs(job, ranks, f, onset, lag, entries))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -577,17 +579,17 @@ class RankAnalysis:
         return answer
 
     def _costs(self, job: JobState, ranks: list[int], f, onset: float,
-               lag: np.ndarray, times: np.ndarray) -> bool | None:
+               lag: np.ndarray, entries: np.ndarray) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
         grew from its onset on, beyond what a later rank explains (``lag``: every column's, at
-        each instance judged, ``times`` their median entries; see ``waits_grew``). A rank
+        each instance judged, at ``entries``; see ``waits_grew``). A rank
         late from the first instances judged has no before to weigh them against: it is
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
         so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
         where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
         once its lag stands out of the swing of its peers' (``stands_out``), and until then
         it is not known yet."""
-        ahead = runs_ahead(job, ranks, f.column, times)
+        ahead = runs_ahead(job, ranks, f.column, entries)
         if f.onset < self.policy.min_instances:
             return None if ahead is not False and not stands_out(lag, f.column, f.lag_p50_s,
                                                                  self.policy.k) else True
