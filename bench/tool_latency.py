@@ -344,8 +344,7 @@ def entries_plan(ctx: ToolContext, args: dict) -> dict:
         entries = sum(c.instances * c.ranks for c in comms)
         stride = max(1, -(-entries // tools.DEFAULT_MAX_ENTRIES))
         window = tools.Where().within("e.t", sel.window)
-        plan = conn.execute(text("EXPLAIN (FORMAT JSON) " + tools.ENTRIES.format(
-            window=window.sql(), seqs=tools.EVERY_STRIDE)), {
+        plan = conn.execute(text("EXPLAIN (FORMAT JSON) " + tools.entries_statement(window)), {
             **window.params, **tools.comm_arrays(comms), "stride": stride}).scalar()[0]["Plan"]
     return {"top_node": plan["Node Type"], "nodes": plan_nodes(plan)}
 

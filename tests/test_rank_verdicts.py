@@ -95,6 +95,9 @@ def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(s
     computed = stack.tool("find_stragglers", job="1001")["ranks"]
     assert [r["rank"] for r in computed if r["straggler"]] == [late], computed
     assert abs(computed[0]["lag_median_ms"] - delay_ms) <= 0.1 * delay_ms, computed[0]
+    # over the 30 all-reduces: the ring's sends and receives number their own calls from 0
+    # too, on the same communicator, and are no instances (fleetd judges none either)
+    assert {r["samples"] for r in computed} == {30}, computed
     # the agent on node1 hears it in fleetd's reply, and says so
     assert "fleetd: rank straggler [5]" in stack.agents[1].log()
     explained = stack.tool("explain", job="1001", rank=late)

@@ -19,7 +19,7 @@ from ingero.analysis import lower_bar
 
 # Importing a tool module declares its tools: in this order, the order they are listed in.
 from . import summary, stragglers, anomalies, calls, explain, report, jobs, sql  # isort: skip
-from .collectives import ENTRIES, EVERY_STRIDE, comm_arrays, communicators
+from .collectives import comm_arrays, communicators, entries_statement
 from .diagnosis import Facts, SyncWork, diagnose
 from .evidence import HostEvidence, NodeHealth
 from .lag import RankLag
@@ -30,7 +30,7 @@ TOOL_MODULES = (summary, stragglers, anomalies, calls, explain, report, jobs, sq
 
 # What the tests and benchmarks reach as tools.X (datetime, UTC and lower_bar as well: the module
 # they replaced had them).
-__all__ = ["DEFAULT_MAX_ENTRIES", "EARLIEST", "ENTRIES", "EVERY_STRIDE", "LATEST", "UTC",
-           "Facts", "HostEvidence", "NodeHealth", "RankLag", "SyncWork", "Where", "comm_arrays",
-           "communicators", "datetime", "diagnose", "iso", "lower_bar", "parse_time", "reading",
-           "select"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "EARLIEST", "LATEST", "UTC", "Facts", "HostEvidence",
+           "NodeHealth", "RankLag", "SyncWork", "Where", "comm_arrays", "communicators",
+           "datetime", "diagnose", "entries_statement", "iso", "lower_bar", "parse_time",
+           "reading", "select"]

@@ -12,11 +12,13 @@ summaries instead: every call, none of the heap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
 from sqlalchemy import Connection, text
+
+from ingero.vocabulary import POINT_TO_POINT
 
 from .calltotals import call_totals
 from .selection import Selection, Where, rows, storable
@@ -38,6 +40,10 @@ class Communicator:
     @property
     def instances(self) -> int:
         return self.hi - self.lo + 1
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.cluster, self.job, self.comm_hash
 
 
 JOBS_OF_CLUSTERS = """
@@ -127,8 +133,10 @@ CROSS JOIN LATERAL (
     SELECT e.seq, e.rank, e.t FROM events e
     WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
       AND e.comm_hash = c.comm_hash AND e.seq = g.seq AND e.rank IS NOT NULL AND {window}
+      {calls}
     OFFSET 0) e
 """
+NO_POINT_TO_POINT = "AND e.op <> ALL (CAST(:p2p AS text[]))"
 EVERY_STRIDE = "generate_series(c.lo, c.hi, CAST(:stride AS bigint))"
 # OFFSET 0 keeps each lateral subquery a probe of one instance by the index: flattened into a
 # join, PostgreSQL may rather merge-join the whole index (it cannot tell how many rows
@@ -151,15 +159,65 @@ ORDER BY c.cluster, c.job, e.rank, e.t DESC
 """
 
 
-def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int
-                 ) -> tuple[np.ndarray, ...]:
-    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance."""
+def entries_statement(window: Where, collectives_only: bool = False) -> str:
+    """The statement that reads the entries of every stride-th instance of the communicators
+    it is given (``comm_arrays``, ``stride``); with ``collectives_only``, not their sends and
+    receives (which then costs a heap visit an entry: the op is not in the index)."""
+    return ENTRIES.format(window=window.sql(), seqs=EVERY_STRIDE,
+                          calls=NO_POINT_TO_POINT if collectives_only else "")
+
+
+def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], stride: int,
+                 mixed: frozenset = frozenset()) -> tuple[np.ndarray, ...]:
+    """(communicator index, seq, rank, t in µs) of every entry into every stride-th instance;
+    on the communicators in ``mixed`` (their keys), their collectives' only, not the sends
+    and receives between them."""
     window = Where().within("e.t", sel.window)
-    statement = ENTRIES.format(window=window.sql(), seqs=EVERY_STRIDE)
-    packed = conn.execute(text(statement), {**window.params, **comm_arrays(comms),
-                                            "stride": stride}).scalar()
-    entries = np.frombuffer(packed or b"", ENTRY)
-    return tuple(entries[name].astype(np.int64) for name in ENTRY.names)
+    read = []
+    for collectives_only in (False, True):
+        part = [i for i, c in enumerate(comms) if (c.key in mixed) == collectives_only]
+        if not part:
+            continue
+        packed = conn.execute(text(entries_statement(window, collectives_only)), {
+            **window.params, **comm_arrays([comms[i] for i in part]), "stride": stride,
+            "p2p": list(POINT_TO_POINT)}).scalar()
+        entries = np.frombuffer(packed or b"", ENTRY)
+        read.append((np.asarray(part, np.int64)[entries["comm"].astype(np.int64)],
+                     *(entries[name].astype(np.int64) for name in ENTRY.names[1:])))
+    if not read:
+        return tuple(np.zeros(0, np.int64) for _ in ENTRY.names)
+    return tuple(np.concatenate(column) for column in zip(*read))
+
+
+# Per communicator with sends or receives: how many ranks made collectives on it (0: none).
+POINT_TO_POINT_COMMS = """
+SELECT s.cluster, s.job, s.comm_hash,
+       count(DISTINCT s.rank) FILTER (WHERE s.op IS NULL OR s.op <> ALL (CAST(:p2p AS text[])))
+FROM call_stats s
+JOIN unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]))
+     AS c(cluster, job, comm_hash)
+  ON s.cluster = c.cluster AND s.job = c.job AND s.comm_hash = c.comm_hash
+WHERE s.kind = 'collective'
+GROUP BY 1, 2, 3 HAVING bool_or(s.op = ANY (CAST(:p2p AS text[])))
+"""
+
+
+def without_point_to_point(conn: Connection, comms: list[Communicator]
+                           ) -> tuple[list[Communicator], frozenset]:
+    """The communicators as collectives see them, from the call summaries: one that made only
+    sends and receives (a pipeline's) left out; one that made collectives too (a group that
+    also exchanges with its neighbours) with the ranks of its collectives (a communicator's
+    ranks are counted from its first and last instance, which its sends and receives share:
+    they number their own calls) and its key in the set returned, to be read without them."""
+    if not comms:
+        return comms, frozenset()
+    arrays = comm_arrays(comms)
+    mixed = {(cluster, job, comm): ranks for cluster, job, comm, ranks in rows(
+        conn, POINT_TO_POINT_COMMS, {"clusters": arrays["clusters"], "jobs": arrays["jobs"],
+                                     "comms": arrays["comms"], "p2p": list(POINT_TO_POINT)})}
+    kept = [replace(c, ranks=mixed[c.key]) if c.key in mixed else c
+            for c in comms if mixed.get(c.key, 1)]
+    return kept, frozenset(mixed)
 
 
 def comm_arrays(comms: list[Communicator]) -> dict[str, list]:

@@ -9,7 +9,10 @@ per-instance aggregates give the idle time the cost tools report: every rank tha
 before the last one waits t_last − t_rank. The stored times are each node's own clock: they
 are put on fleetd's clock first, less the median offset fleetd estimated for the node in the
 window (it comes with the node's health scores; in a window with none, the nearest one before
-or after it; 0 where fleetd reported none).
+or after it; 0 where fleetd reported none). Sends and receives are no instances to lag in (a
+pipeline's receive waits on its send by design), as fleetd judges none: a communicator that
+made only those (so the call summaries say) is not surveyed, and one that made collectives
+too is read without them.
 
 From summaries. Where the window holds more entries than the caller lets it read, or its raw
 collectives were thinned by retention, the survey answers from fleetd's lag summaries
@@ -36,7 +39,8 @@ from sqlalchemy import Connection
 from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 
 from ..retention import thinned_of
-from .collectives import Communicator, communicators, rank_nodes, read_entries
+from .collectives import (Communicator, communicators, rank_nodes, read_entries,
+                          without_point_to_point)
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
 from .selection import Selection, Where, Window, rows, storable
 
@@ -112,7 +116,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     """Every rank's entry lag in the selection: from its raw collectives, at most
     ``max_entries`` entries of them; from fleetd's summaries where there are more, or where
     retention thinned them (see the module's doc)."""
-    comms = communicators(conn, sel)
+    comms, mixed = without_point_to_point(conn, communicators(conn, sel))
     entries = sum(c.instances * max(c.ranks, 1) for c in comms)
     if entries > max_entries or thinned_of(conn, "collective"):
         found = summary_survey(conn, sel)
@@ -126,7 +130,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     nodes = rank_nodes(conn, comms) if comms else {}
     stats, steps, clocks = None, {}, {}
     if comms:
-        comm, seq, rank, t = read_entries(conn, sel, comms, stride)
+        comm, seq, rank, t = read_entries(conn, sel, comms, stride, mixed)
         clocks = node_offsets(conn, sel, {(cluster, node)
                                           for (cluster, _job, _rank), node in nodes.items()})
         t = t - clock_offsets_us(comms, nodes, clocks, comm, rank)
