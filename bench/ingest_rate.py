@@ -65,24 +65,56 @@ def stored(engine) -> int:
         return connection.execute(text("SELECT count(*) FROM events")).scalar_one()
 
 
-def last_events(producers: int, pushes: int, base: float) -> list[tuple[float, str]]:
-    """Each producer's last event (time, id)."""
-    mix, _ = push_cost.reference_mix()
-    return [(last["t"], last["id"]) for last in
-            (push_cost.node_second(node, pushes - 1, mix, base)[-1] for node in range(producers))]
+SIZES = """
+SELECT (SELECT sum(pg_total_relation_size(i.inhrelid)) FROM pg_inherits i
+        WHERE i.inhparent = 'event_rows'::regclass),
+       (SELECT count(*) FROM event_rows),
+       (SELECT sum(pg_total_relation_size(i.inhrelid)) FROM pg_inherits i
+        WHERE i.inhparent = 'event_chunks'::regclass),
+       (SELECT coalesce(sum(cardinality(ts)), 0) FROM event_chunks)
+"""
 
 
-def have_all(engine, events: list[tuple[float, str]]) -> bool:
-    """Whether every one of ``events`` is stored: a lookup each by the primary key (counting
-    the whole table every poll cost PostgreSQL a quarter of what it spent here)."""
+def stored_bytes(engine) -> dict:
+    """What the stored events take on disk with their indexes: those kept a row each, and
+    those kept in chunks (echod/chunks.py)."""
     with engine.connect() as connection:
-        return all(connection.execute(text(
-            "SELECT EXISTS (SELECT 1 FROM events WHERE id = :id AND t BETWEEN "
-            "to_timestamp(:t) - interval '1 second' AND to_timestamp(:t) + interval '1 second')"),
-            {"t": t, "id": event_id}).scalar_one() for t, event_id in events)
+        rows, row_events, chunks, chunked = connection.execute(text(SIZES)).one()
+    return {"rows": int(rows or 0), "row_events": int(row_events),
+            "chunks": int(chunks or 0), "chunked_events": int(chunked)}
 
 
-def until_stored(engine, total: int, events: list[tuple[float, str]], timeout: float) -> None:
+def last_events(producers: int, pushes: int, base: float) -> list[dict]:
+    """Each producer's last event."""
+    mix, _ = push_cost.reference_mix()
+    return [{**last, "node": f"node{node}", "rank": last["attrs"]["rank"]}
+            for node in range(producers)
+            for last in [push_cost.node_second(node, pushes - 1, mix, base)[-1]]]
+
+
+# An event stored: as a row (by the primary key), or in a chunk of its node, rank and kind
+# begun at most a minute before it (echod.chunks).
+STORED = """
+SELECT EXISTS (SELECT 1 FROM event_rows WHERE id = :id AND t BETWEEN
+               to_timestamp(:t) - interval '1 second' AND to_timestamp(:t) + interval '1 second')
+    OR EXISTS (SELECT 1 FROM event_chunks WHERE cluster = 'bench' AND node = :node
+               AND t BETWEEN to_timestamp(:t) - interval '61 seconds'
+                         AND to_timestamp(:t) + interval '1 second'
+               AND kind = :kind AND rank = :rank
+               AND CAST(split_part(:id, ':', 3) AS bigint) = ANY (numbers))
+"""
+
+
+def have_all(engine, events: list[dict]) -> bool:
+    """Whether every one of ``events`` is stored (looked up by what indexes them: counting
+    every event each poll cost PostgreSQL a quarter of what it spent here)."""
+    with engine.connect() as connection:
+        return all(connection.execute(text(STORED), {
+            key: event[key] for key in ("id", "t", "node", "kind", "rank")}).scalar_one()
+            for event in events)
+
+
+def until_stored(engine, total: int, events: list[dict], timeout: float) -> None:
     """Wait until ``total`` events are stored: polling the producers' last events, cheap, and
     only then the count (the last pushes may commit before earlier ones)."""
     deadline = time.monotonic() + timeout
@@ -143,6 +175,7 @@ def ingest(args, form: str) -> dict:
         for worker in workers:
             worker.join(60)
         count = stored(engine)
+        kept = stored_bytes(engine)
         engine.dispose()
         profiles = {}
         for name, profiler in profilers.items():
@@ -155,7 +188,7 @@ def ingest(args, form: str) -> dict:
         database.stop()
         shutil.rmtree(root, ignore_errors=True)
     return {"producers": args.producers, "form": form, "events_per_push": per_push(),
-            "events_sent": total, "events_stored": count,
+            "events_sent": total, "events_stored": count, "stored_bytes": kept,
             "lost": total - count, "seconds": round(elapsed, 2),
             "events_per_second": round(count / elapsed), "cpu_seconds": cpu,
             "profile_s": args.profile_s, "profiles": profiles,

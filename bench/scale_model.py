@@ -13,6 +13,7 @@ import math
 
 from bench import fleet_scale, harness
 from echod import config as echod_config
+from echod.chunks import CHUNKED
 from echod.retention import THINNED
 from fleetd import config as fleetd_config
 
@@ -60,12 +61,29 @@ def costs(results: dict) -> dict:
                            - light["events_per_push"] * taken_in),
         "echod_event": ingest["echod"],
         "postgres_event": ingest["postgres"],
-        "bytes_event": (stored["events_table_bytes"] + stored["events_indexes_bytes"])
-        / stored["events"],
+        **event_bytes(results),
         "bytes_call_row": stored["call_stats_bytes"] / max(stored["call_stats_rows"], 1),
         "bytes_lag_row": stored.get("peer_lag_bytes", 0) / max(stored.get("peer_lag_rows", 0), 1),
         "light_agents": light["agents"],
     }
+
+
+def event_bytes(results: dict) -> dict:
+    """Bytes an event takes stored with its indexes: kept a row each (collectives, the rare
+    kinds) and kept in chunks (the frequent calls), from what the ingest run stored; both as
+    tool_latency's tables where that run did not say."""
+    kept = results["ingest_rate"].get("stored_bytes")
+    if not kept or not kept["row_events"]:
+        stored = results["tool_latency"]
+        row = (stored["events_table_bytes"] + stored["events_indexes_bytes"]) / stored["events"]
+        return {"bytes_row_event": row, "bytes_chunked_event": row, "bytes_from": "tool_latency"}
+    return {"bytes_row_event": kept["rows"] / kept["row_events"],
+            "bytes_chunked_event": kept["chunks"] / max(kept["chunked_events"], 1),
+            "bytes_from": "ingest_rate"}
+
+
+def bytes_of(kind: str, c: dict) -> float:
+    return c["bytes_chunked_event"] if kind in CHUNKED else c["bytes_row_event"]
 
 
 def storage(per_gpu: float, mix: dict[str, int], c: dict) -> tuple[list[list[str]], dict]:
@@ -73,18 +91,18 @@ def storage(per_gpu: float, mix: dict[str, int], c: dict) -> tuple[list[list[str
     (TB). Summary rows: echod writes one per push, rank and group of calls (kind, op,
     communicator, and for syncs whether they waited on peers); fleetd one lag row per rank
     and recompute."""
-    raw_day = GPUS * per_gpu * 86_400 * c["bytes_event"] / 1e12
-    thinned = sum(n for kind, n in mix.items() if kind in THINNED) / sum(mix.values())
+    share = {kind: n / sum(mix.values()) for kind, n in mix.items()}
+    frequent, rare = (GPUS * per_gpu * 86_400 / 1e12 * sum(
+        part * bytes_of(kind, c) for kind, part in share.items() if (kind in THINNED) == thinned)
+        for thinned in (True, False))
     evidence = (VERDICT_S + 2 * EVIDENCE_S) / 86_400
     groups = len(mix) + ("sync" in mix)
     around = "raw events around verdicts (assumed: each job named once a day, for 10 min)"
     # part: (TB written a day, days kept at the defaults, days kept with --raw-days 1)
     parts = {
-        "raw events of the frequent kinds": (raw_day * thinned, RAW_DAYS, 1),
-        "raw events of the rare kinds (kept whole)":
-            (raw_day * (1 - thinned), RETENTION_DAYS, RETENTION_DAYS),
-        around:
-            (raw_day * thinned * evidence, RETENTION_DAYS - RAW_DAYS, RETENTION_DAYS - 1),
+        "raw events of the frequent kinds": (frequent, RAW_DAYS, 1),
+        "raw events of the rare kinds (kept whole)": (rare, RETENTION_DAYS, RETENTION_DAYS),
+        around: (frequent * evidence, RETENTION_DAYS - RAW_DAYS, RETENTION_DAYS - 1),
         "call summaries (call_stats)": (GPUS * groups / PUSH_INTERVAL_S * 86_400
                                         * c["bytes_call_row"] / 1e12, RETENTION_DAYS,
                                         RETENTION_DAYS),
@@ -99,8 +117,8 @@ def storage(per_gpu: float, mix: dict[str, int], c: dict) -> tuple[list[list[str
     one_day = sum(day * short for day, _, short in parts.values())
     written = sum(day for name, (day, _, _) in parts.items() if name != around)
     rows.append(["**all**", f"{written:,.2f}", "", f"**{held:,.0f}**", f"**{one_day:,.0f}**"])
-    return rows, {"raw_day": raw_day, "held": held, "one_day": one_day,
-                  "everything": raw_day * RETENTION_DAYS}
+    return rows, {"raw_day": frequent + rare, "held": held, "one_day": one_day,
+                  "everything": (frequent + rare) * RETENTION_DAYS}
 
 
 def processes(cpus: float) -> int:
@@ -123,9 +141,9 @@ def section(results: dict) -> str:
     per_event_all = c["fleetd_event"] + c["echod_event"] + c["postgres_event"]
     cpus_here = results["ingest_rate"]["measured"]["cpus"]
     gpus_here = cpus_here * 1e6 / (per_gpu * per_event_all)
-    day_tb = events * 86_400 * c["bytes_event"] / 1e12
     mix_counts = results["trace_overhead"]["workloads"]
     layout, kept = storage(per_gpu, next(iter(mix_counts.values()))["events_per_rank_second"], c)
+    day_tb = kept["raw_day"]
     rows = [
         ["fleetd (checks, rank analysis, spool, forwarding)",
          f"{c['fleetd_event']:.1f} µs an event + {c['fleetd_push']:.0f} µs a push",
@@ -148,7 +166,10 @@ def section(results: dict) -> str:
         f"fast-stepping job; a job with longer steps makes fewer. In all {events / 1e6:,.1f} "
         "million events a second.",
         harness.table(["part", "measured cost", f"CPUs at {GPUS:,} GPUs", "processes"], rows),
-        f"Storage: {c['bytes_event']:.0f} bytes an event with its indexes, "
+        f"Storage: {c['bytes_row_event']:.0f} bytes an event kept a row with its indexes "
+        "(collectives and the rare kinds), "
+        f"{c['bytes_chunked_event']:.0f} an event kept in a chunk (syncs, allocations, frees "
+        f"and copies: echod/chunks.py; both as {c['bytes_from']} stored them), "
         f"{c['bytes_call_row']:.0f} a call-summary row and {c['bytes_lag_row']:.0f} a lag "
         f"row (tool_latency's tables), so {day_tb:,.1f} TB of raw events a day. echod keeps "
         f"everything for --retention-days ({RETENTION_DAYS}) but the raw events of the "
@@ -189,7 +210,10 @@ def section(results: dict) -> str:
         "- **Store less than everything** (built: echod's retention per kind, above; the tools "
         "answer from the call summaries and fleetd's lag summaries where raw events are "
         "thinned, tested end to end in tests/test_retention.py). Storage is what it saves; "
-        "echod's and PostgreSQL's CPU per event are not: writing fewer raw events in the "
-        "first place (only the summaries past a window, or every k-th step) is what would "
-        "divide those rows above.",
+        "the CPU per event it does not. **Chunks** (built: echod/chunks.py) do: the frequent "
+        "calls of a push are kept a row per job, rank, kind and minute holding them as arrays "
+        "(the view `events` shows them a row each), so PostgreSQL writes a few rows and index "
+        "entries a push instead of one an event; the collectives stay a row each, for the "
+        "lag survey's lookups by communicator and sequence number, and are now most of "
+        "PostgreSQL's work.",
     ])

@@ -6,8 +6,10 @@ others within 2 ms), a peer-wait sync and a host-to-device copy per rank every t
 late rank's preemptions every 5 s, health scores and thresholds, over a few hours that cross
 midnight (two day partitions). The rows are made in SQL with generate_series into the day
 partitions while they are detached, then attached, so that PostgreSQL builds the indexes in
-bulk as a restore would. After ANALYZE, find_stragglers runs as echod runs it (the sandbox
-role, row-level security, a signed scope) for the whole job and for a one-hour window: one
+bulk as a restore would; the syncs and copies are then kept as chunks, as echod keeps what
+agents push of them (``echod/chunks.py``), and the tools read them through the view. After
+ANALYZE, find_stragglers runs as echod runs it (the sandbox role, row-level security, a
+signed scope) for the whole job and for a one-hour window: one
 cold call (server restarted, page cache dropped when allowed), then warm calls (p50, p95);
 also once with every collective read (stride 1) for comparison; then one warm call of each
 other job-level tool. Needs root (the embedded cluster runs as postgres). Run:
@@ -34,7 +36,8 @@ from sqlalchemy.engine import Engine  # noqa: E402
 
 from bench import harness  # noqa: E402
 from echod import tools  # noqa: E402
-from echod.db import DAY, event_partitions, make_engine, partition_name, upgrade  # noqa: E402
+from echod.db import (DAY, chunk_partition_name, event_partitions, make_engine,  # noqa: E402
+                      partition_name, upgrade)
 from echod.embedded import EmbeddedPostgres  # noqa: E402
 from echod.registry import REGISTRY, Scope, ToolContext  # noqa: E402
 from echod.sandbox import Sandbox, prepare, sandbox_url  # noqa: E402
@@ -158,7 +161,24 @@ SELECT sum(pg_table_size(i.inhrelid)), sum(pg_indexes_size(i.inhrelid)),
        (SELECT sum(pg_relation_size(x.indexrelid)) FROM pg_index x
         JOIN pg_inherits p ON p.inhrelid = x.indexrelid
         WHERE p.inhparent = 'ix_events_collective_seq'::regclass)
-FROM pg_inherits i WHERE i.inhparent = 'events'::regclass
+FROM pg_inherits i WHERE i.inhparent IN ('event_rows'::regclass, 'event_chunks'::regclass)
+"""
+# The syncs and copies as echod keeps what a push of columns brings of them: chunks of a rank,
+# kind and minute (echod/chunks.py), here made from the rows (ids: a prefix and a number).
+CHUNKED = """
+INSERT INTO {chunks} (t, id, t_last, cluster, node, job, rank, kind, id_prefix, numbers, ts,
+                      op, comm_hash, seq, bytes, duration_ns, attrs)
+SELECT min(t), (array_agg(id ORDER BY t, id))[1], max(t), cluster, node, job, rank, kind,
+       prefix, array_agg(number ORDER BY t, id),
+       array_agg(CAST(extract(epoch FROM t - timestamptz '2000-01-01 00:00:00+00') * 1000000
+                      AS bigint) ORDER BY t, id),
+       array_agg(op ORDER BY t, id), array_agg(comm_hash ORDER BY t, id),
+       array_agg(seq ORDER BY t, id), array_agg(bytes ORDER BY t, id),
+       array_agg(duration_ns ORDER BY t, id), array_agg(CAST(attrs AS text) ORDER BY t, id)
+FROM (SELECT e.*, substring(e.id FROM '^(.*:b0:[01])') AS prefix,
+             CAST(substring(e.id FROM ':b0:[01]([0-9]+)$') AS bigint) AS number
+      FROM {table} e WHERE e.kind IN ('sync', 'memcpy')) e
+GROUP BY cluster, node, job, rank, kind, prefix, date_trunc('minute', t)
 """
 
 
@@ -209,18 +229,23 @@ def load(engine, params: dict) -> float:
     with engine.begin() as conn:
         conn.execute(text("SELECT setseed(0.42)"))
         for day, first, last in day_steps(params):
-            table = partition_name(day.date())
-            conn.execute(text(f"CREATE TABLE {table} (LIKE events INCLUDING DEFAULTS)"))
+            table, chunks = partition_name(day.date()), chunk_partition_name(day.date())
+            conn.execute(text(f"CREATE TABLE {table} (LIKE event_rows INCLUDING DEFAULTS)"))
+            conn.execute(text(f"CREATE TABLE {chunks} (LIKE event_chunks INCLUDING DEFAULTS "
+                              "INCLUDING CONSTRAINTS)"))
             for statement in (COMM_INITS, COLLECTIVES, SYNCS_AND_COPIES, PREEMPTIONS):
                 conn.execute(typed(statement.format(table=table)),
                              {**params, "first": first, "last": last})
             summarize(conn, table)
             fleetd_summaries(conn, table, params)
+            conn.execute(text(CHUNKED.format(chunks=chunks, table=table)))
+            conn.execute(text(f"DELETE FROM {table} WHERE kind IN ('sync', 'memcpy')"))
             print(f"  {table}: steps {first}..{last} loaded, attaching (index builds)",
                   flush=True)
-            conn.execute(text(
-                f"ALTER TABLE events ATTACH PARTITION {table} FOR VALUES FROM "
-                f"('{day.isoformat()}') TO ('{(day + DAY).isoformat()}')"))
+            for partition, parent in ((table, "event_rows"), (chunks, "event_chunks")):
+                conn.execute(text(
+                    f"ALTER TABLE {parent} ATTACH PARTITION {partition} FOR VALUES FROM "
+                    f"('{day.isoformat()}') TO ('{(day + DAY).isoformat()}')"))
         samples = int(params["steps"] * STEP_S / 5)
         for statement in (SCORES, THRESHOLDS):
             conn.execute(typed(statement), {**params, "samples": samples})

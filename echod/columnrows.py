@@ -6,7 +6,9 @@ text rules, the id's node, times within bounds, the lifted columns' ranges, the 
 JSON) is checked here over whole arrays, and each text once per batch, not once per event. An
 event that any of it fails, and the rare kind that says more than its row (a job's start and
 end, which fill the job records), goes through ``check_event`` as a map: the same checks, the
-same reasons, the same rows; a batch of columns and the same events as maps store alike.
+same reasons, the same rows; a batch of columns and the same events as maps store alike. The
+frequent calls that pass are kept in chunks (``echod.chunks``), the others as rows; the view
+``events`` reads both alike.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from itertools import repeat
 import numpy as np
 
 from ingero import wire
-from ingero.columns import Column, EventColumns
+from ingero.columns import EventColumns
 from ingero.vocabulary import LIFTED
 
+from . import attrsjson, chunks
 from . import store       # which imports this module: its names are read when called
 from .jobrecords import JOB_KINDS
 
-LIFTED_NAMES = frozenset(name for name, _ in LIFTED)
 
 
 def plain(text: str) -> bool:
@@ -46,11 +48,33 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
                                 if not plain(name) or name in JOB_KINDS])
     lifted = {name: _lifted(cols, name, bounds, slow) for name, bounds in LIFTED}
     job = _job(cols, push.job, slow)
-    attrs = _attrs_json(cols, slow)
+    attrsjson.check(cols, slow)
+    # The frequent calls go into chunks, their attributes' JSON made there (a chunk's common
+    # values once); none is too long for it where the longest an event's can be is not.
+    chunkable = chunks.chunkable(cols) & ~slow
+    if attrsjson.longest(cols) > store.MAX_ATTRS_JSON:
+        chunkable[:] = False
+    attrs = np.full(cols.n, None, dtype=object)
+    rowed = np.flatnonzero(~chunkable)
+    attrs[rowed] = attrsjson.texts(cols, rowed)
+    slow[rowed] |= np.fromiter(map(len, attrs[rowed].tolist()), np.int64, len(rowed)) \
+        > store.MAX_ATTRS_JSON
     fast = np.flatnonzero(~slow)
     if len(fast):
         t = cols.t[fast]
-        stamps = [datetime.fromtimestamp(x, UTC) for x in t.tolist()]
+        for end in (int(np.argmin(t)), int(np.argmax(t))):
+            checked.saw_node(push.cluster, push.node, datetime.fromtimestamp(float(t[end]), UTC),
+                             push.boot_id)
+        checked.days.update(datetime.fromtimestamp(day * 86_400, UTC).date()
+                            for day in np.unique(t // 86_400).tolist())
+        chunked = chunkable[fast]
+        made, stats = chunks.build(push, cols, fast[chunked])
+        checked.chunks.extend(made)
+        checked.chunk_stats.extend(stats)
+        checked.chunked += int(chunked.sum())
+        fast = fast[~chunked]
+    if len(fast):
+        stamps = [datetime.fromtimestamp(x, UTC) for x in cols.t[fast].tolist()]
         rows = list(zip(stamps, cols.ids(fast), repeat(push.cluster),
                         repeat(push.node), job[fast].tolist(), *(
                             lifted[name][fast].tolist() for name in ("rank",)),
@@ -58,11 +82,6 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
                             lifted[name][fast].tolist() for name, _ in LIFTED[1:]),
                         attrs[fast].tolist()))
         checked.rows.setdefault("events", []).extend(rows)
-        first, last = int(np.argmin(t)), int(np.argmax(t))
-        checked.saw_node(push.cluster, push.node, stamps[first], push.boot_id)
-        checked.saw_node(push.cluster, push.node, stamps[last], push.boot_id)
-        checked.days.update(datetime.fromtimestamp(day * 86_400, UTC).date()
-                            for day in np.unique(t // 86_400).tolist())
     at = np.flatnonzero(slow)
     for index, row in zip(at.tolist(), push.stored_rows(cols.rows(at))):
         try:
@@ -112,49 +131,3 @@ def _job(cols: EventColumns, default: str | None, slow: np.ndarray) -> np.ndarra
     slow |= np.isin(codes, bad)
     names = np.array([text or default for text in jobs] + [default], dtype=object)
     return names[np.where(codes < 0, len(jobs), codes)]
-
-
-def _attrs_json(cols: EventColumns, slow: np.ndarray) -> np.ndarray:
-    """Each event's attributes but the lifted ones as the JSON ``store.attrs_json`` writes:
-    each value rendered once per column, the events of one shape (which attributes they
-    have) joined with one template."""
-    parts, masks = [], []
-    for name, column in cols.attrs.items():
-        if name in LIFTED_NAMES:
-            continue
-        parts.append((store.encode_json(name).replace("%", "%%") + ":",
-                      _rendered(column, cols.n, slow)))
-        masks.append(column.mask(cols.n))
-        if "\x00" in name or not store._encodable(name):
-            slow |= masks[-1]
-    out = np.full(cols.n, "{}", dtype=object)
-    if not parts:
-        return out
-    present = np.stack(masks, axis=1)
-    shape_of = present @ (np.int64(1) << np.arange(len(masks), dtype=np.int64)) \
-        if len(masks) < 63 else np.unique(present, axis=0, return_inverse=True)[1].ravel()
-    for shape in np.unique(shape_of).tolist():
-        at = np.flatnonzero(shape_of == shape)
-        have = [parts[k] for k in np.flatnonzero(present[at[0]]).tolist()]
-        template = "{" + ",".join(key + "%s" for key, _ in have) + "}"
-        values = [rendered[at].tolist() for _, rendered in have]
-        out[at] = [template % row for row in zip(*values)] if have else "{}"
-    sizes = np.fromiter(map(len, out.tolist()), np.int64, cols.n)
-    slow |= sizes > store.MAX_ATTRS_JSON
-    return out
-
-
-def _rendered(column: Column, n: int, slow: np.ndarray) -> np.ndarray:
-    """A column's values as JSON text, one per event (texts: each distinct text once)."""
-    if column.strings is not None:
-        bad = [k for k, text in enumerate(column.strings)
-               if "\x00" in text or not store._encodable(text)]
-        slow |= column.mask(n) & np.isin(column.values, bad)
-        texts = np.array([store.encode_json(text) for text in column.strings] + ["null"],
-                         dtype=object)
-        return texts[np.minimum(column.values, len(column.strings))]
-    if column.code == "b1":
-        return np.array(["false", "true"], dtype=object)[column.values.astype(bool).astype(int)]
-    if column.code == "f8":
-        return np.array(list(map(float.__repr__, column.values.tolist())), dtype=object)
-    return np.array(list(map(str, column.values.tolist())), dtype=object)

@@ -97,7 +97,13 @@ def status(engine: Engine) -> tuple[str | None, str]:
 # -- day partitions of events ------------------------------------------------------------------
 
 def partition_name(day: date) -> str:
+    """A day's partition of ``event_rows``."""
     return f"events_{day:%Y%m%d}"
+
+
+def chunk_partition_name(day: date) -> str:
+    """The same day's partition of ``event_chunks``."""
+    return f"event_chunks_{day:%Y%m%d}"
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
@@ -112,10 +118,11 @@ def partition_day(name: str) -> date | None:
 
 
 def event_partitions(connection: Connection) -> dict[date, str]:
-    """The day partitions that ``events`` has now, by day."""
+    """The day partitions that ``event_rows`` has now, by day (``event_chunks`` has the same
+    days: they are made and dropped together)."""
     names = connection.execute(text(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = 'events'::regclass")).scalars()
+        "WHERE i.inhparent = 'event_rows'::regclass")).scalars()
     return {day: name for name in names if (day := partition_day(name)) is not None}
 
 
@@ -127,7 +134,9 @@ def ensure_partitions(connection: Connection, days: set[date]) -> list[str]:
     missing = sorted(days - event_partitions(connection).keys())
     for day in missing:
         start, end = day_bounds(day)
-        connection.execute(text(
-            f"CREATE TABLE {partition_name(day)} PARTITION OF events "
-            f"FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"))
+        for name, table in ((partition_name(day), "event_rows"),
+                            (chunk_partition_name(day), "event_chunks")):
+            connection.execute(text(
+                f"CREATE TABLE {name} PARTITION OF {table} "
+                f"FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"))
     return [partition_name(day) for day in missing]

@@ -1,8 +1,11 @@
 """The tables of the event store, in SQLAlchemy 2.0 declarative form.
 
 Every table that holds cluster data has a ``cluster`` column that leads its indexes: tenancy
-(row-level security per cluster) keys on it. ``events`` is range-partitioned by its time ``t``,
-one partition per UTC day (see ``echod.db``); its key ``(t, id)`` makes a replay change nothing.
+(row-level security per cluster) keys on it. The raw events are ``event_rows`` (an event a row)
+and ``event_chunks`` (a push's frequent calls, per job, rank and kind, as arrays), both shown
+as one row an event by the view ``events`` (migration 0010); both are range-partitioned by
+their time ``t``, one partition per UTC day (see ``echod.db``), and their key ``(t, id)`` makes
+a replay change nothing.
 The Alembic migrations in ``echod/migrations`` create these tables; this module describes them
 for queries.
 """
@@ -12,8 +15,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (BigInteger, Boolean, DateTime, Float, Identity, Index, Integer, MetaData,
-                        SmallInteger, Text, UniqueConstraint, false, text, true)
+from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Float, Identity, Index,
+                        Integer, MetaData, SmallInteger, Text, UniqueConstraint, false, text,
+                        true)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -39,7 +43,7 @@ FAILED_CALL = ("kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(attrs -> 'res
 class Event(Base):
     """One traced event; the columns queries filter on are lifted out of ``attrs``."""
 
-    __tablename__ = "events"
+    __tablename__ = "event_rows"
     __table_args__ = (
         Index(None, "cluster", "job", "t"),
         Index(None, "cluster", "node", "t"),
@@ -63,6 +67,39 @@ class Event(Base):
     nbytes: Mapped[int | None] = mapped_column("bytes", BigInteger)
     duration_ns: Mapped[int | None] = mapped_column(BigInteger)
     attrs: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class EventChunk(Base):
+    """Events of one push, job, rank and kind, a column each (``events`` shows them as rows)."""
+
+    __tablename__ = "event_chunks"
+    __table_args__ = (
+        Index(None, "cluster", "job", "t"),
+        Index(None, "cluster", "node", "t"),
+        Index(None, "kind", "t"),
+        CheckConstraint("kind IN ('sync', 'alloc', 'free', 'memcpy')",
+                        name="ck_event_chunks_kinds"),
+        {"postgresql_partition_by": "RANGE (t)"},
+    )
+
+    t: Mapped[datetime] = mapped_column(primary_key=True)       # the first event's
+    id: Mapped[str] = mapped_column(Text, primary_key=True)     # the first event's
+    t_last: Mapped[datetime]
+    cluster: Mapped[str] = mapped_column(Text)
+    node: Mapped[str] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(Text)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(Text)
+    id_prefix: Mapped[str] = mapped_column(Text)
+    numbers: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
+    ts: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
+    op: Mapped[list[str] | None] = mapped_column(ARRAY(Text))   # NULL: no event has it
+    comm_hash: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    seq: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    nbytes: Mapped[list[int] | None] = mapped_column("bytes", ARRAY(BigInteger))
+    duration_ns: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    common: Mapped[dict[str, Any] | None]       # the attributes its events have alike
+    attrs: Mapped[list[str] | None] = mapped_column(ARRAY(Text))     # and each one's others
 
 
 class HealthScore(Base):

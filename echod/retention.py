@@ -5,12 +5,13 @@ thresholds, verdicts, and the raw events around each verdict. The raw events of 
 call kinds (``THINNED``: summarized in ``call_stats``, and most of what a job makes) are kept
 whole for ``--raw-days`` only, or per kind for ``--raw-days-by-kind``; the rare kinds
 (communicators made and destroyed, process exits, preemptions, block I/O: few, and what
-several tools read) are kept whole for the full retention unless named there. Past its raw window, a day partition of ``events`` is rewritten with only
-the rows still owed: the kinds whose window is still open, the calls that failed, and every
-event of a verdict's job (and the node's job-less events) from ``--evidence-window`` before
-the verdict's onset to as long after it cleared (or was last seen). The kinds a partition
-has lost are written in its table comment, so a partition is rewritten once per window that
-closes, not every hour.
+several tools read) are kept whole for the full retention unless named there. Past its raw
+window, a day's partitions of ``event_rows`` and ``event_chunks`` are rewritten with only the
+events still owed (a chunk whole, where any of its events is): the kinds whose window is still
+open, the calls that failed, and every event of a verdict's job (and the node's job-less
+events) from ``--evidence-window`` before the verdict's onset to as long after it cleared (or
+was last seen). The kinds a day has lost are written in its rows partition's table comment,
+so a day is rewritten once per window that closes, not every hour.
 
 A day is dropped whole once it is past the retention. Thinning copies the kept rows into a
 new table and swaps it in for the partition, so the disk is given back at once (a DELETE
@@ -31,7 +32,8 @@ from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Text
 
-from .db import DAY, RETENTION_LOCK, day_bounds, event_partitions
+from .chunks import CHUNK_SPAN
+from .db import DAY, RETENTION_LOCK, chunk_partition_name, day_bounds, event_partitions
 from .models import FAILED_CALL
 
 THINNED = ("collective", "sync", "alloc", "free", "memcpy")
@@ -107,7 +109,7 @@ def thinned_of(connection: Connection, kind: str) -> bool:
     """Whether retention has thinned the raw events of ``kind`` on any day."""
     return connection.scalar(text(
         "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = CAST('events' AS regclass) AND obj_description(c.oid, 'pg_class') "
+        "WHERE i.inhparent = CAST('event_rows' AS regclass) AND obj_description(c.oid, 'pg_class') "
         "LIKE :marked)"), {"marked": f'%"{COMMENT_KEY}"%"{kind}"%'})
 
 
@@ -126,50 +128,66 @@ def plan(connection: Connection, policy: Policy, now: float) -> list[Step]:
     return steps
 
 
+# Per window, a job's events by the partition's (cluster, job, t) index, and the node's events of
+# no job by (cluster, node, t); windows of one job may overlap. A chunk is kept whole where any
+# of its events is in a window (it began at most a chunk's span before the window).
+EVIDENCE = """
+    WITH windows AS ({windows})
+    INSERT INTO {new}
+    SELECT e.* FROM windows w JOIN {name} e ON e.cluster = w.cluster AND e.job = w.job
+        AND e.t BETWEEN w.lo - {span} AND w.hi WHERE e.kind = ANY(:kinds) AND {overlaps}
+    UNION ALL
+    SELECT e.* FROM windows w JOIN {name} e ON e.cluster = w.cluster AND e.node = w.node
+        AND e.t BETWEEN w.lo - {span} AND w.hi WHERE e.kind = ANY(:kinds) AND {overlaps}
+        AND (e.job IS NULL OR w.job IS NULL)
+    ON CONFLICT DO NOTHING"""
+
+
 def thin(connection: Connection, step: Step, evidence_s: float) -> bool:
-    """Swap the partition for a copy of the rows it still owes (see the module's doc); False
-    where another echod did it first. Writes into the day wait while it is copied (a SHARE
-    ROW EXCLUSIVE lock on the partition, which readers pass); writes anywhere wait only for
-    the swap (``RETENTION_LOCK``)."""
-    name, new = step.partition, f"{step.partition}_thinned"
+    """Swap the day's partitions of rows and of chunks for copies of what they still owe (see
+    the module's doc); False where another echod did it first. Writes into the day wait while
+    it is copied (a SHARE ROW EXCLUSIVE lock on the partitions, which readers pass); writes
+    anywhere wait only for the swap (``RETENTION_LOCK``)."""
+    name, chunks = step.partition, chunk_partition_name(step.day)
     if name not in event_partitions(connection).values():
         return False
-    connection.execute(text(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE"))
+    connection.execute(text(f"LOCK TABLE {name}, {chunks} IN SHARE ROW EXCLUSIVE MODE"))
     if set(step.kinds) <= dropped_kinds(connection, name):
         return False
     lo, hi = day_bounds(step.day)
     kinds = bindparam("kinds", list(step.kinds), type_=ARRAY(Text))
-    connection.execute(text(f"CREATE TABLE {new} (LIKE events INCLUDING DEFAULTS)"))
-    connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {new}_pkey PRIMARY KEY (t, id)"))
-    connection.execute(text(f"INSERT INTO {new} SELECT * FROM {name} WHERE kind <> ALL(:kinds)")
-                       .bindparams(kinds))
-    # Failed calls are few and each is evidence (the failed-calls index finds them).
-    connection.execute(text(f"INSERT INTO {new} SELECT * FROM {name} WHERE {FAILED_CALL} "
-                            "AND kind = ANY(:kinds)").bindparams(kinds))
-    # Per window, the job's events by the partition's (cluster, job, t) index, and the node's
-    # events of no job by (cluster, node, t); windows of one job may overlap.
-    connection.execute(text(f"""
-        WITH windows AS ({WINDOWS})
-        INSERT INTO {new}
-        SELECT e.* FROM windows w JOIN {name} e ON e.cluster = w.cluster AND e.job = w.job
-            AND e.t BETWEEN w.lo AND w.hi WHERE e.kind = ANY(:kinds)
-        UNION ALL
-        SELECT e.* FROM windows w JOIN {name} e ON e.cluster = w.cluster AND e.node = w.node
-            AND e.t BETWEEN w.lo AND w.hi WHERE e.kind = ANY(:kinds)
-            AND (e.job IS NULL OR w.job IS NULL)
-        ON CONFLICT DO NOTHING""").bindparams(kinds),
-        {"margin": evidence_s, "day_lo": lo, "day_hi": hi})
+    copies = []
+    for partition, parent, span, overlaps in (
+            (name, "event_rows", "interval '0'", "TRUE"),
+            (chunks, "event_chunks", f"interval '{CHUNK_SPAN.total_seconds():g} seconds'",
+             "e.t_last >= w.lo")):
+        new = f"{partition}_thinned"
+        connection.execute(text(f"CREATE TABLE {new} (LIKE {parent} INCLUDING DEFAULTS "
+                                "INCLUDING CONSTRAINTS)"))
+        connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {new}_pkey PRIMARY KEY (t, id)"))
+        connection.execute(text(f"INSERT INTO {new} SELECT * FROM {partition} "
+                                "WHERE kind <> ALL(:kinds)").bindparams(kinds))
+        connection.execute(text(EVIDENCE.format(windows=WINDOWS, new=new, name=partition,
+                                                span=span, overlaps=overlaps)).bindparams(kinds),
+                           {"margin": evidence_s, "day_lo": lo, "day_hi": hi})
+        copies.append((partition, parent, new))
+    # Failed calls are few and each is evidence (the failed-calls index finds them); they are
+    # never in chunks.
+    connection.execute(text(f"INSERT INTO {name}_thinned SELECT * FROM {name} WHERE {FAILED_CALL} "
+                            "AND kind = ANY(:kinds) ON CONFLICT DO NOTHING").bindparams(kinds))
     # The partition's bound as a constraint first, so that attaching need not scan the copy.
     bounds = f"'{lo.isoformat()}'", f"'{hi.isoformat()}'"
-    connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {name}_day "
-                            f"CHECK (t IS NOT NULL AND t >= {bounds[0]} AND t < {bounds[1]})"))
+    for partition, parent, new in copies:
+        connection.execute(text(f"ALTER TABLE {new} ADD CONSTRAINT {partition}_day "
+                                f"CHECK (t IS NOT NULL AND t >= {bounds[0]} AND t < {bounds[1]})"))
     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RETENTION_LOCK})
-    connection.execute(text(f"ALTER TABLE events DETACH PARTITION {name}"))
-    connection.execute(text(f"DROP TABLE {name}"))
-    connection.execute(text(f"ALTER TABLE {new} RENAME TO {name}"))
-    connection.execute(text(f"ALTER INDEX {new}_pkey RENAME TO {name}_pkey"))
-    connection.execute(text(f"ALTER TABLE events ATTACH PARTITION {name} "
-                            f"FOR VALUES FROM ({bounds[0]}) TO ({bounds[1]})"))
+    for partition, parent, new in copies:
+        connection.execute(text(f"ALTER TABLE {parent} DETACH PARTITION {partition}"))
+        connection.execute(text(f"DROP TABLE {partition}"))
+        connection.execute(text(f"ALTER TABLE {new} RENAME TO {partition}"))
+        connection.execute(text(f"ALTER INDEX {new}_pkey RENAME TO {partition}_pkey"))
+        connection.execute(text(f"ALTER TABLE {parent} ATTACH PARTITION {partition} "
+                                f"FOR VALUES FROM ({bounds[0]}) TO ({bounds[1]})"))
     connection.execute(text(f"COMMENT ON TABLE {name} IS "
                             f"'{json.dumps({COMMENT_KEY: list(step.kinds)})}'"))
     return True
@@ -180,7 +198,7 @@ def drop(connection: Connection, step: Step) -> bool:
     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RETENTION_LOCK})
     if step.partition not in event_partitions(connection).values():
         return False
-    connection.execute(text(f"DROP TABLE {step.partition}"))
+    connection.execute(text(f"DROP TABLE {step.partition}, {chunk_partition_name(step.day)}"))
     return True
 
 

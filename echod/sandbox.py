@@ -250,7 +250,7 @@ def _refuse_unscoped_login(dbapi_connection, _record) -> None:
     """Refuse to run the sandbox as a role that row-level security does not bind: a superuser,
     a BYPASSRLS role or the tables' owner (or on an unmigrated database)."""
     user, bound = dbapi_connection.execute(
-        "SELECT current_user, row_security_active('events')").fetchone()
+        "SELECT current_user, row_security_active('event_rows')").fetchone()
     dbapi_connection.rollback()
     if not bound:
         raise StorageError(f"the SQL sandbox cannot run as {user}: row-level security does not "

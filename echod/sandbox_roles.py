@@ -38,8 +38,11 @@ log = logging.getLogger("echod.sandbox")
 
 DEFAULT_ROLE = "ingero_sql"
 DEFAULT_TIMEOUT_MS = 60_000
-READABLE_TABLES = ("events", "health_scores", "thresholds", "peer_lag", "straggler_verdicts",
-                   "jobs", "nodes", "call_stats")
+READABLE_TABLES = ("event_rows", "event_chunks", "health_scores", "thresholds", "peer_lag",
+                   "straggler_verdicts", "jobs", "nodes", "call_stats")
+# Views over those, run with the reader's rights (security_invoker): the tables' row-level
+# security holds in them.
+READABLE_VIEWS = ("events",)
 ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Backstops for a session that somehow skips ``Sandbox.reading``; an owner that may not set one
 # (temp_file_limit needs a superuser) leaves it out.
@@ -215,7 +218,7 @@ def _open_gate(connection: Connection, role: str) -> None:
     connection.exec_driver_sql(TENANT_FUNCTION_SQL.replace("%", "%%").format(
         function=TENANT_FUNCTION, prefix=role[:TENANT_PREFIX], digits=TENANT_DIGITS,
         privileged=PRIVILEGED, member=MEMBER, owner=OWNER,
-        tables=", ".join(f"public.{table}" for table in READABLE_TABLES),
+        tables=", ".join(f"public.{table}" for table in READABLE_TABLES + READABLE_VIEWS),
         only_tables=", ".join(f"ONLY public.{table}" for table in READABLE_TABLES),
         defaults="ARRAY[" + ", ".join(f"['{name}', '{value}']"
                                       for name, value in ROLE_DEFAULTS.items()) + "]"))

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from ingero.vocabulary import INT32, LIFTED, SIGNALS, UINT63
 
-from . import columnrows
+from . import chunks, columnrows
 from .db import RETENTION_LOCK, ensure_partitions
 from .jobrecords import JOB_KINDS, job_fields, merge, upsert_jobs
 from .models import Node
@@ -327,10 +327,6 @@ class Sink:
     on_conflict: str = "DO NOTHING"
     summarize: str | None = None    # CTEs over ``moved`` (the rows stored) that summarize them
 
-    def create_staging(self) -> str:
-        columns = ", ".join(f'"{name}" {kind}' for name, kind in self.columns)
-        return f"CREATE TEMP TABLE stage_{self.table} ({columns}) ON COMMIT DROP"
-
     def move(self) -> str:
         names = ", ".join(f'"{name}"' for name, _ in self.columns)
         values = ", ".join(self.casts.get(name, f'"{name}"') for name, _ in self.columns)
@@ -342,7 +338,7 @@ class Sink:
 
 
 SINKS = (
-    Sink("events", "events", "t, id", (
+    Sink("events", "event_rows", "t, id", (
         ("t", "timestamptz"), ("id", "text"), ("cluster", "text"), ("node", "text"),
         ("job", "text"), ("rank", "int4"), ("kind", "text"), ("op", "text"),
         ("comm_hash", "text"), ("seq", "int8"), ("bytes", "int8"), ("duration_ns", "int8"),
@@ -393,9 +389,12 @@ class CheckedBatch:
     jobs: dict[tuple[str, str], dict] = field(default_factory=dict)    # from job records
     days: set[date] = field(default_factory=set)
     superseded: int = 0     # verdict revisions a newer one in the same batch replaces
+    chunks: list[tuple] = field(default_factory=list)       # events as chunks (echod.chunks)
+    chunk_stats: list[tuple] = field(default_factory=list)  # and their summaries
+    chunked: int = 0        # events in the chunks
 
     def accepted(self) -> int:
-        return sum(len(rows) for rows in self.rows.values())
+        return sum(len(rows) for rows in self.rows.values()) + self.chunked
 
     def saw_node(self, cluster: str, node: str, t: datetime, boot_id: str | None) -> None:
         seen = self.nodes.get((cluster, node))
@@ -486,6 +485,8 @@ def write_batch(engine: Engine, batch: dict, now: float | None = None) -> Ingest
         ensure_partitions(connection, checked.days)
         stored = sum(copy_and_move(connection, SECTIONS[section], rows)
                      for section, rows in checked.rows.items() if rows)
+        if checked.chunks:
+            stored += store_chunks(connection, checked)
         upsert_nodes(connection, checked.nodes)
         upsert_jobs(connection, checked.jobs)
     return IngestResult(stored, checked.accepted() - stored + checked.superseded,
@@ -495,14 +496,35 @@ def write_batch(engine: Engine, batch: dict, now: float | None = None) -> Ingest
 def copy_and_move(connection: Connection, sink: Sink, rows: list[tuple]) -> int:
     """COPY rows into a staging table, move the new ones into the table; return how many."""
     with connection.connection.driver_connection.cursor() as cursor:
-        cursor.execute(sink.create_staging())
-        names = ", ".join(f'"{name}"' for name, _ in sink.columns)
-        with cursor.copy(f"COPY stage_{sink.table} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types([kind for _, kind in sink.columns])
-            for row in rows:
-                copy.write_row(row)
+        stage(cursor, f"stage_{sink.table}", sink.columns, rows)
         cursor.execute(sink.move())
         return cursor.rowcount if sink.summarize is None else cursor.fetchone()[0]
+
+
+def stage(cursor, table: str, columns: tuple[tuple[str, str], ...], rows: list[tuple] = (),
+          data: bytes | None = None) -> None:
+    """A temporary table of ``columns`` (name, COPY type), dropped at commit, holding ``rows``
+    or the binary COPY ``data`` made for it."""
+    cursor.execute(f"CREATE TEMP TABLE {table} ("
+                   + ", ".join(f'"{name}" {kind}' for name, kind in columns) + ") ON COMMIT DROP")
+    names = ", ".join(f'"{name}"' for name, _ in columns)
+    with cursor.copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+        if data is not None:
+            copy.write(data)
+            return
+        copy.set_types([kind for _, kind in columns])
+        for row in rows:
+            copy.write_row(row)
+
+
+def store_chunks(connection: Connection, checked: CheckedBatch) -> int:
+    """Store the batch's chunks and the summaries of those new; return their events."""
+    with connection.connection.driver_connection.cursor() as cursor:
+        stage(cursor, "stage_event_chunks", chunks.CHUNK_COLUMNS,
+              data=chunks.copy_data(checked.chunks))
+        stage(cursor, "stage_chunk_stats", chunks.STAT_COLUMNS, checked.chunk_stats)
+        cursor.execute(chunks.MOVE)
+        return int(cursor.fetchone()[0])
 
 
 def upsert_nodes(connection: Connection, nodes: dict[tuple[str, str], list]) -> None:

@@ -6,18 +6,22 @@ reaches echod). No database: what reaches PostgreSQL is what is compared."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from echod import store
+from echod import chunks, store
 from ingero import columns, wire
 from tests.test_columns import SIG, events
 
 NOW = 1.8e9 + 3600
 
 
-def push_of(evs: list[dict], node: str = "node7", job: str | None = None) -> wire.ColumnPush:
+def push_of(evs: list[dict], node: str = "node7", job: str | None = None, cluster: str = "c",
+            boot_id: str = "b0", t: float = NOW) -> wire.ColumnPush:
+    """The events as an agent pushes them (as columns), and as fleetd forwards them."""
     packed, rest = columns.pack(evs)
-    frames = wire.encode(wire.ColumnPush(3, node, "c", "b0", 0.9, SIG, "active", NOW, 1.0,
+    frames = wire.encode(wire.ColumnPush(3, node, cluster, boot_id, 0.9, SIG, "active", t, 1.0,
                                          job, None, rest, None, None, packed))
     return wire.decode(frames)
 
@@ -29,9 +33,18 @@ def both(push: wire.ColumnPush) -> tuple[store.CheckedBatch, store.CheckedBatch]
     return as_rows, as_columns
 
 
+def staged(checked: store.CheckedBatch) -> list[tuple]:
+    """The events staged, as rows or in chunks, as the rows they are read as (the attributes
+    as a map: a chunk's come in two parts, and PostgreSQL keeps JSON's keys in its order)."""
+    return sorted((*row[:12], sorted(json.loads(row[12]).items()))
+                  for row in checked.rows.get("events", []) + [
+                      row for chunk in checked.chunks for row in chunks.rows_of(chunk)])
+
+
 def assert_alike(push: wire.ColumnPush) -> store.CheckedBatch:
     as_rows, as_columns = both(push)
-    assert sorted(as_columns.rows["events"]) == sorted(as_rows.rows["events"])
+    assert staged(as_columns) == staged(as_rows)
+    assert not as_rows.chunks         # maps: a row an event
     assert sorted(r for _, _, r in as_columns.rejected) == \
         sorted(r for _, _, r in as_rows.rejected)
     assert (as_columns.nodes, as_columns.days, as_columns.jobs) == \
@@ -41,7 +54,14 @@ def assert_alike(push: wire.ColumnPush) -> store.CheckedBatch:
 
 def test_an_agents_events_stage_as_their_rows_would():
     checked = assert_alike(push_of(events(600)))
-    assert len(checked.rows["events"]) == 600 and not checked.rejected
+    assert len(staged(checked)) == 600 and not checked.rejected
+    # the frequent calls in chunks of one kind, job, rank and minute each, the others rows
+    assert checked.chunks and checked.rows["events"]
+    for row in checked.rows["events"]:     # of the frequent kinds, failed calls only
+        assert row[6] not in chunks.CHUNKED or json.loads(row[12]).get("result") not in (0, None)
+    assert {c.kind for c in checked.chunks} <= set(chunks.CHUNKED)
+    assert all(len({(r[4], r[5], r[6], r[0].replace(second=0, microsecond=0))
+                    for r in chunks.rows_of(c)}) == 1 for c in checked.chunks)
 
 
 def spoil(evs: list[dict], at: int, **attrs) -> list[dict]:
@@ -60,7 +80,7 @@ def spoil(evs: list[dict], at: int, **attrs) -> list[dict]:
 def test_an_event_either_form_refuses_is_refused_alike_and_the_rest_stored(make, refused):
     checked = assert_alike(push_of(make(events(200))))
     assert len(checked.rejected) == 1 and refused in checked.rejected[0][2], checked.rejected
-    assert len(checked.rows["events"]) == 199
+    assert len(staged(checked)) == 199
 
 
 def test_a_non_ascii_text_and_a_percent_sign_stage_alike():
@@ -82,7 +102,7 @@ def test_events_without_a_job_of_their_own_take_the_pushs():
     evs = [{**e, "attrs": {k: v for k, v in e["attrs"].items() if k != "job"}}
            for e in events(150)]
     checked = assert_alike(push_of(evs, job="4242"))
-    assert {row[4] for row in checked.rows["events"]} == {"4242"}
+    assert {row[4] for row in staged(checked)} == {"4242"}
 
 
 def test_a_node_whose_ids_are_not_its_own_is_refused_event_by_event():

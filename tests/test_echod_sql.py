@@ -28,7 +28,7 @@ from echod.errors import StorageError
 from echod.models import Base, Event
 from echod.registry import Scope
 from echod.sandbox import READABLE_TABLES, Sandbox, catalog_closed, prepare, sandbox_url
-from echod.sandbox_roles import tenant_credentials
+from echod.sandbox_roles import READABLE_VIEWS, tenant_credentials
 from echod.sqlcheck import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlScopedUnavailable,
                              SqlTimeout, SqlTooLarge, check_sql)
 from echod.store import write_batch
@@ -161,14 +161,14 @@ HUGE = "select 1 " + " " * MAX_SQL_CHARS
 # that the rollback or the session reset after it contained it; tests/test_sandbox_tenancy.py
 # shows that what runs cannot reach another tenant)
 ESCAPES = [
-    ("insert", "insert into events (t, id, cluster, node, kind, attrs) "
+    ("insert", "insert into event_rows (t, id, cluster, node, kind, attrs) "
                "values (now(), 'x', 'beta', 'n', 'k', '{}')",
      "writes are not allowed: INSERT", READ_ONLY),
-    ("update", "update events set node = 'evil'", "writes are not allowed: UPDATE", READ_ONLY),
-    ("delete", "delete from events", "writes are not allowed: DELETE", READ_ONLY),
+    ("update", "update event_rows set node = 'evil'", "writes are not allowed: UPDATE", READ_ONLY),
+    ("delete", "delete from event_rows", "writes are not allowed: DELETE", READ_ONLY),
     ("merge", "merge into nodes n using nodes m on n.name = m.name when matched then delete",
      "writes are not allowed: MERGE", READ_ONLY),
-    ("truncate", "truncate events", "writes are not allowed: TRUNCATE", READ_ONLY),
+    ("truncate", "truncate event_rows", "writes are not allowed: TRUNCATE", READ_ONLY),
     ("create-table", "create table stolen (x int)", "schema changes are not allowed: CREATE",
      READ_ONLY),
     ("create-temp-table", "create temp table stolen (x int)",
@@ -177,13 +177,13 @@ ESCAPES = [
      "schema changes are not allowed: CREATE", READ_ONLY),
     ("create-extension", "create extension dblink", "schema changes are not allowed: CREATE",
      READ_ONLY),
-    ("drop", "drop table events", "schema changes are not allowed: DROP", READ_ONLY),
-    ("alter-rls", "alter table events disable row level security",
+    ("drop", "drop table event_rows", "schema changes are not allowed: DROP", READ_ONLY),
+    ("alter-rls", "alter table event_rows disable row level security",
      "schema changes are not allowed: ALTER", READ_ONLY),
     ("grant", "grant select on sandbox_key to public", "schema changes are not allowed: GRANT",
      READ_ONLY),
-    ("copy-to-file", "copy events to '/tmp/stolen'", "writes are not allowed: COPY", DENIED),
-    ("copy-from-file", "copy events from '/etc/passwd'", "writes are not allowed: COPY", DENIED),
+    ("copy-to-file", "copy event_rows to '/tmp/stolen'", "writes are not allowed: COPY", DENIED),
+    ("copy-from-file", "copy event_rows from '/etc/passwd'", "writes are not allowed: COPY", DENIED),
     ("copy-program", "copy (select 1) to program 'id'", "writes are not allowed: COPY", DENIED),
     ("read-file", "select pg_read_file('/etc/passwd')",
      "file access is not allowed: pg_read_file", DENIED),
@@ -200,18 +200,18 @@ ESCAPES = [
      "large objects are not allowed: lo_from_bytea", DENIED),
     ("dblink", "select * from dblink('host=203.0.113.1', 'select 1') as t(x int)",
      "network access is not allowed: dblink", NO_SUCH_FUNCTION),
-    ("two-statements", "select 1; delete from events", "only one statement", READ_ONLY),
-    ("statement-after-comment", "select 1 /* done */; delete from events",
+    ("two-statements", "select 1; delete from event_rows", "only one statement", READ_ONLY),
+    ("statement-after-comment", "select 1 /* done */; delete from event_rows",
      "only one statement", READ_ONLY),
     ("payload-after-line-comment", "select 1 -- harmless\n, pg_read_file('/etc/passwd')",
      "file access is not allowed: pg_read_file", DENIED),
     ("line-comment-ends-at-cr", "select 1 -- harmless\r, pg_read_file('/etc/passwd')",
      "file access is not allowed: pg_read_file", DENIED),
-    ("payload-after-nested-comment", "select 1 /* a /* b */ c */ ; delete from events",
+    ("payload-after-nested-comment", "select 1 /* a /* b */ c */ ; delete from event_rows",
      "only one statement", READ_ONLY),
-    ("string-then-statement", "select 'it''s'; delete from events", "only one statement",
+    ("string-then-statement", "select 'it''s'; delete from event_rows", "only one statement",
      READ_ONLY),
-    ("backslash-ends-standard-string", "select '\\'; delete from events; --'",
+    ("backslash-ends-standard-string", "select '\\'; delete from event_rows; --'",
      "only one statement", READ_ONLY),
     ("escape-string-continued", "select E'a'\n'\\' ', pg_read_file('/etc/passwd') --'",
      "file access is not allowed: pg_read_file", DENIED),
@@ -224,11 +224,11 @@ ESCAPES = [
     ("unicode-escaped-name", "select U&\"\\0073et_config\"('role', 'postgres', false)",
      "Unicode escapes", DENIED),
     ("unicode-escaped-string", "select U&'\\0027'", "Unicode escapes", RUNS),
-    ("data-modifying-cte", "with d as (delete from events returning *) select count(*) from d",
+    ("data-modifying-cte", "with d as (delete from event_rows returning *) select count(*) from d",
      "writes are not allowed: DELETE", READ_ONLY),
-    ("select-into", "select * into stolen from events", "writes are not allowed: INTO",
+    ("select-into", "select * into stolen from event_rows", "writes are not allowed: INTO",
      READ_ONLY),
-    ("for-update", "select * from events for update", "row locks are not allowed: FOR UPDATE",
+    ("for-update", "select * from event_rows for update", "row locks are not allowed: FOR UPDATE",
      READ_ONLY),
     ("for-key-share", "select * from nodes for key share", "row locks are not allowed: FOR KEY",
      READ_ONLY),
@@ -245,9 +245,9 @@ ESCAPES = [
      DENIED),
     ("nextval", "select nextval('peer_lag_id_seq')", "sequences are not allowed: nextval",
      DENIED),
-    ("explain-analyze-delete", "explain analyze delete from events",
+    ("explain-analyze-delete", "explain analyze delete from event_rows",
      "writes are not allowed: DELETE", READ_ONLY),
-    ("sql-in-a-string", "select query_to_xml('delete from events', true, false, '')",
+    ("sql-in-a-string", "select query_to_xml('delete from event_rows', true, false, '')",
      "SQL inside strings is not allowed: query_to_xml", DENIED),
     ("notify", "select pg_notify('ingero', 'x')",
      "other sessions are out of reach: pg_notify", DENIED),
@@ -255,11 +255,11 @@ ESCAPES = [
      "other sessions are out of reach: pg_stat_activity", DENIED),
     ("terminate", "select pg_terminate_backend(1)",
      "other sessions are out of reach: pg_terminate_backend", DENIED),
-    ("do-block", "do $$ begin delete from events; end $$", "not allowed: DO", READ_ONLY),
+    ("do-block", "do $$ begin delete from event_rows; end $$", "not allowed: DO", READ_ONLY),
     ("prepare", "prepare p as select 1", "not allowed: PREPARE", RUNS),
-    ("vacuum", "vacuum events", "maintenance commands are not allowed: VACUUM", "25001"),
-    ("analyze", "analyze events", "must begin with SELECT", RUNS),
-    ("number-glued-to-keyword", "select 1delete from events",
+    ("vacuum", "vacuum event_rows", "maintenance commands are not allowed: VACUUM", "25001"),
+    ("analyze", "analyze event_rows", "must begin with SELECT", RUNS),
+    ("number-glued-to-keyword", "select 1delete from event_rows",
      "writes are not allowed: DELETE", "42601"),
     ("huge", HUGE, f"longer than {MAX_SQL_CHARS} characters", RUNS),
     ("unterminated-string", "select 'abc", "unterminated string", "42601"),
@@ -312,7 +312,7 @@ def test_partitions_the_version_table_and_the_key_are_not_readable(sandbox, seed
     with seeded.connect() as connection:
         partition = connection.scalar(text(
             "SELECT min(c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "WHERE i.inhparent = 'events'::regclass"))
+            "WHERE i.inhparent = 'event_rows'::regclass"))
     for table in (partition, "alembic_version", "sandbox_key"):
         assert check_sql(f"select * from {table}") == f"select * from {table}"
         with pytest.raises(SqlRefused, match=f"permission denied for table {table}"):
@@ -453,7 +453,7 @@ def test_tenants_may_select_the_ingero_tables_and_the_gate_nothing(sandbox, seed
             "aclexplode(p.proacl) a WHERE p.proname = 'ingero_sandbox_tenant' "
             "AND a.grantee <> p.proowner"))
     assert granted == [(tenant, table, "SELECT") for tenant in sorted(tenants)
-                       for table in sorted(READABLE_TABLES)]
+                       for table in sorted(READABLE_TABLES + READABLE_VIEWS)]
     assert callers == [ROLE]
 
 
@@ -551,9 +551,10 @@ def test_a_star_is_not_a_cluster_name(sandbox):
 
 
 def test_the_policy_asks_for_the_scope_once_per_query(sandbox):
-    plan = "\n".join(row[0] for row in server_answer(sandbox, "explain select * from events",
-                                                      ALPHA))
-    assert plan.count("InitPlan") == 2 and "SubPlan" not in plan
+    for relation, tables in (("event_rows", 1), ("events", 2)):    # the view: once a table
+        plan = "\n".join(row[0] for row in server_answer(
+            sandbox, f"explain select * from {relation}", ALPHA))
+        assert plan.count("InitPlan") == 2 * tables and "SubPlan" not in plan, plan
 
 
 def test_every_table_with_a_cluster_column_is_under_row_level_security(seeded):

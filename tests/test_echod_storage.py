@@ -9,6 +9,7 @@ rolled-back transaction.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import time
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from echod.chunks import CHUNKED
 from echod.db import event_partitions, head_revision, make_engine, status, upgrade
 from echod.embedded import EmbeddedPostgres, find_bindir
 from echod.errors import EmbeddedDatabaseError, SchemaTooNew
@@ -67,7 +69,7 @@ def test_upgrade_twice_is_a_no_op_and_status_reports_head(blank_engine):
     assert status(blank_engine) == (None, head_revision())
     assert upgrade(blank_engine) == head_revision()
     migrated = schema_of(blank_engine)
-    assert ("events", "p") in migrated            # partitioned table
+    assert {("event_rows", "p"), ("event_chunks", "p"), ("events", "v")} <= set(migrated)
     assert upgrade(blank_engine) == head_revision()
     assert schema_of(blank_engine) == migrated
     assert status(blank_engine) == (head_revision(), head_revision())
@@ -88,6 +90,11 @@ def test_models_describe_what_the_migrations_create(engine):
     with engine.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     assert differences == []
+    with engine.connect() as connection:       # the chunks' CHECK is the kinds echod chunks
+        check = connection.scalar(text(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conname = 'ck_event_chunks_kinds'"))
+    assert sorted(re.findall(r"'(\w+)'", check)) == sorted(CHUNKED), check
 
 
 # -- the writer --------------------------------------------------------------------------------
@@ -202,7 +209,7 @@ def test_events_of_three_days_land_in_three_partitions_and_retention_drops_the_o
     with engine.connect() as connection:
         assert sorted(event_partitions(connection).values()) == names
         placed = dict(connection.execute(text(
-            "SELECT tableoid::regclass::text, count(*) FROM events GROUP BY 1")).all())
+            "SELECT tableoid::regclass::text, count(*) FROM event_rows GROUP BY 1")).all())
     assert placed == {name: 5 for name in names}
     whole = Policy(days=2, raw_days=2)
     assert apply_retention(engine, whole, now=now) == [   # the day and its summaries
@@ -261,8 +268,10 @@ def test_a_day_past_its_raw_window_keeps_the_kinds_still_owed_and_the_evidence_o
     with engine.connect() as connection:
         assert connection.scalar(text("SELECT count(*) FROM events WHERE kind = 'sync'")) == 50
         indexes = "SELECT count(*) FROM pg_indexes WHERE tablename = :name"
-        assert connection.scalar(text(indexes), {"name": name}) == \
-            connection.scalar(text(indexes), {"name": "events"})   # a partition with them all
+        for partition, table in ((name, "event_rows"),
+                                 (name.replace("events_", "event_chunks_"), "event_chunks")):
+            assert connection.scalar(text(indexes), {"name": partition}) == \
+                connection.scalar(text(indexes), {"name": table})   # with them all
     # Past the whole retention, the day, its summaries and the verdict go.
     said = apply_retention(engine, policy, now=now + 31 * 86_400)
     assert said[0] == f"dropped {name}" and any("call_stats" in s for s in said), said

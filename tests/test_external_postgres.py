@@ -155,7 +155,7 @@ def test_db_upgrade_migrates_the_external_database_and_status_says_so(server):
         f"current none\nhead    {head}\nneeds 'echod db upgrade'\n", f"schema at {head}\n",
         f"current {head}\nhead    {head}\nup to date\n"]
     with server.connect() as db:
-        owner = db.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'events'")
+        owner = db.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'event_rows'")
         assert owner.fetchone() == (ROLE,)
 
 

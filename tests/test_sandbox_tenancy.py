@@ -278,7 +278,7 @@ def test_explain_is_refused_for_a_scoped_token_only(sandbox):
         with pytest.raises(SqlRefused, match=re.escape(SCOPED_EXPLAIN)):
             sandbox.run(statement, ALPHA)
     plan = sandbox.run("explain select * from events", EVERY).rows
-    assert "Scan" in plan[0][0]
+    assert "Scan" in "\n".join(row[0] for row in plan)
 
 
 def test_the_gate_reads_nothing_and_makes_only_tenant_roles(seeded, sandbox):

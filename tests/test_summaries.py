@@ -17,6 +17,7 @@ from alembic import command
 from bench.push_cost import node_second
 from echod.db import alembic_config, upgrade
 from echod.store import write_batch
+from tests.test_columnrows import push_of
 from echod.summaries import (BUCKETS_PER_OCTAVE, DETAIL_SQL, FAILED_SQL, SMALL_BYTES, Histogram,
                              bucket, minutes)
 
@@ -80,8 +81,22 @@ def summarized(connection) -> dict:
     return out
 
 
-def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothing(engine):
-    batches = pushes(20)
+def failed_allocs(batches: list[dict]) -> int:
+    return sum(e["kind"] == "alloc" and e["attrs"]["result"] != 0
+               for b in batches for e in b["pushes"][0].stored_rows())
+
+
+def as_columns(batch: dict, cluster: str = "bench") -> dict:
+    """A batch of one node's events as the push of columns its agent sent."""
+    events = batch["events"]
+    return {"pushes": [push_of([{k: e[k] for k in ("id", "t", "kind", "attrs")} for e in events],
+                               node=events[0]["node"], cluster=cluster, boot_id="b",
+                               t=events[-1]["t"])]}
+
+
+@pytest.mark.parametrize("form", ["maps", "columns"])    # rows, chunks (echod/chunks.py)
+def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothing(engine, form):
+    batches = pushes(20) if form == "maps" else [as_columns(batch) for batch in pushes(20)]
     for batch in batches:
         write_batch(engine, batch, now=BASE + 100)
     with engine.connect() as connection:
@@ -89,6 +104,9 @@ def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothi
         summary = summarized(connection)
         minutes_stored = connection.scalar(text(
             "SELECT count(DISTINCT t) FROM call_stats WHERE job = '4242'"))
+        chunked = connection.scalar(text("SELECT sum(cardinality(ts)) FROM event_chunks"))
+    assert chunked == (None if form == "maps" else sum(    # the frequent calls, unless failed
+        len(b["pushes"][0].columns.t) for b in batches) - 20 * 6 * 8 - failed_allocs(batches))
     assert minutes_stored == 2                          # the batches straddle a minute
     assert summary.keys() == raw.keys() and len(raw) >= 6
     for key, (calls, timed, ns, nbytes, median, p99) in raw.items():
@@ -154,3 +172,23 @@ def test_a_window_is_its_whole_minutes_and_the_raw_ends():
     assert minutes(None, None) == (None, (None, None), None)
     assert minutes(at(1, 10), at(1, 50)) == ((at(1, 10), at(1, 50)), None, None)
     assert minutes(None, at(3, 1)) == (None, (None, at(3)), (at(3), at(3, 1)))
+
+
+def test_events_kept_in_chunks_read_back_as_the_same_rows(engine):
+    """The same pushes stored as maps (a row an event) and as columns (chunks), the second
+    time from another node: the view ``events`` gives the same rows (times to the µs,
+    attributes, NULLs) either way."""
+    batches = pushes(3)
+    for batch in batches:
+        write_batch(engine, batch, now=BASE + 100)
+        again = [{**e, "node": "node9", "id": e["id"].replace("node0:", "node9:")}
+                 for e in batch["events"]]
+        write_batch(engine, as_columns({"events": again}), now=BASE + 100)
+    read = ("SELECT t, split_part(id, ':', 3), job, rank, kind, op, comm_hash, seq, bytes, "
+            "duration_ns, attrs FROM events WHERE node = :node ORDER BY 1, 2")
+    with engine.connect() as connection:
+        rows, chunked = (connection.execute(text(read), {"node": node}).all()
+                         for node in ("node0", "node9"))
+        assert connection.scalar(text(
+            "SELECT count(*) FROM event_chunks WHERE node = 'node9'")) > 0
+    assert len(rows) == sum(len(b["events"]) for b in batches) and chunked == rows

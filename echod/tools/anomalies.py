@@ -14,8 +14,8 @@ from .calltotals import call_totals
 from .evidence import BY_ANOTHER_PROCESS
 from .schema import (BOOL, CLUSTER_ARG, INT_OR_NULL, JOB_ARG, LIMIT, NODE_ARG, SCALAR,
                      SINCE_ARG, STR, STR_OR_NULL, TIME, UNTIL_ARG, WINDOW_OUT, array, closed)
-from .selection import (Selection, Where, iso, jnum, num, pinned, reading, rows, scalar,
-                        select, whole)
+from .selection import (EVENT_ROWS, Selection, Where, iso, jnum, num, pinned, reading, rows,
+                        scalar, select, whole)
 
 SLOW_CALL_RATIO = 3.0                  # p99/p50 of an op's call duration
 SLOW_CALL_MIN_CALLS = 10
@@ -49,7 +49,7 @@ ORDER BY e.t DESC LIMIT :limit
 """
 FAILED_CALLS = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, e.kind, e.op, (e.attrs ->> 'result')::numeric
-FROM events e WHERE {FAILED_CALL} AND {{where}}
+FROM {EVENT_ROWS} e WHERE {FAILED_CALL} AND {{where}}
 ORDER BY e.t DESC LIMIT :limit
 """
 ANOMALY_OUT = closed({

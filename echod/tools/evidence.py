@@ -15,7 +15,7 @@ from ingero.vocabulary import SIGNALS
 
 from .lag import RankLag
 from .schema import INT, NUM_OR_NULL, STR_OR_NULL, closed
-from .selection import Selection, Where, Window, jnum, num, rows, whole
+from .selection import Selection, Where, Window, jnum, job_span, num, rows, whole
 
 # -- health signals ----------------------------------------------------------------------------
 
@@ -65,13 +65,6 @@ JOIN unnest(CAST(:ev_clusters AS text[]), CAST(:ev_nodes AS text[])) AS n(cluste
 WHERE {where}
 GROUP BY 1, 2
 """
-JOB_SPANS = """
-SELECT min(s.first), max(s.last)
-FROM unnest(CAST(:span_clusters AS text[]), CAST(:span_jobs AS text[])) AS j(cluster, job)
-CROSS JOIN LATERAL (SELECT min(e.t) AS first, max(e.t) AS last FROM events e
-                    WHERE e.cluster = j.cluster AND e.job = j.job) s
-"""
-
 
 @dataclass
 class NodeHealth:
@@ -108,9 +101,7 @@ def evidence_window(conn: Connection, sel: Selection, ranks: list[RankLag]) -> S
     """The selection with the window closed: a whole job's is its first to last event."""
     if sel.window.since is not None and sel.window.until is not None:
         return sel
-    jobs = sorted({(r.cluster, r.job) for r in ranks})
-    first, last = conn.execute(text(JOB_SPANS), {"span_clusters": [c for c, _ in jobs],
-                                                 "span_jobs": [j for _, j in jobs]}).one()
+    first, last = job_span(conn, sorted({(r.cluster, r.job) for r in ranks}))
     since = sel.window.since or first
     until = sel.window.until or (last + timedelta(microseconds=1) if last else None)
     return replace(sel, window=Window(since, until))

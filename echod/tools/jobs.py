@@ -4,6 +4,8 @@ waits and verdicts, clocks corrected, as ``ingero export`` turns them into a tra
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlalchemy import Connection
 
 from ..registry import ToolContext, obj, tool
@@ -11,8 +13,8 @@ from .lag import node_offsets
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, NAME, NUM, NUM_OR_NULL,
                      SINCE_ARG, STR, STR_OR_NULL, TIME_OR_NULL, UNTIL_ARG, WINDOW_OUT, array,
                      closed, described)
-from .selection import (Selection, Where, iso, job_cluster, ms, num, reading, rows, storable,
-                        window_of)
+from .selection import (Selection, Where, closed_window, iso, job_cluster, ms, num, reading,
+                        rows, storable, time_ordered, window_of)
 from .verdicts import NOT_A_NOTE, VERDICTS_OUT, live_in, read_verdicts
 
 # -- list_jobs ---------------------------------------------------------------------------------
@@ -173,9 +175,11 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
         cluster = job_cluster(conn, args["job"], args.get("cluster"))
         sel = Selection(cluster, args["job"], window=window_of(ctx, args, whole_job=True))
         limit = args.get("max_events", 200_000)
-        where = sel.where("e", node=False, rank=False)
-        found = rows(conn, TIMELINE.format(where=where.sql()),
-                     {**where.params, "kinds": list(TIMELINE_KINDS), "limit": limit + 1})
+        window = closed_window(conn, sel, ctx.now)
+        found = [] if window is None else time_ordered(
+            conn, TIMELINE, lambda part: replace(sel, window=part).where(
+                "e", node=False, rank=False), window, {"kinds": list(TIMELINE_KINDS)},
+            limit + 1, newest_first=False)
         verdicts = read_verdicts(conn, sel)
         nodes = sorted({row[1] for row in found[:limit]} | {v["node"] for v in verdicts})
         offsets = {key: offset for key, (offset, _) in

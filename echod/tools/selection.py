@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from ..chunks import CHUNK_SPAN
 from ..registry import ToolContext, ToolError
 
 HOUR = timedelta(hours=1)
@@ -110,7 +111,7 @@ class Selection:
         if rank:
             where.equal(f"{alias}.rank", "rank", self.rank)
         if time:
-            where.within(f"{alias}.{time}", self.window)
+            where.within(f"{alias}.{time}", self.window, chunked=alias == "e")
         return where
 
 
@@ -154,11 +155,21 @@ class Where:
     def equal(self, column: str, name: str, value: Any) -> Where:
         return self if value is None else self.add(f"{column} = :{name}", **{name: value})
 
-    def within(self, column: str, window: Window) -> Where:
+    def within(self, column: str, window: Window, chunked: bool = False) -> Where:
+        """``column`` in the window; ``chunked``: a time of the view ``events`` (``e.t``),
+        whose chunks are bounded too (by ``chunk_t``, from a chunk's span earlier), or
+        PostgreSQL would read every chunk of the selection to find the window's."""
         if window.since is not None:
             self.add(f"{column} >= :since", since=window.since)
         if window.until is not None:
             self.add(f"{column} < :until", until=window.until)
+        alias = column.split(".")[0]
+        if chunked and window.since is not None:
+            self.add(f"{alias}.chunk_t >= :chunks_since",
+                     chunks_since=max(window.since, datetime.min.replace(tzinfo=UTC) + CHUNK_SPAN)
+                     - CHUNK_SPAN)
+        if chunked and window.until is not None:
+            self.add(f"{alias}.chunk_t < :until")
         return self
 
     def sql(self) -> str:
@@ -167,6 +178,77 @@ class Where:
 
 def rows(conn: Connection, sql: str, params: dict) -> list:
     return conn.execute(text(sql), params).all()
+
+
+# -- the raw events --------------------------------------------------------------------------
+
+# The events kept a row each (never a call of the frequent kinds that succeeded: those are in
+# chunks), with the view's columns: where nothing else can match, the chunks are not read.
+EVENT_ROWS = "(SELECT r.*, r.t AS chunk_t FROM event_rows r)"
+# A job's first and last event: from the rows' index, and from the chunks' first times (the
+# last of a chunk begun at most its span before the last one begun).
+JOB_SPANS = f"""
+SELECT min(s.first), max(s.last)
+FROM unnest(CAST(:span_clusters AS text[]), CAST(:span_jobs AS text[])) AS j(cluster, job)
+CROSS JOIN LATERAL (
+    SELECT least((SELECT min(r.t) FROM event_rows r
+                  WHERE r.cluster = j.cluster AND r.job = j.job),
+                 (SELECT min(c.t) FROM event_chunks c
+                  WHERE c.cluster = j.cluster AND c.job = j.job)) AS first,
+           greatest((SELECT max(r.t) FROM event_rows r
+                     WHERE r.cluster = j.cluster AND r.job = j.job),
+                    (SELECT max(c.t_last) FROM event_chunks c
+                     WHERE c.cluster = j.cluster AND c.job = j.job
+                       AND c.t >= (SELECT max(b.t) FROM event_chunks b
+                                   WHERE b.cluster = j.cluster AND b.job = j.job)
+                                  - make_interval(secs => {CHUNK_SPAN.total_seconds()}))) AS last
+) s
+"""
+FIRST_SLICE = timedelta(minutes=1)
+AHEAD = timedelta(days=1)               # how far ahead of now echod takes an event's time
+
+
+def closed_window(conn: Connection, sel: Selection, now: float) -> Window | None:
+    """The selection's window with its open ends closed: by the job's first and last event,
+    or, with no job, a day past ``now``; None where no event can be in it."""
+    since, until = sel.window.since, sel.window.until
+    if sel.job is not None and (since is None or until is None):
+        clusters = [sel.cluster] if sel.cluster is not None else list(sel.job_clusters or ())
+        first, last = job_span(conn, [(cluster, sel.job) for cluster in clusters])
+        if first is None:
+            return None
+        since, until = since or first, until or last + timedelta(microseconds=1)
+    until = until or datetime.fromtimestamp(now, UTC) + AHEAD
+    since = since or EARLIEST
+    return Window(since, until) if since < until else None
+
+
+def job_span(conn: Connection, jobs: list[tuple[str, str]]) -> tuple:
+    """The first and last event of the jobs ((cluster, job) each); None, None for none."""
+    return conn.execute(text(JOB_SPANS), {"span_clusters": [c for c, _ in jobs],
+                                          "span_jobs": [j for _, j in jobs]}).one()
+
+
+def time_ordered(conn: Connection, statement: str, where_of, window: Window, params: dict,
+                 limit: int, newest_first: bool) -> list:
+    """The rows of ``statement`` (with ``{where}``, ordered by e.t and limited by ``:limit``)
+    in the closed ``window``, read a slice of it at a time from its start (or end), each
+    slice four times the one before, until ``limit`` rows are read (``where_of``: a window's
+    Where). PostgreSQL takes the first events in time from the rows' index, but from the
+    chunks only after reading every chunk in the window, however few are wanted."""
+    found: list = []
+    span, edge = FIRST_SLICE, window.until if newest_first else window.since
+    while len(found) < limit:
+        part = Window(max(window.since, edge - span), edge) if newest_first else \
+            Window(edge, min(window.until, edge + span))
+        where = where_of(part)
+        found += rows(conn, statement.format(where=where.sql()),
+                      {**params, **where.params, "limit": limit - len(found)})
+        edge = part.since if newest_first else part.until
+        if edge == (window.since if newest_first else window.until):
+            break
+        span *= 4
+    return found
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from ingero.vocabulary import KINDS
@@ -11,7 +12,8 @@ from ..registry import ToolContext, obj, tool
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, LIMIT, NAME, NODE_ARG,
                      NUM_OR_NULL, RANK_ARG, SCALAR, SINCE_ARG, STR, STR_OR_NULL, TIME,
                      TIME_OR_NULL, UNTIL_ARG, WINDOW_OUT, array, closed, described)
-from .selection import Where, iso, num, pinned, reading, rows, scalar, select
+from .selection import (Where, Window, closed_window, iso, num, pinned, reading, rows, scalar,
+                        select, time_ordered)
 
 REPORTING_S = 300                      # a node that sent nothing for this long is not reporting
 RECENT_S = 3600                        # what cluster_summary calls recent
@@ -152,10 +154,15 @@ def event_history(ctx: ToolContext, args: dict) -> dict:
     sel = select(ctx, args, node=True, rank=True)
     limit = args.get("limit", 100)
     with reading(ctx) as conn:
-        where = pinned(conn, sel).where("e")
-        where.equal("e.kind", "kind", args.get("kind"))
-        where.equal("e.op", "op", args.get("op"))
-        found = rows(conn, EVENTS.format(where=where.sql()), {**where.params, "limit": limit + 1})
+        sel = pinned(conn, sel)
+        window = closed_window(conn, sel, ctx.now)
+
+        def where_of(part: Window) -> Where:
+            where = replace(sel, window=part).where("e")
+            where.equal("e.kind", "kind", args.get("kind"))
+            return where.equal("e.op", "op", args.get("op"))
+        found = [] if window is None else time_ordered(conn, EVENTS, where_of, window, {},
+                                                       limit + 1, newest_first=True)
     events = [{"t": iso(t), "id": event_id, "cluster": cluster, "node": node, "job": job,
                "rank": rank, "kind": kind, "op": op, "comm_hash": comm_hash, "seq": seq,
                "bytes": nbytes, "duration_ns": duration_ns,
