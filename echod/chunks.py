@@ -334,12 +334,11 @@ def summarize(push, cols: EventColumns, at: np.ndarray, us: np.ndarray, chunk_of
               chunk_keys: np.ndarray, jobs: list, ranks: list, firsts: list) -> list[tuple]:
     """Summary rows: per chunk, op, communicator, peer wait and copy direction (the chunk
     fixes job, node, rank, kind and minute; its calls never failed)."""
-    kind = np.asarray(cols.kinds, dtype=object)[cols.kind[at]]
     op, ops = cols.coded("op")
     comm, comms = cols.coded("comm_hash")
-    peer_wait = cols.flags("peer_wait")[at] & (kind == "sync")
+    peer_wait = (cols.flags("peer_wait") & cols.of_kind("sync"))[at]
     direction, directions = cols.coded("direction")
-    direction = np.where(kind == "memcpy", direction[at], -1)
+    direction = np.where(cols.of_kind("memcpy"), direction, -1)[at]
     groups, group = _groups(chunk_of, op[at] + 1, comm[at] + 1, peer_wait.astype(np.int64),
                             direction + 1)
     groups -= [0, 1, 1, 0, 1]
