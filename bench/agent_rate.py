@@ -126,7 +126,7 @@ def run(args) -> dict:
             wall = time.monotonic() - began
             agent_cpu = harness.cpu_seconds(agent) - cpu_before
             counts = settled(stack)
-            lost = {name: int(metric(port, f"ingero_agent_{name}"))
+            lost = {name: int(metric(port, f"ingero_agent_{name}_total"))
                     for name in ("events_lost", "events_dropped", "batches_dropped")}
         finally:
             stack.stop()

@@ -204,6 +204,12 @@ class IngestServer:
         self.metrics.rows.labels("stored").inc(result.stored)
         self.metrics.rows.labels("duplicate").inc(result.duplicates)
         self.metrics.rows.labels("rejected").inc(rejected)
+        now = time.time()
+        self.metrics.last_commit.set(now)
+        if batch.scores:
+            received = [s["t"] for s in batch.scores if isinstance(s.get("t"), (int, float))]
+            if received:
+                self.metrics.delay.set(max(0.0, now - min(received)))
         if result.rejected:
             table, index, reason = result.rejected[0]
             self.complaints.warning("rows", "batch %d: %d row(s) rejected, e.g. %s[%d]: %s",

@@ -1,6 +1,8 @@
 """echod's Prometheus metrics, on a registry of its own."""
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from ingero.runtime import build_info
 
 
 class EchoMetrics:
@@ -15,3 +17,9 @@ class EchoMetrics:
                                  "because PostgreSQL could not commit", registry=r)
         self.auth_refused = Counter("ingero_echo_auth_refused", "fleetd connections refused "
                                     "by CURVE authentication", registry=r)
+        self.delay = Gauge("ingero_echo_ingest_delay_seconds", "Seconds from fleetd's receipt "
+                           "of the oldest push in the last batch committed to its commit",
+                           registry=r)
+        self.last_commit = Gauge("ingero_echo_ingest_last_commit_timestamp_seconds", "When a "
+                                 "batch was last committed (Unix time)", registry=r)
+        self.build = build_info("ingero_echo", r)

@@ -81,7 +81,8 @@ SETTINGS = [
             "Seconds of lag below which no rank is named, however far it stands out "
             "(also at least 5% of a step).", "SECONDS"),
     Setting("clear_ticks", 3, integer(1, 1000),
-            "Recomputes in a row without the finding before a rank verdict clears.", "N"),
+            "Judgements of its communicator in a row without the finding before a rank "
+            "verdict clears (a recompute with nothing new to judge counts neither way).", "N"),
     Setting("job_ttl", 300.0, number(1.0, 86_400.0),
             "Seconds without an event of a job before its analysis state is dropped.", "SECONDS"),
     Setting("gpu_model", None, optional(text),

@@ -1,10 +1,20 @@
-"""fleetd's Prometheus metrics, on a registry of its own."""
+"""fleetd's Prometheus metrics, on a registry of its own.
+
+What is labelled by job lives only as long as what it tells of: a verdict's series while the
+verdict is live, a job's cohort while the cohort has nodes. Counters are not labelled by job.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ingero.runtime import build_info
+
 from .cohorts import CohortState
+
+# A live verdict's labels. "job_id", not "job": Prometheus gives every scraped series the
+# target's "job" label and would rename ours to "exported_job".
+VERDICT_LABELS = ("cluster", "job_id", "user", "node", "rank", "kind", "cause", "severity")
 
 
 class FleetMetrics:
@@ -43,8 +53,9 @@ class FleetMetrics:
         self.events = Counter("ingero_fleet_events_accepted", "Events accepted", registry=r)
         self.auth_refused = Counter("ingero_fleet_auth_refused",
                                     "Connections refused by CURVE authentication", registry=r)
-        self.flagged = Counter("ingero_fleet_straggler_flags", "Straggler verdicts raised",
-                               by_cohort, registry=r)
+        self.flagged = Counter("ingero_fleet_straggler_flags", "Nodes flagged under their "
+                               "cohort's threshold (node verdicts), by cluster", ["cluster"],
+                               registry=r)
         self.forward_acked = Counter("ingero_fleet_forward_acked", "Batches echod committed",
                                      registry=r)
         self.forward_resent = Counter("ingero_fleet_forward_resent", "Batches sent to echod "
@@ -71,6 +82,24 @@ class FleetMetrics:
                                        registry=r)
         self.rank_verdicts = Gauge("ingero_fleet_rank_verdicts", "Ranks under a live straggler "
                                    "verdict", registry=r)
+        self.verdict = Gauge("ingero_fleet_verdict", "1 while a rank verdict is live; the series "
+                             "goes when it clears (or changes kind, cause or severity)",
+                             VERDICT_LABELS, registry=r)
+        self.verdict_lag = Gauge("ingero_fleet_verdict_lag_seconds", "A live verdict's median "
+                                 "lag behind its peers (hangs and deaths have none)",
+                                 VERDICT_LABELS, registry=r)
+        self.verdict_cost = Gauge("ingero_fleet_verdict_cost_gpu_seconds", "GPU time the job's "
+                                  "other ranks spent waiting for the rank so far",
+                                  VERDICT_LABELS, registry=r)
+        self.idle_gpu = Counter("ingero_fleet_idle_gpu_seconds", "GPU time ranks spent waiting "
+                                "for stragglers, by cluster and cause", ["cluster", "cause"],
+                                registry=r)
+        self.jobs = Gauge("ingero_fleet_jobs", "Job runs the rank analysis tracks", registry=r)
+        self.reply_seconds = Histogram(
+            "ingero_fleet_reply_duration_seconds", "Time from a push's arrival to its reply "
+            "(the spool's write and any recompute in between included)",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=r)
         self.rank_verdicts_raised = Counter("ingero_fleet_rank_verdicts_raised", "Rank straggler "
                                             "verdicts raised, by kind and cause",
                                             ["kind", "cause"], registry=r)
@@ -88,7 +117,11 @@ class FleetMetrics:
         self.analysis_errors = Counter("ingero_fleet_analysis_errors", "Ticks of one job's "
                                        "rank analysis (or recomputes) that failed on a bug; the "
                                        "other jobs were judged", registry=r)
+        self.build = build_info("ingero_fleet", r)
         self._cohorts: set[str] = set()
+        self._verdicts: dict[str, tuple] = {}      # vid → the labels its series carry
+        self._costs: dict[str, float] = {}         # vid → cost counted so far
+        self._nodes: list[str] = []                # nodes with a clock series
 
     def publish(self, cohorts: dict[str, CohortState], coverage_alert: float) -> None:
         gauges = (self.threshold, self.median, self.mad, self.active, self.expected,
@@ -114,12 +147,51 @@ class FleetMetrics:
 
     def publish_ranks(self, ranks, clocks, changed) -> None:
         """The rank analysis: live verdicts, those just raised, clock offsets."""
-        self.rank_verdicts.set(len(ranks.active()))
+        active = ranks.active()
+        self.rank_verdicts.set(len(active))
+        self.jobs.set(len(ranks.jobs))
         self.unaligned.set(ranks.unaligned)
         self.incomplete.set(ranks.incomplete)
         for verdict in changed:
             if verdict.revision == 0:
                 self.rank_verdicts_raised.labels(verdict.kind, verdict.cause).inc()
+            self._count_cost(verdict)
+        self._publish_verdicts(active, ranks.user_of)
         for node, offset in clocks.offsets.items():
             self.clock_offset.labels(node).set(offset.offset)
             self.clock_uncertainty.labels(node).set(offset.uncertainty)
+        for gone in set(self._nodes) - set(clocks.offsets):
+            for gauge in (self.clock_offset, self.clock_uncertainty):
+                gauge.remove(gone)
+        self._nodes = list(clocks.offsets)
+
+    def _count_cost(self, verdict) -> None:
+        """The verdict's cost grew (or it cleared): the growth, into the cluster's counter."""
+        counted = self._costs.get(verdict.vid, 0.0)
+        if verdict.cost_gpu_s > counted:
+            self.idle_gpu.labels(verdict.cluster, verdict.cause).inc(verdict.cost_gpu_s - counted)
+            self._costs[verdict.vid] = verdict.cost_gpu_s
+        if verdict.cleared is not None:
+            self._costs.pop(verdict.vid, None)
+
+    def _publish_verdicts(self, active, user_of) -> None:
+        """One series per live verdict (notes are said once and never live); a verdict whose
+        labels changed (escalated, a new cause) moves to its new series."""
+        gauges = (self.verdict, self.verdict_lag, self.verdict_cost)
+        now: dict[str, tuple] = {}
+        for v in active:
+            labels = (v.cluster, v.job or "", user_of(v.cluster, v.job) or "", v.node,
+                      str(v.rank), v.kind, v.cause, v.severity)
+            now[v.vid] = labels
+            self.verdict.labels(*labels).set(1)
+            if v.lag_p50_s is not None:
+                self.verdict_lag.labels(*labels).set(v.lag_p50_s)
+            self.verdict_cost.labels(*labels).set(v.cost_gpu_s)
+        for vid, labels in self._verdicts.items():
+            if now.get(vid) != labels:
+                for gauge in gauges:
+                    try:
+                        gauge.remove(*labels)
+                    except KeyError:
+                        pass
+        self._verdicts = now

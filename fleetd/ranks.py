@@ -190,6 +190,7 @@ class RankAnalysis:
         self.failed = 0               # a job's tick that raised (a bug): counted, logged, skipped
         self.failures = RateLimitedLog(log, 60.0)
         self.interval_s = 1.0         # the longest push interval heard of, as of the tick
+        self.users: dict[tuple, tuple[str, float]] = {}   # (cluster, job) → (user, when said)
 
     # -- intake --------------------------------------------------------------------------------
 
@@ -218,6 +219,8 @@ class RankAnalysis:
                 self._fact(job, push.node, kind, a, event["t"] - offset)
             elif kind == "agent_restart":
                 self._restarted(push.node, a.get("untraced_from") or event["t"] - offset)
+            elif kind == "job_start" and a.get("user"):
+                self.users[(push.cluster, job.job)] = (str(a["user"]), now)
         if cols is not None and cols.n:
             self.intake.take(push, cols, offset, chunks, now, bulk)
         for job in {id(j): j for j in self.jobs.values() if j.unresolved}.values():
@@ -365,6 +368,9 @@ class RankAnalysis:
                 changed += self._close_all(job, now)
                 del self.jobs[key]
         changed = list({id(v): v for v in changed}.values())   # a verdict once, as it is now
+        tracked = {(job.cluster, job.job) for job in self.jobs.values()}
+        self.users = {key: said for key, said in self.users.items()
+                      if key in tracked or now - said[1] <= self.job_ttl}
         self.pending_rows += [v.row() for v in changed]
         self.live_by_node = defaultdict(set)
         for verdict in self.active():
@@ -388,12 +394,13 @@ class RankAnalysis:
             found.update(self._judge_work(job, now, {rank for rank, _ in found}))
             judged.add(None)
         # Nothing new on a communicator, or it is retired: what was found on it holds (only
-        # time can make a rank missing, and that is judged every tick).
-        found.update({key: v for key, v in job.verdicts.items()
-                      if key[1] == "lag" and v.cleared is None and key not in found
-                      and v.comm_hash not in judged})
+        # time can make a rank missing, and that is judged every tick), neither seen again
+        # nor missed: a tick between two pushes must not keep a rank that recovered named.
+        held = {key for key, v in job.verdicts.items()
+                if key[1] == "lag" and v.cleared is None and key not in found
+                and v.comm_hash not in judged}
         job.changed = False
-        return self._merge(job, found, now)
+        return self._merge(job, found, now, held)
 
     def _retired(self, window: CommWindow, now: float) -> bool:
         """A communicator the job destroyed, or has not used for WINDOW_IDLE_S, with nothing
@@ -882,7 +889,11 @@ class RankAnalysis:
 
     # -- verdict lifecycle ---------------------------------------------------------------------
 
-    def _merge(self, job: JobState, found: dict, now: float) -> list[Verdict]:
+    def _merge(self, job: JobState, found: dict, now: float, held: set = frozenset()
+               ) -> list[Verdict]:
+        """Raise what is new, update what goes on, clear what was not found for
+        ``clear_ticks`` judgements in a row (``held``: verdicts on communicators not judged
+        this tick, which count neither way)."""
         changed = []
         for key, fresh in found.items():
             if any(value is not None for value in job.run):
@@ -893,12 +904,13 @@ class RankAnalysis:
                 fresh.cost_usd = self._usd(fresh.cost_gpu_s)
                 job.verdicts[key] = fresh
                 changed.append(fresh)
-                log.warning("straggler %s", fresh.describe())
+                log.log(logging.ERROR if fresh.severity == "critical" else logging.WARNING,
+                        "straggler %s, %s", fresh.describe(), fresh.severity)
                 continue
             if self._update(current, fresh, job, now):
                 changed.append(current)
         for key, current in job.verdicts.items():
-            if key not in found and current.cleared is None:
+            if key not in found and key not in held and current.cleared is None:
                 current.misses += 1
                 if current.misses >= self.clear_ticks:
                     current.cleared = now
@@ -947,6 +959,11 @@ class RankAnalysis:
         """(job, rank) of the ranks on ``node`` under a live verdict as of the last tick, for
         the push reply (asked once a push: an index, not a walk over every job's verdicts)."""
         return sorted(self.live_by_node.get(node, ()), key=lambda jr: (str(jr[0]), jr[1]))
+
+    def user_of(self, cluster: str, job: str | None) -> str | None:
+        """The job's user, as its Slurm prolog recorded it (None without one)."""
+        said = self.users.get((cluster, job))
+        return None if said is None else said[0]
 
     def active(self) -> list[Verdict]:
         return [v for job in self.jobs.values() for v in job.verdicts.values()

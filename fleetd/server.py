@@ -208,6 +208,8 @@ class FleetServer:
             if hasattr(message, "sent_at"):
                 message.sent_at = time.time()   # the clock estimate wants the real send time
             self.send(identity, message)
+            if isinstance(message, wire.Reply):
+                self.metrics.reply_seconds.observe(message.sent_at - message.recv_at)
 
     def send(self, identity: bytes, message: wire.Message) -> None:
         try:
@@ -297,7 +299,7 @@ class FleetServer:
                             if edge.raised else "panic cleared",
                             cohort.under, cohort.active)
             elif edge.raised:
-                self.metrics.flagged.labels(edge.cohort).inc()
+                self.metrics.flagged.labels(cohort.cluster).inc()
                 node = self.fleet.nodes[edge.node]
                 log.warning("straggler: node %s in %s, score %.3f under threshold %.3f "
                             "(median %.3f)", edge.node, edge.cohort, node.score,

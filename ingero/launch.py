@@ -90,14 +90,20 @@ class Daemon:
     """One child process with its output in a log file."""
 
     def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict | None = None,
-                 module: str | None = None):
+                 module: str | None = None, journal: bool = False):
+        """``journal``: tell the daemon its output is the journal's, as systemd does
+        (JOURNAL_STREAM naming the log file), so that it leads each line with its priority."""
         self.name = name
         self.module = module
         self.terminated = False
         self.argv = argv
-        self.env = env
+        self.journal = journal
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")
+        if journal:
+            st = os.fstat(self._log.fileno())
+            env = {**(env or {}), "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        self.env = env
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=clean_environment(env))
 

@@ -1,13 +1,17 @@
-"""What every ingero daemon's main loop needs: signal flags, a watchdog pace, quiet logging."""
+"""What every ingero daemon's main loop needs: signal flags, a watchdog pace, logging that
+journald reads the level of, and its metrics' listener with the build it runs."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import time
 
-from prometheus_client import start_http_server
+from prometheus_client import Info, start_http_server
 
+from . import __version__
 from .errors import IngeroError
 
 
@@ -68,9 +72,53 @@ class RateLimitedLog:
         return True
 
 
+# syslog's priorities (sd-daemon(3)): journald strips a leading "<N>" and keeps N as the level
+PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4),
+              (logging.INFO, 6), (logging.DEBUG, 7))
+
+
+def syslog_priority(levelno: int) -> int:
+    return next((priority for level, priority in PRIORITIES if levelno >= level), 7)
+
+
+class JournalFormatter(logging.Formatter):
+    """Each line of a record (a traceback's too) led by its syslog priority."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+def to_journal(stream=None, environ=None) -> bool:
+    """True when ``stream`` (stderr) is the journal's: systemd says so in JOURNAL_STREAM
+    (``DEVICE:INODE`` of the stream it connected), which a child holding another stderr
+    inherits but does not match."""
+    stream = sys.stderr if stream is None else stream
+    said = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    try:
+        device, inode = (int(x) for x in said.split(":"))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (device, inode)
+
+
 def setup_logging(level: str, name: str) -> logging.Logger:
-    logging.basicConfig(level=level.upper(), format=f"{name}: %(levelname)s %(message)s")
+    """Log to stderr; under systemd, each line led by its syslog priority so journald keeps the
+    level (``journalctl -p warning`` shows a verdict)."""
+    fmt = f"{name}: %(levelname)s %(message)s"
+    handler = logging.StreamHandler()
+    handler.setFormatter(JournalFormatter(fmt) if to_journal(handler.stream)
+                         else logging.Formatter(fmt))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     return logging.getLogger(name)
+
+
+def build_info(prefix: str, registry) -> Info:
+    """``{prefix}_build_info{version=...} 1``: which ingero each daemon runs."""
+    info = Info(f"{prefix}_build", "The ingero version this daemon runs", registry=registry)
+    info.info({"version": __version__})
+    return info
 
 
 def serve_metrics(address: tuple[str, int], registry):

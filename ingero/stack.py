@@ -36,7 +36,7 @@ class Echod:
     self-signed certificate, and tokens made with 'echod token create'."""
 
     def __init__(self, root: Path, keys: KeyRing, *flags: str,
-                 tokens: dict[str, tuple[str, str]]):
+                 tokens: dict[str, tuple[str, str]], journal: bool = False):
         self.root, self.keys = root, keys
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o755)                       # the embedded PostgreSQL runs as postgres
@@ -53,7 +53,7 @@ class Echod:
             "--metrics-addr", "none", "--api-bind", f"127.0.0.1:{self.port}",
             "--tls-cert", str(self.cert), "--tls-key", str(self.key),
             "--tokens-file", str(self.tokens_file), "--audit-log", str(self.audit_log),
-            *keys.echod_flags(), *flags], root)
+            *keys.echod_flags(), *flags], root, journal=journal)
         if not wait_for(lambda: "ingest listening" in self.daemon.log()
                         or not self.daemon.alive(), START_TIMEOUT_S) or not self.daemon.alive():
             log = self.daemon.log()
@@ -95,7 +95,8 @@ class Stack:
     others); ``shards`` > 1 runs that many fleetds (``--shard K/N``,
     each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
     lets each agent trace every process of the host, as with one real node (a real srun's
-    ranks carry no sim host label). echod's directory (``echod_root``, by default under
+    ranks carry no sim host label); ``journal`` has every daemon log as under systemd
+    (JOURNAL_STREAM set), each line led by its syslog priority. echod's directory (``echod_root``, by default under
     ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
@@ -105,18 +106,18 @@ class Stack:
                  echod_root: Path | None = None, fleet_host: str = "127.0.0.1",
                  agent_prefix: dict[int, tuple[str, ...]] | None = None, shards: int = 1,
                  node_flags: dict[int, tuple[str, ...]] | None = None,
-                 sim_hosts: bool = True, say=lambda line: None):
+                 sim_hosts: bool = True, journal: bool = False, say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
-        self.sim_hosts = sim_hosts
+        self.sim_hosts, self.journal = sim_hosts, journal
         self.agent_prefix = agent_prefix or {}
         self.node_flags = node_flags or {}
         self.keys = KeyRing.create(root / "keys")
         self.daemons: list[Daemon] = []
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
         self.echod = Echod(echod_root or root / "echod", self.keys, *echod_flags,
-                           tokens={"ops": ("*", "admin")})
+                           tokens={"ops": ("*", "admin")}, journal=journal)
         try:
             self.endpoints = [f"tcp://{fleet_host}:{free_port()}" for _ in range(shards)]
             self.fleet_ports = [free_port() for _ in range(shards)]
@@ -147,7 +148,8 @@ class Stack:
 
     def _start(self, name: str, module: str, args: list[str], env: dict | None = None,
                prefix: tuple[str, ...] = ()):
-        daemon = Daemon.module(name, module, args, self.root, prefix, env=env)
+        daemon = Daemon.module(name, module, args, self.root, prefix, env=env,
+                               journal=self.journal)
         self.daemons.append(daemon)
         return daemon
 

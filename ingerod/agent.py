@@ -32,7 +32,7 @@ from .detection import Detector
 from .health import HealthModel
 from .jobs import ControlSocket, JobSpool
 from .link import FleetLink
-from .metrics import AgentMetrics
+from .metrics import AgentMetrics, Textfile
 from .queue import PushQueue
 from .sources import open_source
 
@@ -150,6 +150,8 @@ class Agent:
         self.spooled: dict[tuple[int, int], list[str]] = {}  # (shard, seq) → its job records
         self.control = None
         self.http = None
+        self.textfile = None if cfg.metrics_textfile is None else \
+            Textfile(cfg.metrics_textfile, self.metrics.registry, cfg.job)
 
     def run(self) -> int:
         if self.cfg.metrics_addr is not None:
@@ -206,9 +208,11 @@ class Agent:
                 "score": assessment.score, "threshold": verdict.bar, "mode": verdict.mode}}])
         self.add_events(sample.events)
         self.add_events(self.spool.scan(self.cfg.node))
-        self.metrics.events_lost.set(self.source.lost_events())
+        self.metrics.count_lost(self.source.lost_events())
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
                           verdict.straggler, self.reachable(now))
+        if self.textfile is not None:
+            self.textfile.write()
         self.go_home(now)
         for k, link in enumerate(self.links):
             first = True
@@ -395,3 +399,5 @@ class Agent:
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+        if self.textfile is not None:
+            self.textfile.remove()

@@ -102,6 +102,10 @@ SETTINGS = [
             "event. For a tool on the way that reads maps only.", is_flag=True),
     Setting("metrics_addr", "127.0.0.1:9471", listen_address,
             "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
+    Setting("metrics_textfile", None, optional(path),
+            "Write the metrics to this file too, every push, for node_exporter's textfile "
+            "collector (atomically; removed at exit), each series labelled job_id with --job: "
+            "how per-job agents, which serve no port, are scraped [default: none].", "FILE"),
     Setting("drain_timeout", 2.0, number(0.0, 60.0),
             "On SIGTERM, seconds to wait for fleetd to acknowledge what is queued.", "SECONDS"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import logging
+import os
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
+from prometheus_client.core import Metric
+
+from ingero.runtime import build_info
 
 from .detection import MODES
 from .health import WEIGHTS
+
+log = logging.getLogger("ingerod")
 
 
 class AgentMetrics:
@@ -36,8 +45,10 @@ class AgentMetrics:
         self.pushed = Counter("ingero_agent_batches_pushed", "Batches pushed", registry=r)
         self.events_dropped = Counter("ingero_agent_events_dropped", "Events dropped because "
                                       "the pending buffer was full", registry=r)
-        self.events_lost = Gauge("ingero_agent_events_lost", "Traced events lost: ring buffer "
-                                 "full in the kernel, or user-space buffer full", registry=r)
+        self.events_lost = Counter("ingero_agent_events_lost", "Traced events lost: ring "
+                                   "buffer full in the kernel, or user-space buffer full",
+                                   registry=r)
+        self._lost = 0
         self.rejected = Counter("ingero_agent_frames_rejected", "Bad frames from fleetd",
                                 registry=r)
         self.reconnects = Counter("ingero_agent_reconnects", "Fresh sockets opened after "
@@ -50,6 +61,7 @@ class AgentMetrics:
                                             "files in the job spool", registry=r)
         self.control_rejected = Counter("ingero_agent_control_rejected", "Bad requests on the "
                                         "control socket", registry=r)
+        self.build = build_info("ingero_agent", r)
         for name in WEIGHTS:
             self.signal.labels(name)
         for mode in MODES:
@@ -65,6 +77,60 @@ class AgentMetrics:
         self.straggler.set(straggler)
         self.reachable.set(reachable)
 
+    def count_lost(self, total: int) -> None:
+        """The source's running count of lost events, into the counter."""
+        if total > self._lost:
+            self.events_lost.inc(total - self._lost)
+            self._lost = total
+
     def show_mode(self, mode: str) -> None:
         for m in MODES:
             self.mode.labels(m).set(m == mode)
+
+
+class Labelled:
+    """A registry's metrics with labels of their own added to every series (a collector)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
+        self.registry, self.labels = registry, labels
+
+    def collect(self):
+        for family in self.registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labelled.add_sample(sample.name, {**sample.labels, **self.labels}, sample.value,
+                                    sample.timestamp, sample.exemplar)
+            yield labelled
+
+
+class Textfile:
+    """The metrics as a file for node_exporter's textfile collector: per-job agents share a
+    node and serve no port, so each writes its own file, its series labelled with its job
+    (two agents' files must not hold the same series). Written whole each time (a temporary
+    file renamed over it), removed when the agent stops: a finished job's series go with it."""
+
+    def __init__(self, path: Path, registry: CollectorRegistry, job: str | None):
+        self.path = path
+        self.registry = registry
+        if job is not None:
+            self.registry = CollectorRegistry(auto_describe=False)
+            self.registry.register(Labelled(registry, {"job_id": job}))
+        self.failed = False
+
+    def write(self) -> None:
+        try:
+            write_to_textfile(str(self.path), self.registry)
+        except OSError as exc:
+            if not self.failed:      # said once: the directory is the site's to make
+                log.warning("cannot write the metrics file %s: %s", self.path, exc.strerror)
+            self.failed = True
+        else:
+            self.failed = False
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove the metrics file %s: %s", self.path, exc.strerror)

@@ -17,6 +17,7 @@ packages=(
     postgresql postgresql-15
     slurmctld slurmd slurm-client munge
     faketime mandoc systemd iproute2 procps openssl
+    prometheus prometheus-alertmanager
 )
 
 missing=()

@@ -54,7 +54,7 @@ def test_twenty_agents_one_drops_and_only_it_is_flagged(spawn, keys, endpoint, t
 
     time.sleep(2 * PUSH)
     assert status(endpoint, keys).stragglers == [victim]
-    assert metric(fleet_metrics, "ingero_fleet_straggler_flags_total", cohort="cluster:e2e") == 1
+    assert metric(fleet_metrics, "ingero_fleet_straggler_flags_total", cluster="e2e") == 1
     flagged_lines = re.findall(r"straggler: node (\S+)", fleetd.log())
     assert flagged_lines == [victim]
     assert metric(fleet_metrics, "ingero_fleet_active_nodes", cohort="cluster:e2e") == 20

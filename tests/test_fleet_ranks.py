@@ -76,11 +76,13 @@ def exchanged(ra: RankAnalysis, node: str, offset: float, t: float = T0,
 
 
 def feed(ra: RankAnalysis, late=lambda rank, step: 0.0, until: int = 60, skew: float = 0.0,
-         offset: float = 0.0, also=lambda first: [], start: int = 0, **kw) -> list:
-    """Two nodes of four ranks, ten steps a push, a tick after each; n1's clock ``skew``
-    ahead, and its offset measured as ``offset`` (unless the test measured it already);
-    ``also(first)``: more events for the push of the steps from ``first``; from step
-    ``start``."""
+         offset: float = 0.0, also=lambda first: [], start: int = 0, between: int = 0,
+         **kw) -> list:
+    """Two nodes of four ranks, ten steps a push, a tick after each (and ``between`` more
+    before the next push, as when fleetd recomputes more often than agents push); n1's
+    clock ``skew`` ahead, and its offset measured as ``offset`` (unless the test measured it
+    already); ``also(first)``: more events for the push of the steps from ``first``; from
+    step ``start``."""
     for node, ahead in (("n0", 0.0), ("n1", offset)):
         if ra.clocks.at(node) is None:
             exchanged(ra, node, ahead)
@@ -91,11 +93,27 @@ def feed(ra: RankAnalysis, late=lambda rank, step: 0.0, until: int = 60, skew: f
         ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew, **kw)
                         + also(first)), now)
         changed += ra.tick(now)
+        for k in range(between):
+            changed += ra.tick(now + (k + 1) * 10 * STEP / (between + 1))
     return changed
 
 
 def distinct(verdicts: list) -> list:
     return list({v.vid: v for v in verdicts}.values())
+
+
+@pytest.mark.parametrize("between", [1, 3])
+def test_a_rank_that_recovers_is_cleared_though_fleetd_ticks_between_pushes(between):
+    """A tick with nothing new to judge holds the verdict without counting it seen again:
+    two recomputes a push (fleetd's 0.5 s against the agents' 1 s) once kept a recovered rank
+    named until its job ended."""
+    ra = analysis(clear_ticks=3)
+    changed = feed(ra, late=lambda r, s: 0.29 if r == 5 and 20 <= s < 50 else 0.0, until=120,
+                   between=between)
+    verdict = changed[0]
+    assert (verdict.rank, verdict.kind) == (5, "persistent") and ra.active() == []
+    assert verdict.cleared is not None and verdict.cleared < T0 + 100 * STEP + 1, \
+        "cleared within a few pushes of its recovery, not at the job's end"
 
 
 def test_a_late_rank_is_raised_once_updated_and_cleared_when_it_recovers():

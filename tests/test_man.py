@@ -30,7 +30,7 @@ from ingerod.metrics import AgentMetrics
 MAN = Path(__file__).resolve().parent.parent / "man"
 PAGES = sorted(p for p in MAN.glob("*.[1-8]"))
 PAGE_NAMES = ["echod.8", "fleetd.8", "ingerod.8", "ingero.1", "ingero.yaml.5",
-              "ingero-wire.7", "ingero-slurm.8"]
+              "ingero-wire.7", "ingero-slurm.8", "ingero-monitoring.7"]
 
 # Every reason a rejected frame is counted under (ingero/wire.py, ingero/errors.py and
 # fleetd/server.py).
@@ -108,9 +108,11 @@ def metric_names(metrics) -> set[str]:
     """The names a registry exports; counters are exposed with their _total suffix."""
     names = set()
     for family in metrics.registry.collect():
-        names.add(family.name + "_total" if family.type == "counter" else family.name)
+        names.add(family.name + SUFFIX.get(family.type, ""))
     return names
 
+
+SUFFIX = {"counter": "_total", "info": "_info"}   # what the exposition adds to the name
 
 # echod's API serves its own metrics (at the API's /metrics, summed over the gunicorn workers);
 # echod.8 lists them in this subsection of METRICS, apart from ingest's.
@@ -149,7 +151,9 @@ def test_metric_labels_are_documented(page, metrics, monkeypatch):
         labels = getattr(metric, "_labelnames", None)
         if labels is None:
             continue
-        name = metric._name + ("_total" if metric._type == "counter" else "")
+        name = metric._name + SUFFIX.get(metric._type, "")
+        if metric._type == "info":        # its labels are its values
+            labels = tuple(sorted(metric._value))
         if labels:
             assert re.search(rf"^\.BR {name} {{ {','.join(labels)} }}$", section, re.M), name
         else:

@@ -94,7 +94,7 @@ def test_ingerod_trace_from_the_installed_venv_attaches_its_probes(venv):
 
 def test_install_sh_lays_out_what_the_units_and_hooks_name(wheel):
     """`make install` into a staging root: the venv the units start, the units, the hooks
-    slurm.conf names, the manual pages; and a second run is harmless."""
+    slurm.conf names, the manual pages, the monitoring files; and a second run is harmless."""
     repo = Path(__file__).resolve().parent.parent
     root = Path(tempfile.mkdtemp(prefix="ingero-install-"))
     try:
@@ -114,6 +114,11 @@ def test_install_sh_lays_out_what_the_units_and_hooks_name(wheel):
             assert path.read_text() == (repo / "slurm" / hook).read_text()
         assert (root / "usr/local/share/man/man8/ingero-slurm.8").exists()
         assert (root / "usr/local/share/man/man1/ingero.1").exists()
+        assert (root / "usr/local/share/man/man7/ingero-monitoring.7").exists()
+        shipped = root / "usr/local/share/ingero/monitoring"
+        assert (shipped / "ingero-rules.yml").read_text() == \
+            (repo / "monitoring/ingero-rules.yml").read_text()
+        assert (shipped / "tests/ingero-rules.test.yml").exists()
         version = subprocess.run([str(root / "opt/ingero/venv/bin/ingero"), "version"],
                                  capture_output=True, text=True, timeout=60, cwd=root)
         assert version.returncode == 0 and str(root / "opt/ingero/venv") in version.stdout

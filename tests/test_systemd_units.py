@@ -41,12 +41,14 @@ def analyze(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def install_root(tmp_path_factory) -> Path:
     """A root as `make install` leaves it: the units in /etc/systemd/system, the daemons in
-    /opt/ingero/venv/bin, and the system's own units and /bin/kill, which the units need."""
+    /opt/ingero/venv/bin, and the system's own units, /bin/kill and /bin/rm, which the units
+    need."""
     root = tmp_path_factory.mktemp("root")
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "usr/bin").mkdir(parents=True)
     (root / "bin").symlink_to("usr/bin")
-    shutil.copy2(shutil.which("kill") or "/bin/kill", root / "usr/bin/kill")
+    for program in ("kill", "rm"):
+        shutil.copy2(shutil.which(program) or f"/bin/{program}", root / "usr/bin" / program)
     shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     for unit in UNITS:
         shutil.copy2(unit, root / "etc/systemd/system" / unit.name)

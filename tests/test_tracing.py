@@ -202,7 +202,7 @@ def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path):
 def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_path):
     from ingero.launch import free_port
 
-    from .support import metric
+    from .support import metric, scrape
 
     fleet_port, agent_port = free_port(), free_port()
     spawn("fleetd", "fleetd", ["--bind", endpoint, "--metrics-addr", f"127.0.0.1:{fleet_port}",
@@ -217,7 +217,7 @@ def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_pat
     issued = sum(len(read_record(r.record_path).collectives) for r in ranks)
     assert wait_for(lambda: metric(fleet_port, "ingero_fleet_events_accepted_total") >= issued,
                     30), agent.log()
-    assert metric(agent_port, "ingero_agent_events_lost") == 0
+    assert scrape(agent_port)[("ingero_agent_events_lost_total", ())] == 0
     assert agent.stop() == 0
 
 

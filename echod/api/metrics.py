@@ -20,9 +20,10 @@ class ApiMetrics:
         self.errors = Counter("ingero_echo_api_errors", "API answers other than 200, by error "
                               "code (unauthorized, rate_limited, sql_refused, ...)", ["code"],
                               registry=r)
-        self.seconds = Histogram("ingero_echo_api_seconds", "API request duration", ["route"],
-                                 registry=r)
-        self.tool_seconds = Histogram("ingero_echo_tool_seconds", "Time a tool ran", ["tool"],
+        self.seconds = Histogram("ingero_echo_api_request_duration_seconds", "API request "
+                                 "duration", ["route"], registry=r)
+        self.tool_seconds = Histogram("ingero_echo_tool_duration_seconds", "Time a tool ran",
+                                      ["tool"],
                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10,
                                                30, 60), registry=r)
         self.audit_failures = Counter("ingero_echo_audit_failures", "Audit lines that could "
