@@ -2,10 +2,22 @@
 
 from ingero import wire
 from ingero.settings import (Setting, boolean, integer, listen_address, log_level, node_counts,
-                             number, optional, path, shard, text,
+                             number, optional, path, shard, text, text_list, url_list,
                              zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/fleetd.yaml"
+
+
+def causes(value) -> list[str]:
+    """Verdict causes, ``A[,B...]``; each one fleetd names."""
+    from ingero.analysis.causes import CAUSES
+
+    named = text_list(value)
+    unknown = sorted(set(named) - set(CAUSES))
+    if unknown:
+        raise ValueError(f"unknown cause(s) {', '.join(unknown)}; fleetd names "
+                         f"{', '.join(CAUSES)}")
+    return named
 
 SETTINGS = [
     Setting("bind", "tcp://0.0.0.0:7470", zmq_endpoint,
@@ -95,5 +107,38 @@ SETTINGS = [
     Setting("rates_file", None, optional(path),
             "YAML table GPU model -> provider -> USD per GPU-hour, replacing the shipped one.",
             "FILE"),
+    Setting("on_verdict", [], url_list,
+            "POST a JSON notice to this URL when a rank verdict is raised, escalates or "
+            "clears (ingero-monitoring(7) has its schema), signed with "
+            "--on-verdict-secret-file; kept in the spool until the receiver takes it.",
+            "URL", multiple=True),
+    Setting("on_verdict_secret_file", None, optional(path),
+            "File holding the secret the notices are signed with (HMAC-SHA256 in "
+            "X-Ingero-Signature); required with --on-verdict unless "
+            "--on-verdict-unsigned.", "FILE"),
+    Setting("on_verdict_unsigned", False, boolean,
+            "Send verdict notices unsigned: a receiver cannot tell fleetd's notices from "
+            "forged ones.", is_flag=True),
+    Setting("on_verdict_job_rate", 10, integer(1, 10_000),
+            "Raised verdicts of one job told a minute; those beyond are counted, and the "
+            "job's next notice says how many.", "N"),
+    Setting("slurm_admin_comment", False, boolean,
+            "Write a line per verdict into its Slurm job's AdminComment (scontrol update; "
+            "fleetd's user must be a Slurm operator).", is_flag=True),
+    Setting("slurm_notify", False, boolean,
+            "Tell a verdict to its job's user with scontrol notify.", is_flag=True),
+    Setting("drain_after", 0, integer(0, 1000),
+            "Drain a node once its ranks are named with a --drain-causes cause in this many "
+            "distinct jobs within --drain-window (scontrol update State=DRAIN, Reason "
+            "naming the cause and jobs); 0 never drains.", "N"),
+    Setting("drain_window", 7 * 86_400.0, number(60.0, 365 * 86_400.0),
+            "Seconds within which the jobs that name a node count together.", "SECONDS"),
+    Setting("drain_max_fraction", 0.1, number(0.0, 1.0),
+            "Most of each of a node's partitions that ingero may have drained (its own "
+            "drains, this one included); beyond, the node is not drained and it is logged.",
+            "FRACTION"),
+    Setting("drain_causes", "slow_gpu,hang,died", causes,
+            "Causes that count against a node (hardware-side: the node, not the job).",
+            "CAUSE[,CAUSE...]"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
 ]

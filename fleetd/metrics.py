@@ -108,15 +108,28 @@ class FleetMetrics:
             "rank analysis's tick over every job), during which no push is answered",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
             registry=r)
-        self.unaligned = Gauge("ingero_fleet_unaligned_collectives", "Collectives on "
-                               "communicators their agent did not see created (kept out of "
-                               "alignment)", registry=r)
+        self.unaligned = Counter("ingero_fleet_unaligned_collectives", "Collectives on "
+                                 "communicators their agent did not see created (kept out of "
+                                 "alignment)", registry=r)
+        self._unaligned = 0
         self.incomplete = Gauge("ingero_fleet_incomplete_collectives", "Collective instances "
                                 "dropped because an entry never arrived though its rank went on "
                                 "(an event lost on the way)", registry=r)
         self.analysis_errors = Counter("ingero_fleet_analysis_errors", "Ticks of one job's "
                                        "rank analysis (or recomputes) that failed on a bug; the "
                                        "other jobs were judged", registry=r)
+        self.notices = Counter("ingero_fleet_notices", "Verdict notices handed to a receiver "
+                               "(a webhook, or a Slurm action), by outcome: delivered, retry "
+                               "(it failed and is tried again), refused (dropped), corrupt "
+                               "(a kept one that did not read back)", ["sink", "outcome"],
+                               registry=r)
+        self.notices_pending = Gauge("ingero_fleet_notices_pending", "Verdict notices waiting "
+                                     "for their receiver", ["sink"], registry=r)
+        self.notices_suppressed = Counter("ingero_fleet_notices_suppressed", "Raised verdicts "
+                                          "not told, over --on-verdict-job-rate", registry=r)
+        self.drains = Counter("ingero_fleet_node_drains", "Nodes node reputation drained "
+                              "(drained), or would have but for --drain-max-fraction (cap)",
+                              ["outcome"], registry=r)
         self.build = build_info("ingero_fleet", r)
         self._cohorts: set[str] = set()
         self._verdicts: dict[str, tuple] = {}      # vid → the labels its series carry
@@ -150,7 +163,8 @@ class FleetMetrics:
         active = ranks.active()
         self.rank_verdicts.set(len(active))
         self.jobs.set(len(ranks.jobs))
-        self.unaligned.set(ranks.unaligned)
+        self.unaligned.inc(ranks.unaligned - self._unaligned)
+        self._unaligned = ranks.unaligned
         self.incomplete.set(ranks.incomplete)
         for verdict in changed:
             if verdict.revision == 0:

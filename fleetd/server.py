@@ -28,6 +28,7 @@ from .cohorts import Fleet, ThresholdPolicy
 from .forward import Forwarder
 from .limits import raise_nofile
 from .metrics import FleetMetrics
+from .notify import Notices
 from .ranks import RankAnalysis
 
 log = logging.getLogger("fleetd")
@@ -70,6 +71,7 @@ class FleetServer:
         self.http = None
         self.endpoint = None
         self.outbox: list[tuple[bytes, wire.Message]] = []   # answers waiting for the commit
+        self.notices = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -85,6 +87,8 @@ class FleetServer:
         self.endpoint = self.router.open(self.cfg.bind)
         self.socket = self.router.socket
         self.poller.register(self.socket, zmq.POLLIN)
+        self.notices = Notices(self.cfg, self.metrics)
+        self.notices.start()
         if self.cfg.echod is not None:
             self.forwarder = Forwarder(self.cfg, self.context, self.metrics, self.clock)
             self.poller.register(self.forwarder.socket, zmq.POLLIN)
@@ -104,6 +108,8 @@ class FleetServer:
 
     def close(self) -> None:
         """Release everything ``open`` got, however far it got."""
+        if self.notices is not None:
+            self.notices.close()
         if self.forwarder is not None:
             self.forwarder.close()
         self.router.close()
@@ -325,6 +331,9 @@ class FleetServer:
         changed = self.ranks.tick(time.time(), between=self.serve_waiting)
         self.metrics.analysis_errors.inc(self.ranks.failed - failed)
         self.metrics.publish_ranks(self.ranks, self.clocks, changed)
+        if self.notices is not None:
+            self.notices.tell(changed, self.ranks.user_of,
+                              lambda: {(job.cluster, job.job) for job in self.ranks.jobs.values()})
         verdicts, peer_lag = self.ranks.take_rows()
         if self.forwarder is not None:
             self.forwarder.add_analysis(verdicts, peer_lag)

@@ -1,4 +1,4 @@
-"""The commands that ask echod: report, jobs, stragglers, explain, sql and export.
+"""The commands that ask echod: report, jobs, nodes, stragglers, explain, sql and export.
 
 Each reads the API's settings (``ingero.client``), calls echod's tools over HTTPS and prints
 what they answer; every failure is one line on standard error and exit status 1.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
 import sys
 from datetime import datetime
 from functools import wraps
@@ -18,8 +19,8 @@ import click
 
 from . import client, perfetto, sacct
 from .errors import IngeroError
-from .report import (JOB_DEFAULT, JOB_FIELDS, REPORT_DEFAULT, REPORT_FIELDS, job_rows,
-                     report_rows, window_args)
+from .report import (JOB_DEFAULT, JOB_FIELDS, NODE_DEFAULT, NODE_FIELDS, REPORT_DEFAULT,
+                     REPORT_FIELDS, job_rows, report_rows, window_args)
 from .analysis.causes import CAUSE_WORDS
 from .words import cost, verdict_summary
 
@@ -150,6 +151,67 @@ def jobs_command(echod, jobs, user, starttime, endtime, fmt, helpformat, parsabl
     since, until = parse_window(starttime, endtime, None if jobs else "midnight")
     rows = job_rows(echod, job_list(jobs), since, until, user)
     print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, parsable=parsable, parsable2=parsable2,
+               noheader=noheader, as_json=as_json)
+
+
+HARDWARE_CAUSES = "slow_gpu,hang,died"
+REASON_PREFIX = "ingero:"
+
+
+def drained_by_ingero(timeout_s: float = 10.0) -> dict[str, tuple[str, str]] | None:
+    """node → (since, reason) of the nodes Slurm has drained with ingero's reason, as
+    ``sinfo -R`` shows them; None where sinfo cannot say (not installed, no controller)."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-N", "-R", "-o", "%N|%H|%E"],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    drained = {}
+    for line in done.stdout.splitlines():
+        node, _, rest = line.partition("|")
+        since, _, reason = rest.partition("|")
+        if reason.startswith(REASON_PREFIX):
+            drained[node] = (since, reason)
+    return drained
+
+
+@api_command(commands, "nodes")
+@click.option("--cluster", metavar="NAME", help="Only this cluster")
+@click.option("--causes", default=HARDWARE_CAUSES, show_default=True, metavar="CAUSE[,CAUSE...]",
+              help="Count verdicts with these causes ('all': every cause)")
+@table_options(NODE_FIELDS, NODE_DEFAULT)
+def nodes_command(echod, cluster, causes, starttime, endtime, fmt, helpformat, parsable,
+                  parsable2, noheader, as_json) -> None:
+    """Nodes by the evidence against them, as sinfo -R lists drained nodes: the verdicts
+    fleetd gave their ranks in the window (default: the last 7 days) with a hardware-side
+    cause, in how many distinct jobs, and, where this host's sinfo answers, since when Slurm
+    has them drained by ingero (fleetd --drain-after) and why.
+
+    To put a node back: scontrol update NodeName=NODE State=RESUME (fleetd drains it again
+    only on new jobs).
+
+    Example: ingero nodes -S now-30days --causes slow_gpu
+    """
+    if helpformat:
+        click.echo(sacct.helpformat(NODE_FIELDS))
+        return
+    since, until = parse_window(starttime, endtime, "now-7days")
+    args = {**window_args(since, until), **({"cluster": cluster} if cluster else {})}
+    if causes != "all":
+        args["causes"] = [c.strip() for c in causes.split(",") if c.strip()]
+    rows = echod.call("list_nodes", args)["nodes"]
+    drained = drained_by_ingero()
+    if drained is not None:
+        listed = {row["node"] for row in rows}
+        rows += [{"cluster": None, "node": node, "verdicts": 0, "jobs": [], "causes": {},
+                  "last": None} for node in sorted(set(drained) - listed)]
+    for row in rows:
+        since_reason = None if drained is None else drained.get(row["node"])
+        row["drained_since"], row["reason"] = since_reason or (None, None)
+    print_rows(rows, NODE_FIELDS, fmt or NODE_DEFAULT, parsable=parsable, parsable2=parsable2,
                noheader=noheader, as_json=as_json)
 
 

@@ -88,6 +88,21 @@ JOB_FIELDS = {f.name.lower(): f for f in (
 JOB_DEFAULT = "JobID,User,Account,NNodes,Ranks,Start,End,State,Stragglers,CostGPUs,CostUSD"
 
 
+NODE_FIELDS = {f.name.lower(): f for f in (
+    F("Cluster", 10, lambda r: r.get("cluster")),
+    F("NodeName", 15, lambda r: r["node"]),
+    F("Verdicts", 8, lambda r: r.get("verdicts")),
+    F("Jobs", 5, lambda r: len(r["jobs"]) if r.get("jobs") is not None else None),
+    F("JobIDs", 20, lambda r: ",".join(r.get("jobs") or []) or None),
+    F("Causes", 24, lambda r: ",".join(f"{k}:{v}" for k, v in (r.get("causes") or {}).items())
+      or None),
+    F("Last", 19, _time("last")),
+    F("DrainedSince", 19, lambda r: r.get("drained_since")),
+    F("Reason", 40, lambda r: r.get("reason")),
+)}
+NODE_DEFAULT = "NodeName,Verdicts,Jobs,Causes,Last,DrainedSince,Reason"
+
+
 def report_rows(client, jobs: list[str], since: datetime | None,
                 until: datetime | None) -> list[dict]:
     """One row per rank of each job; a job echod does not know has none (as in sacct)."""

@@ -29,6 +29,7 @@ class Setting:
     metavar: str = "VALUE"
     is_flag: bool = False
     hidden: bool = False
+    multiple: bool = False       # a flag given once per value (--on-verdict URL ...)
 
     @property
     def flag(self) -> str:
@@ -100,6 +101,25 @@ def path_list(value: Any) -> list[str]:
     """Comma-separated on the command line, a list in YAML."""
     items = value if isinstance(value, list) else str(value).split(",")
     return [str(path(item)) for item in items if str(item).strip()]
+
+
+def text_list(value: Any) -> list[str]:
+    """Words: ``A[,B...]`` on the command line, a list in YAML."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    return [text(str(item).strip()) for item in items if str(item).strip()]
+
+
+def url_list(value: Any) -> list[str]:
+    """http(s) URLs: a flag given once per URL, a list in YAML, space-separated in the
+    environment; none twice."""
+    items = list(value) if isinstance(value, (list, tuple)) else str(value).split()
+    urls = [text(str(item)).strip() for item in items if str(item).strip()]
+    for url in urls:
+        if not re.match(r"^https?://[^\s/]+", url):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    if len(set(urls)) != len(urls):
+        raise ValueError("a URL is listed twice")
+    return urls
 
 
 def pid_list(value: Any) -> list[int]:
@@ -228,7 +248,7 @@ def load(table: list[Setting], prefix: str, config: Path | None, flags: dict[str
         if env_name in environ:
             values[s.name] = _parse_one(s, environ[env_name], env_name)
     for name, value in flags.items():
-        if value is not None:
+        if value is not None and value != ():       # () : a repeatable flag not given
             values[name] = _parse_one(by_name[name], value, by_name[name].flag)
     return SimpleNamespace(**values)
 
@@ -241,6 +261,9 @@ def click_options(table: list[Setting]) -> Callable:
             if s.is_flag:
                 option = click.option(s.flag, s.name, is_flag=True, default=None,
                                       help=s.help, hidden=s.hidden)
+            elif s.multiple:
+                option = click.option(s.flag, s.name, multiple=True, metavar=s.metavar,
+                                      help=s.help + " Repeatable.", hidden=s.hidden)
             else:
                 option = click.option(s.flag, s.name, default=None, metavar=s.metavar,
                                       help=s.help + default, hidden=s.hidden)

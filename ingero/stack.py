@@ -96,7 +96,8 @@ class Stack:
     each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
     lets each agent trace every process of the host, as with one real node (a real srun's
     ranks carry no sim host label); ``journal`` has every daemon log as under systemd
-    (JOURNAL_STREAM set), each line led by its syslog priority. echod's directory (``echod_root``, by default under
+    (JOURNAL_STREAM set), each line led by its syslog priority; ``fleet_env`` is fleetd's
+    own environment on top (SLURM_CONF for its Slurm actions, say). echod's directory (``echod_root``, by default under
     ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
@@ -106,7 +107,8 @@ class Stack:
                  echod_root: Path | None = None, fleet_host: str = "127.0.0.1",
                  agent_prefix: dict[int, tuple[str, ...]] | None = None, shards: int = 1,
                  node_flags: dict[int, tuple[str, ...]] | None = None,
-                 sim_hosts: bool = True, journal: bool = False, say=lambda line: None):
+                 sim_hosts: bool = True, journal: bool = False,
+                 fleet_env: dict | None = None, say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
@@ -132,7 +134,7 @@ class Stack:
                     "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
                     *self.keys.fleetd_flags(),
                     *self.keys.forwarding_flags(self.echod.ingest, root / f"{name}-spool"),
-                    *fleet_flags]))
+                    *fleet_flags], fleet_env))
             self.endpoint, self.fleet_port, self.fleetd = \
                 self.endpoints[0], self.fleet_ports[0], self.fleetds[0]
             say(f"starting {nodes} ingerod agents with eBPF probes, one per simulated node "

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install ingero on this machine as the units expect it: the wheel in /opt/ingero/venv (made from
 # Debian's Python, so that Debian's bcc is visible), the systemd units, the Slurm hooks, the
-# manual pages and the monitoring files. Safe to run again. ROOT=DIR installs under DIR instead of / (packaging, tests);
-# WHEEL=FILE installs that wheel instead of building one from this checkout.
+# manual pages and the monitoring files. Safe to run again. ROOT=DIR installs under DIR instead
+# of / (packaging, tests); WHEEL=FILE installs that wheel instead of building one from this
+# checkout.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -34,10 +35,13 @@ install -d -m 0755 "$root/etc/systemd/system" "$root/etc/slurm/ingero" "$root/et
 install -m 0644 "$here"/systemd/*.service "$root/etc/systemd/system/"
 install -m 0755 "$here/slurm/prolog" "$root/etc/slurm/ingero/prolog"
 install -m 0755 "$here/slurm/epilog" "$root/etc/slurm/ingero/epilog"
-# the alert rules, their tests and the example Prometheus and Alertmanager files
-install -d -m 0755 "$root/usr/local/share/ingero/monitoring/tests"
-install -m 0644 "$here"/monitoring/*.yml "$root/usr/local/share/ingero/monitoring/"
-install -m 0644 "$here"/monitoring/tests/*.yml "$root/usr/local/share/ingero/monitoring/tests/"
+# the alert rules, their tests, the example Prometheus and Alertmanager files, the dashboards
+shared=$root/usr/local/share/ingero/monitoring
+install -d -m 0755 "$shared/tests" "$shared/grafana/dashboards" "$shared/grafana/provisioning"
+install -m 0644 "$here"/monitoring/*.yml "$shared/"
+install -m 0644 "$here"/monitoring/tests/*.yml "$shared/tests/"
+install -m 0644 "$here"/monitoring/grafana/dashboards/*.json "$shared/grafana/dashboards/"
+install -m 0644 "$here"/monitoring/grafana/provisioning/*.yaml "$shared/grafana/provisioning/"
 for page in "$here"/man/*.[1-8]; do
     section=${page##*.}
     install -d -m 0755 "$root/usr/local/share/man/man$section"

@@ -16,10 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from ingero.launch import free_port, wait_for
 
@@ -215,3 +218,38 @@ class Syslog:
             sock, self.sock = self.sock, None
             sock.close()
             self.PATH.unlink(missing_ok=True)
+
+
+def cluster_for_module(prefix: str):
+    """A module's Slurm cluster under a fresh directory (searchable by postgres, for the
+    embedded PostgreSQL of a stack beside it), with /dev/log listened to: a generator for a
+    module-scoped fixture."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    log = Syslog()
+    (root / "slurm").mkdir()
+    cluster = SlurmCluster(root / "slurm")
+    cluster.syslog = log
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        log.close()
+
+
+def ingero_cli(stack, *args: str, env: dict | None = None) -> str:
+    """``ingero ARGS`` as a user runs it against the stack's echod (its token, its CA);
+    its output, the command having succeeded."""
+    token = stack.root / "token"
+    token.write_text(stack.token + "\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("INGERO_", "SLURM_"))}
+    done = subprocess.run([sys.executable, "-m", "ingero", *args], capture_output=True,
+                          text=True, timeout=120, cwd=stack.root,
+                          env={**clean, "HOME": str(stack.root), "INGERO_URL": stack.echod.url,
+                               "INGERO_TOKEN_FILE": str(token),
+                               "INGERO_CA_CERT": str(stack.echod.cert), **(env or {})})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+needs_slurm = pytest.mark.skipif(not have_slurm(), reason="Slurm and munge: make setup")

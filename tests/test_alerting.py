@@ -104,6 +104,7 @@ class Monitoring:
                  receiver: Receiver):
         root.mkdir(parents=True, exist_ok=True)
         self.am_port, self.prom_port = free_port(), free_port()
+        self.agent_ports, self.echod_port = agent_ports, echod_port
         (root / "alertmanager.yml").write_text(yaml.safe_dump({
             "route": {"receiver": "test", "group_by": ["alertname", "job_id", "rank"],
                       "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
@@ -161,9 +162,15 @@ def stack(tmp_path_factory):
     sim.build()
     root = tmp_path_factory.mktemp("alerting")
     agent_ports, echod_port = [free_port(), free_port()], free_port()
+    hook = Receiver()              # fleetd's webhook receiver: down until a test starts it
+    secret = root / "webhook.secret"
+    secret.write_text("s3cret-shared-with-the-receiver\n")
+    secret.chmod(0o600)
     stack = stack_module.Stack(
         root, 2, push_s=PUSH_S, journal=True,
-        fleet_flags=("--job-ttl", str(JOB_TTL_S)),
+        fleet_flags=("--job-ttl", str(JOB_TTL_S),
+                     "--on-verdict", f"http://127.0.0.1:{hook.port}/verdicts",
+                     "--on-verdict-secret-file", str(secret)),
         echod_root=Path(tempfile.mkdtemp(prefix="echod-alerting-")),
         echod_flags=("--metrics-addr", f"127.0.0.1:{echod_port}"),
         node_flags={n: ("--metrics-addr", f"127.0.0.1:{p}") for n, p in enumerate(agent_ports)})
@@ -175,8 +182,10 @@ def stack(tmp_path_factory):
         stack.stop()
         raise
     stack.monitoring, stack.receiver = monitoring, receiver
+    stack.hook, stack.hook_down_since, stack.secret = hook, time.monotonic(), secret
     yield stack
     receiver.stop()
+    hook.stop()
     assert monitoring.stop() == [0, 0]
     assert stack.stop() == [0, 0, 0, 0], stack.logs()
 
@@ -304,3 +313,148 @@ def test_a_per_job_agent_writes_its_metrics_for_node_exporter_labelled_with_its_
     assert agent.stop() == 0
     assert not textfile.exists(), "a finished job's series go with its agent"
     assert "<6>ingerod: INFO" in agent.log()
+
+
+def late_rank(job_id: str, late: int, steps: int = 60) -> scenarios.Scenario:
+    """Rank ``late`` 250 ms late at every step from step 5 to the job's end."""
+    return scenarios.parse({"name": f"job-{job_id}", "job": {
+        "nodes": 2, "ranks_per_node": 4, "steps": steps, "step_ms": 20,
+        "allreduce_bytes": 1 << 20, "timeout_s": 60, "job_id": job_id},
+        "stragglers": [{"rank": late, "kind": "host_delay", "delay_ms": 250, "from_step": 5}]})
+
+
+def run_job(stack, job: str, user: str, scenario: scenarios.Scenario) -> None:
+    for node in (0, 1):
+        run_hook("prolog", stack, node, job, user)
+    with Cluster(scenario, stack.root / f"job-{job}") as cluster:
+        result = cluster.wait()
+    assert result.ok, result.describe()
+    for node in (0, 1):
+        run_hook("epilog", stack, node, job, user)
+
+
+def kept_notices(stack) -> dict[str, dict]:
+    """The notices waiting in fleetd's spool for the webhook, by id."""
+    from ingero.framefile import decode
+
+    kept = {}
+    for path in (stack.root / "fleetd-spool" / "notices").glob("webhook-*/*.notice"):
+        try:
+            payload = json.loads(decode(path.read_bytes())[0])
+        except (OSError, ValueError):
+            continue                          # removed as it was read
+        kept[payload["id"]] = payload
+    return kept
+
+
+def test_a_webhook_down_for_30_s_and_fleetd_killed_meanwhile_still_gets_every_notice_once(
+        stack):
+    """Notices wait in fleetd's spool while the receiver is down, across a kill -9 of fleetd;
+    once it is up it gets each one, exactly once by its id, each valid against the documented
+    schema and signed; a tampered body or another secret fails the check."""
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    from ingero import webhook
+
+    run_job(stack, "4343", "bob", late_rank("4343", 6))
+    assert wait_for(lambda: any(n["job"] == "4343" for n in kept_notices(stack).values()),
+                    30), stack.fleetd.log()[-3000:]
+    # kill -9 fleetd as a crash would, and start it again as systemd would
+    old = stack.fleetd
+    stack.fleetd = stack.fleetds[0] = old.restarted()
+    stack.daemons[stack.daemons.index(old)] = stack.fleetd
+    assert wait_for(lambda: stack.fleetd.log().count("listening on") >= 2, 60), \
+        stack.fleetd.log()
+    assert "kept from the last run, to be sent" in stack.fleetd.log()
+    run_job(stack, "4344", "bob", late_rank("4344", 2))
+    # the job's verdict clears when fleetd drops the job (its time to live after the end)
+    assert wait_for(lambda: any(n["job"] == "4344" and n["event"] == "cleared"
+                                for n in kept_notices(stack).values()), JOB_TTL_S + 30), \
+        stack.fleetd.log()[-3000:]
+    time.sleep(max(0.0, 30.0 - (time.monotonic() - stack.hook_down_since)))
+    made = kept_notices(stack)             # nothing was delivered: every notice fleetd made
+    said = {(n["job"], n["rank"], n["event"]) for n in made.values()
+            if n["job"] in ("4343", "4344")}
+    # (a verdict may also escalate on the way; fleetd killed, 4343's never clears)
+    assert {("4343", 6, "raised"), ("4344", 2, "raised"), ("4344", 2, "cleared")} <= said <= {
+        ("4343", 6, "raised"), ("4343", 6, "escalated"), ("4344", 2, "raised"),
+        ("4344", 2, "escalated"), ("4344", 2, "cleared")}, made
+
+    stack.hook.start()
+    assert wait_for(lambda: not kept_notices(stack) and
+                    len(stack.hook.received) >= len(made), 90), stack.fleetd.log()[-3000:]
+    time.sleep(2 * PUSH_S)                  # nothing more comes
+    received = [(json.loads(body), headers, body) for _, headers, body in stack.hook.received]
+    ids = [payload["id"] for payload, _, _ in received]
+    assert sorted(ids) == sorted(made), "each notice once, by its id"
+
+    validator = Draft202012Validator(webhook.schema(), format_checker=FormatChecker())
+    secret = stack.secret.read_bytes().strip()
+    for payload, headers, body in received:
+        assert not list(validator.iter_errors(payload)), (payload,
+                                                          list(validator.iter_errors(payload)))
+        webhook.verify(secret, headers.get(webhook.SIGNATURE), body)
+        with pytest.raises(webhook.BadSignature):
+            webhook.verify(secret, headers.get(webhook.SIGNATURE),
+                           body.replace(f'"rank": {payload["rank"]}'.encode(), b'"rank": 99'))
+        with pytest.raises(webhook.BadSignature):
+            webhook.verify(b"another secret", headers.get(webhook.SIGNATURE), body)
+    raised = next(p for p, _, _ in received if p["job"] == "4344" and p["event"] == "raised")
+    assert (raised["user"], raised["node"], raised["cause"], raised["severity"]) == \
+        ("bob", "node0", "host_work", "critical"), raised
+    assert raised["lag_ms"] == pytest.approx(250, rel=0.1) and raised["cost"]["gpu_seconds"] > 0
+    assert raised["explain"] == "ingero explain -j 4344 --rank 2 --cluster sim"
+    assert raised["text"].startswith("ingero: straggler: job 4344 (bob) rank 2 on node0: ")
+    cleared = next(p for p, _, _ in received if p["job"] == "4344" and p["event"] == "cleared")
+    assert cleared["verdict_id"] == raised["verdict_id"] and cleared["cleared"]
+
+
+DASHBOARDS = sorted((REPO / "monitoring" / "grafana" / "dashboards").glob("*.json"))
+
+
+def dashboard_queries(path: Path) -> list[str]:
+    """Every PromQL expression a dashboard runs: its panels' targets and its annotations."""
+    board = json.loads(path.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
+    return exprs
+
+
+def served_names(stack) -> set[str]:
+    """The metric names the stack's daemons serve now, families and samples (echod's API
+    metrics from the API, with the token)."""
+    import ssl
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    texts = []
+    for port in (stack.fleet_port, *stack.monitoring.agent_ports, stack.monitoring.echod_port):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            texts.append(answer.read().decode())
+    context = ssl.create_default_context(cafile=str(stack.echod.cert))
+    request = urllib.request.Request(f"{stack.echod.url}/metrics",
+                                     headers={"Authorization": f"Bearer {stack.token}"})
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+        texts.append(answer.read().decode())
+    names = set()
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            names.add(family.name)
+            names |= {family.name + suffix for suffix in {
+                "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "info": ("_info",)}.get(family.type, ())}
+            names |= {sample.name for sample in family.samples}
+    return names
+
+
+@pytest.mark.parametrize("board", DASHBOARDS, ids=lambda p: p.stem)
+def test_every_dashboard_query_reads_served_metrics_and_runs_in_prometheus(stack, board):
+    served = served_names(stack)
+    exprs = dashboard_queries(board)
+    assert exprs
+    for expr in exprs:
+        used = set(re.findall(r"\b(ingero_[a-z_]+)", expr))
+        assert used <= served, (board.name, expr, used - served)
+        promql = expr.replace("$__rate_interval", "1m").replace("$job", "4242")
+        answer = stack.monitoring.api("query", query=promql)
+        assert answer["resultType"] in ("vector", "matrix", "scalar"), (expr, answer)

@@ -188,7 +188,7 @@ def test_whoami_and_tools_say_what_a_token_may_do(api):
         ("alpha-analyst", ["alpha"], ["read", "sql"])
     listed = api.request("GET", "/api/v1/tools", api.tokens["alpha-reader"]).json()["tools"]
     allowed = {tool["name"]: tool["allowed"] for tool in listed}
-    assert len(allowed) == 14 and allowed["find_stragglers"] and not allowed["run_analysis"]
+    assert len(allowed) == 15 and allowed["find_stragglers"] and not allowed["run_analysis"]
 
 
 # -- the tools over HTTP, scoped -----------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_the_openapi_document_is_valid_and_lists_every_tool(api):
     validate(document)
     assert document["openapi"] == "3.1.0"
     tools = [path for path in document["paths"] if path.startswith("/api/v1/tools/")]
-    assert len(tools) == 14
+    assert len(tools) == 15
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_break(api):

@@ -284,6 +284,28 @@ def test_list_jobs_respects_tenancy(world):
     assert call(world, "list_jobs", cluster="beta")["jobs"] == []
 
 
+# -- list_nodes --------------------------------------------------------------------------------
+
+def test_list_nodes_counts_each_verdict_once_per_cause_and_its_distinct_jobs(world):
+    t0 = world["t0"]
+    answer = call(world, "list_nodes")
+    # every verdict on c-node1 once (v-late's newest revision, host_preemption); fleetd's note
+    # on rank 1 (c-node0) is no verdict
+    assert answer["nodes"] == [{"cluster": "alpha", "node": "c-node1", "verdicts": 3,
+                                "jobs": [JOB], "causes": {"host_preemption": 1, "io": 1,
+                                                          "slow_gpu": 1},
+                                "last": iso(t0 + 55)}]
+    hardware = call(world, "list_nodes", causes=["slow_gpu", "hang", "died"])["nodes"]
+    assert [(n["node"], n["verdicts"], n["causes"]) for n in hardware] == [
+        ("c-node1", 1, {"slow_gpu": 1})]
+    # a verdict belongs to the window it was live in: v-old cleared at 20 s
+    later = call(world, "list_nodes", since=iso(t0 + 30))["nodes"]
+    assert later[0]["causes"] == {"host_preemption": 1, "io": 1}
+    assert call(world, "list_nodes", cluster="beta")["nodes"] == []
+    every = call(world, "list_nodes", EVERY)["nodes"]
+    assert "beta" not in json.dumps(answer) and {n["cluster"] for n in every} == {"alpha"}
+
+
 # -- job_timeline ------------------------------------------------------------------------------
 
 def test_job_timeline_puts_every_node_on_fleetds_clock(world):

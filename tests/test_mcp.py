@@ -89,7 +89,7 @@ def test_an_admin_agent_gets_every_tool_and_walks_from_summary_to_cost(api):
 
     tools, answers, refused, rows = with_client(ingero_mcp(api, "admin"), work)
     http = listed(api, "admin")
-    assert len(tools) == 14 and set(tools) == set(http) and "run_analysis" in tools
+    assert len(tools) == 15 and set(tools) == set(http) and "run_analysis" in tools
     for name, tool in tools.items():
         assert (tool.description, tool.input_schema, tool.output_schema) == \
             (http[name]["description"], http[name]["input_schema"], http[name]["output_schema"])
@@ -121,7 +121,7 @@ def test_a_read_only_agent_sees_no_sql_and_only_its_clusters(api):
 
     names, other_cluster, unknown, mine = with_client(ingero_mcp(api, "alpha-reader"), work)
     assert names == set(listed(api, "alpha-reader"))
-    assert "find_stragglers" in names and "run_analysis" not in names and len(names) < 14
+    assert "find_stragglers" in names and "run_analysis" not in names and len(names) < 15
     assert "forbidden_cluster" in error_text(other_cluster)
     assert "run_analysis" in unknown.message
     assert not mine.is_error, mine.content

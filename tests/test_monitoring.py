@@ -5,6 +5,7 @@ daemons export (by the names their code declares)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -90,8 +91,10 @@ def declared_metrics() -> set[str]:
     for metrics in (FleetMetrics(), AgentMetrics(), EchoMetrics(), ApiMetrics()):
         for family in metrics.registry.collect():
             names |= {sample.name for sample in family.samples}
-            if family.type in ("counter", "histogram", "gauge", "info"):
-                names.add(family.name)
+            names.add(family.name)
+            names |= {family.name + suffix for suffix in {
+                "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "info": ("_info",)}.get(family.type, ())}
     return names
 
 
@@ -100,3 +103,36 @@ def test_every_metric_a_rule_reads_is_one_the_daemons_declare():
     read = {name for rule in alerts().values()
             for name in re.findall(r"\b(ingero_[a-z_]+)", rule["expr"])}
     assert read and read <= declared, read - declared
+
+
+DASHBOARDS = sorted((MONITORING / "grafana" / "dashboards").glob("*.json"))
+
+
+def test_the_dashboards_are_the_three_promised_each_provisionable_from_its_file():
+    boards = {p.name: json.loads(p.read_text()) for p in DASHBOARDS}
+    assert sorted(boards) == ["ingero-daemons.json", "ingero-fleet.json", "ingero-job.json"]
+    assert len({b["uid"] for b in boards.values()}) == 3
+    for name, board in boards.items():
+        assert board["templating"]["list"][0]["type"] == "datasource", name
+        for panel in board["panels"]:
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24 and panel["targets"], (name, panel["title"])
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
+    job = boards["ingero-job.json"]
+    assert [v["name"] for v in job["templating"]["list"]] == ["datasource", "job"]
+    annotations = [a for a in job["annotations"]["list"] if "expr" in a]
+    assert annotations and 'job_id="$job"' in annotations[0]["expr"]
+    provider = yaml.safe_load((MONITORING / "grafana/provisioning/ingero-dashboards.yaml")
+                              .read_text())["providers"][0]
+    assert provider["type"] == "file" and provider["options"]["path"]
+
+
+def test_every_metric_a_dashboard_reads_is_one_the_daemons_declare():
+    declared = declared_metrics()
+    for board in DASHBOARDS:
+        data = json.loads(board.read_text())
+        exprs = [t["expr"] for p in data["panels"] for t in p["targets"]]
+        exprs += [a["expr"] for a in data["annotations"]["list"] if "expr" in a]
+        exprs += [v["definition"] for v in data["templating"]["list"] if "definition" in v]
+        read = {name for expr in exprs for name in re.findall(r"\b(ingero_[a-z_]+)", expr)}
+        assert read and read <= declared, (board.name, read - declared)

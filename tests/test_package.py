@@ -119,6 +119,8 @@ def test_install_sh_lays_out_what_the_units_and_hooks_name(wheel):
         assert (shipped / "ingero-rules.yml").read_text() == \
             (repo / "monitoring/ingero-rules.yml").read_text()
         assert (shipped / "tests/ingero-rules.test.yml").exists()
+        assert sorted(p.name for p in (shipped / "grafana/dashboards").iterdir()) == sorted(
+            p.name for p in (repo / "monitoring/grafana/dashboards").iterdir())
         version = subprocess.run([str(root / "opt/ingero/venv/bin/ingero"), "version"],
                                  capture_output=True, text=True, timeout=60, cwd=root)
         assert version.returncode == 0 and str(root / "opt/ingero/venv") in version.stdout

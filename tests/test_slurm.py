@@ -15,19 +15,15 @@ import os
 import pwd
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
 from ingero.launch import free_port, wait_for
 from ingero.stack import Stack
-from tests.slurmcluster import SlurmCluster, Syslog, have_slurm
+from tests.slurmcluster import SlurmCluster, cluster_for_module, ingero_cli, needs_slurm
 from tests.support import needs_ebpf
 
-pytestmark = [pytest.mark.slow, needs_ebpf,
-              pytest.mark.skipif(not have_slurm(), reason="Slurm and munge: make setup")]
+pytestmark = [pytest.mark.slow, needs_ebpf, needs_slurm]
 
 STEPS = 40
 HOOK_LIMIT_S = 2.0
@@ -35,19 +31,7 @@ HOOK_LIMIT_S = 2.0
 
 @pytest.fixture(scope="module")
 def cluster():
-    root = Path(tempfile.mkdtemp(prefix="ingero-slurm-"))
-    root.chmod(0o755)                   # echod's embedded PostgreSQL runs as postgres
-    log = Syslog()
-    slurm = SlurmCluster(_fresh(root / "slurm"))
-    slurm.syslog = log
-    yield slurm
-    slurm.stop()
-    log.close()
-
-
-def _fresh(path: Path) -> Path:
-    path.mkdir()
-    return path
+    yield from cluster_for_module("ingero-slurm-")
 
 
 def sim_job(slurm: SlurmCluster, name: str, account: str) -> tuple[str, subprocess.CompletedProcess]:
@@ -87,16 +71,7 @@ def hooks_ok(slurm: SlurmCluster, job: str) -> None:
 
 
 def ingero(stack: Stack, *args: str) -> str:
-    token = stack.root / "token"
-    token.write_text(stack.token + "\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("INGERO_", "SLURM_"))}
-    done = subprocess.run([sys.executable, "-m", "ingero", *args], capture_output=True,
-                          text=True, timeout=120, cwd=stack.root,
-                          env={**clean, "HOME": str(stack.root), "INGERO_URL": stack.echod.url,
-                               "INGERO_TOKEN_FILE": str(token),
-                               "INGERO_CA_CERT": str(stack.echod.cert)})
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return ingero_cli(stack, *args)
 
 
 def job_row(stack: Stack, job: str) -> dict | None:

@@ -8,6 +8,8 @@ from dataclasses import replace
 
 from sqlalchemy import Connection
 
+from ingero.analysis.causes import CAUSES
+
 from ..registry import ToolContext, obj, tool
 from .lag import node_offsets
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, NAME, NUM, NUM_OR_NULL,
@@ -127,6 +129,56 @@ def job_json(row) -> dict:
             "cost_gpu_seconds": num(gpu_seconds, 3), "cost_usd": num(usd, 6),
             "account": account, "partition": partition, "state": state, "exit_code": exit_code,
             "gpus": gpus}
+
+
+# -- list_nodes --------------------------------------------------------------------------------
+
+# The nodes fleetd named ranks on: each verdict once (its newest revision), counted per cause.
+NAMED_NODES = """
+SELECT n.cluster, n.node, sum(n.verdicts), array_agg(DISTINCT j.job ORDER BY j.job),
+       jsonb_object_agg(n.cause, n.verdicts), max(n.last)
+FROM (SELECT v.cluster, v.node, v.cause, count(DISTINCT coalesce(v.vid, v.id::text)) AS verdicts,
+             max(v.t) AS last, array_remove(array_agg(DISTINCT v.job), NULL) AS jobs
+      FROM straggler_verdicts v
+      WHERE {where} AND v.kind IS NOT NULL AND """ + NOT_A_NOTE + """
+      GROUP BY 1, 2, 3) n
+LEFT JOIN LATERAL unnest(n.jobs) AS j(job) ON true
+GROUP BY 1, 2
+ORDER BY count(DISTINCT j.job) DESC, sum(n.verdicts) DESC, n.cluster, n.node
+LIMIT :limit
+"""
+
+NODE_OUT = closed({
+    "cluster": STR, "node": STR, "verdicts": INT, "jobs": array(STR),
+    "causes": {"type": "object", "additionalProperties": INT}, "last": TIME_OR_NULL})
+
+
+@tool("list_nodes", summary="The nodes fleetd named ranks on in a window: how many verdicts, in "
+      "how many distinct jobs, for which causes (the evidence node reputation drains on)",
+      input_schema=obj({
+          "cluster": CLUSTER_ARG, "since": SINCE_ARG, "until": UNTIL_ARG,
+          "causes": described(array({"type": "string", "enum": list(CAUSES)})
+                              | {"maxItems": 64}, "Only verdicts with these causes."),
+          "limit": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000}}),
+      output_schema=closed({"nodes": array(NODE_OUT), "window": WINDOW_OUT}))
+def list_nodes(ctx: ToolContext, args: dict) -> dict:
+    """Per node that fleetd named a rank on in the window (default: the last hour): its
+    verdicts (each once, live in the window), the distinct jobs they were in and the count per
+    cause; nodes named in the most jobs first, at most 'limit'. A node named in several
+    jobs for a hardware-side cause (slow_gpu, hang, died) is the node's fault, not a job's."""
+    sel = Selection(args.get("cluster"), window=window_of(ctx, args, whole_job=False))
+    where = live_in(sel)
+    if "causes" in args:
+        where.add("v.cause = ANY (CAST(:causes AS text[]))", causes=list(args["causes"]))
+    with reading(ctx) as conn:
+        found = rows(conn, NAMED_NODES.format(where=where.sql()),
+                     {**where.params, "limit": args.get("limit", 1000)})
+    return {"nodes": [{"cluster": cluster, "node": node, "verdicts": int(verdicts),
+                       "jobs": [j for j in jobs if j is not None],
+                       "causes": {k: int(v) for k, v in sorted(causes.items())},
+                       "last": iso(last)}
+                      for cluster, node, verdicts, jobs, causes, last in found],
+            "window": sel.window.to_json()}
 
 
 # -- job_timeline ------------------------------------------------------------------------------
