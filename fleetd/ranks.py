@@ -909,6 +909,11 @@ class RankAnalysis:
                 continue
             if self._update(current, fresh, job, now):
                 changed.append(current)
+        for key in held:                # what it cost since (charged as instances settle)
+            current = job.verdicts[key]
+            current.cost_usd = self._usd(current.cost_gpu_s)
+            if self._restamp(current, now, False):
+                changed.append(current)
         for key, current in job.verdicts.items():
             if key not in found and key not in held and current.cleared is None:
                 current.misses += 1
@@ -931,6 +936,11 @@ class RankAnalysis:
         if fresh.kind in ("hang", "died"):      # the peers' wait so far
             current.cost_gpu_s = fresh.cost_gpu_s
         current.cost_usd = self._usd(current.cost_gpu_s)
+        return self._restamp(current, now, material)
+
+    @staticmethod
+    def _restamp(current: Verdict, now: float, material: bool) -> bool:
+        """A new revision to store when it changed materially, or 10 s after the last."""
         if material or now - current.last_seen >= 10.0:
             current.last_seen = now
             current.revision += 1

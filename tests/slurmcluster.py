@@ -159,10 +159,15 @@ class Munged:
         self.pid = pid
 
     def kill(self) -> None:
+        """SIGTERM, and wait until it is gone: a next cluster's start_munge must not take a
+        munged on its way out for a running one (its socket is gone a moment later)."""
         try:
             os.kill(self.pid, signal.SIGTERM)
         except ProcessLookupError:
-            pass
+            return
+        if not wait_for(lambda: not Path(f"/proc/{self.pid}").exists(), 10):
+            os.kill(self.pid, signal.SIGKILL)
+            wait_for(lambda: not Path(f"/proc/{self.pid}").exists(), 10)
 
 
 def start_munge() -> Munged | None:

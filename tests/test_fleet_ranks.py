@@ -116,6 +116,21 @@ def test_a_rank_that_recovers_is_cleared_though_fleetd_ticks_between_pushes(betw
         "cleared within a few pushes of its recovery, not at the job's end"
 
 
+def test_a_verdict_held_between_pushes_still_stores_what_it_cost_since():
+    """Its communicator quiet (a step ended, the job waits), a live verdict is not judged,
+    yet what its lateness cost as its last instances settled reaches echod within 10 s."""
+    ra = analysis()
+    changed = feed(ra, late=lambda r, s: 0.29 if r == 5 else 0.0, until=40)
+    verdict = changed[0]
+    rows, _ = ra.take_rows()
+    stored = rows[-1]["cost_gpu_s"]
+    quiet = T0 + 40 * STEP + 0.3
+    assert ra.tick(quiet + 1) == [] and verdict.cleared is None
+    assert ra.tick(quiet + 11) == [verdict] and verdict.cleared is None
+    rows, _ = ra.take_rows()
+    assert rows[-1]["cost_gpu_s"] == verdict.cost_gpu_s >= stored
+
+
 def test_a_late_rank_is_raised_once_updated_and_cleared_when_it_recovers():
     ra = analysis(clear_ticks=2)
     changed = feed(ra, late=lambda r, s: 0.29 if r == 5 and 20 <= s < 50 else 0.0, until=100)

@@ -23,6 +23,7 @@ from ingero import shards
 from ingero.launch import free_port, wait_for
 from ingero.settings import shard, zmq_endpoints
 from ingero.stack import Stack
+from ingerod.queue import PUSH
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 
@@ -160,7 +161,9 @@ def test_a_job_record_waits_for_its_shard_across_an_agent_kill_and_is_delivered(
     slurmhook.write_record(jobs, slurmhook.start_record({
         "SLURM_JOB_ID": job, "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": node}, 1.0))
     waiting = tmp_path / "queue" / node / "node" / "shard-1"
-    assert wait_for(lambda: waiting.is_dir() and any(waiting.glob("push-*")), 30), agent.log()
+    # a push whole on disk (its name final: a temporary one is not restored after kill -9)
+    assert wait_for(lambda: waiting.is_dir() and any(
+        PUSH.match(p.name) for p in waiting.iterdir()), 30), agent.log()
     assert "node score now goes to fleetd shard 1" in agent.log()
     agent.kill()
     agent = spawn("ingerod-again", "ingerod", agent_flags)

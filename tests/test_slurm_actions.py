@@ -1,5 +1,6 @@
 """fleetd's Slurm actions on a real one-node Slurm (munge, slurmctld, slurmd from Debian), each
-turned on as an operator would: a verdict's line in the job's AdminComment, and node
+turned on as an operator would: a verdict's line in the job's AdminComment, the verdict on the
+user's terminal (scontrol notify, which srun prints), and node
 reputation (--drain-after 2): a node whose GPU is slow in one job stays up, in two jobs it is
 drained with a reason naming the cause and the jobs, unless that would drain more of its
 partition than --drain-max-fraction allows; an operator resumes it, and the same evidence
@@ -45,7 +46,7 @@ def stack(slurm):
     (root / "stack").mkdir(mode=0o755)
     stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, journal=True,
                   fleet_env={"SLURM_CONF": str(slurm.conf)},
-                  fleet_flags=("--slurm-admin-comment", "--drain-after", "2",
+                  fleet_flags=("--slurm-admin-comment", "--slurm-notify", "--drain-after", "2",
                                "--drain-max-fraction", "0.5"),
                   agent_flags=("--node", slurm.host, "--jobs-dir", str(spool),
                                "--control-socket", str(sock), "--libraries", ",".join(
@@ -56,8 +57,9 @@ def stack(slurm):
     assert stack.stop() == [0, 0, 0], stack.logs()
 
 
-def slow_gpu_job(slurm: SlurmCluster, name: str) -> str:
-    """`srun -n 4` of the sim, rank 2's GPU three times as slow; returns its job id."""
+def slow_gpu_job(slurm: SlurmCluster, name: str) -> tuple[str, str]:
+    """`srun -n 4` of the sim, rank 2's GPU three times as slow; returns its job id and
+    what srun printed on standard error."""
     import sim
 
     work = slurm.root / name
@@ -70,7 +72,7 @@ def slow_gpu_job(slurm: SlurmCluster, name: str) -> str:
     job = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-n", name, "-o", "%i"],
                          env=slurm.env, capture_output=True, text=True, timeout=30).stdout
     assert job.split(), f"no job named {name}:\n{slurm.logs()}"
-    return job.split()[-1]
+    return job.split()[-1], done.stderr
 
 
 def scontrol_show_job(slurm: SlurmCluster, job: str) -> str:
@@ -93,19 +95,22 @@ def ingero(stack: Stack, slurm: SlurmCluster, *args: str) -> str:
 def test_slow_gpu_jobs_note_their_admin_comment_and_drain_the_node_within_the_cap(slurm, stack):
     host = slurm.host
     # One job with a slow GPU: its AdminComment says so; one job is not enough to drain
-    first = slow_gpu_job(slurm, "slow-one")
+    first, said = slow_gpu_job(slurm, "slow-one")
     shown = wait_for(lambda: re.search(r"AdminComment=(ingero: .*)$",
                                        scontrol_show_job(slurm, first), re.M), 60, 0.5)
     assert shown, (scontrol_show_job(slurm, first), stack.fleetd.log()[-3000:])
     comment = shown[1].strip()
     assert f"rank {SLOW_RANK} on {host} slow_gpu" in comment, comment
     assert comment.endswith(f"ingero explain -j {first}"), comment
+    # --slurm-notify: srun showed the user the verdict while the job ran
+    assert f"ingero: straggler: job {first} " in said and f"rank {SLOW_RANK} on {host}" in said, \
+        said
     time.sleep(3)
     assert node_reason(slurm)[0] in ("idle", "mixed", "allocated"), node_reason(slurm)
 
     # A second job: two jobs name the node, but drained it would be all of its partition, over
     # the cap of half: it stays up, and fleetd says why
-    second = slow_gpu_job(slurm, "slow-two")
+    second, _ = slow_gpu_job(slurm, "slow-two")
     assert wait_for(lambda: "not drained" in stack.fleetd.log(), 60, 0.5), \
         stack.fleetd.log()[-3000:]
     assert f"over --drain-max-fraction 0.5" in stack.fleetd.log()
@@ -138,7 +143,7 @@ def test_slow_gpu_jobs_note_their_admin_comment_and_drain_the_node_within_the_ca
     subprocess.run(["scontrol", "update", f"NodeName={host}", "State=RESUME"], env=slurm.env,
                    check=True, timeout=30)
     assert wait_for(lambda: node_reason(slurm)[0] == "idle", 30), node_reason(slurm)
-    third = slow_gpu_job(slurm, "slow-three")
+    third, _ = slow_gpu_job(slurm, "slow-three")
     assert wait_for(lambda: "slow_gpu" in scontrol_show_job(slurm, third), 60, 0.5), \
         stack.fleetd.log()[-3000:]
     time.sleep(3)
