@@ -71,10 +71,11 @@ def run(scenario_name: str, keep: bool, say) -> dict:
     from .stack import Stack
 
     scenario = find_scenario(scenario_name)
-    try:
-        sim.build()
-    except SimError as exc:
-        raise DemoError(str(exc)) from None
+    with interruptible():
+        try:
+            sim.build()
+        except SimError as exc:
+            raise DemoError(str(exc)) from None
     root = Path(tempfile.mkdtemp(prefix="ingero-demo-"))
     root.chmod(0o755)
     stack = None
@@ -227,14 +228,19 @@ rm -rf {root}
 
 @contextmanager
 def interruptible():
-    """SIGTERM ends the demo the way Ctrl-C does (KeyboardInterrupt unwinds it)."""
+    """Ctrl-C (SIGINT) and SIGTERM end the demo: KeyboardInterrupt unwinds it. SIGINT's
+    handler is set here, not left to Python: a process that starts with SIGINT ignored (a
+    command a non-interactive shell runs in the background, as CI runners do) gets none from
+    Python, and would run the job to its end."""
     def on_term(signum, frame):
         raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = [signal.signal(signal.SIGTERM, on_term),
+                signal.signal(signal.SIGINT, signal.default_int_handler)]
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in zip((signal.SIGTERM, signal.SIGINT), previous):
+            signal.signal(s, handler)
 
 
 @contextmanager

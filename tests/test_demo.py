@@ -65,8 +65,12 @@ def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause
 
 def test_demo_in_words_and_interrupted_leaves_nothing_behind():
     before = leftovers()
+    # Started with SIGINT ignored, as a non-interactive shell starts a command run in the
+    # background (`make test &`, a CI runner): Python then installs no KeyboardInterrupt handler
+    # of its own, and the demo must set one up itself for kill -INT (or Ctrl-C) to stop it.
     demo = subprocess.Popen(DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO)
+                            cwd=REPO, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                       signal.SIG_IGN))
     out = []
     # Interrupt it mid-job, once the agents are tracing the ranks.
     assert wait_for(lambda: (line := demo.stdout.readline()) and (out.append(line) or
