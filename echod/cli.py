@@ -23,6 +23,7 @@ from .ingest import IngestServer
 from .metrics import EchoMetrics
 from .retention import Policy
 from .retention import apply as apply_retention
+from .slurmjobs import SlurmStates
 from .tokens_cli import token_group
 
 
@@ -152,11 +153,12 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
                     http = serve_metrics(cfg.metrics_addr, metrics.registry)
                 if api is not None and not signals.stop:
                     api.start()
+                slurm = SlurmStates(engine, cfg.slurm_states, cfg.slurm_interval, metrics)
                 code = 0 if signals.stop else IngestServer(
                     cfg, writer(engine), metrics, signals,
                     housekeeping=retention(engine, Policy.of(cfg)),
                     on_reload=api.reload if api else None,
-                    on_tick=ticks(api.check if api else None, revive)).run()
+                    on_tick=ticks(api.check if api else None, revive, slurm.tick)).run()
             finally:
                 if api is not None:
                     api.stop(drain=signals.stop)

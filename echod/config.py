@@ -1,8 +1,11 @@
 """Every echod setting, declared once: flags, echod.yaml, ECHOD_* variables and echod(8)."""
 
 from ingero import wire
-from ingero.settings import (Setting, boolean, integer, kind_days, listen_address, log_level,
-                             number, optional, optional_text, path, text, zmq_endpoint)
+from ingero.settings import (Setting, boolean, choice, integer, kind_days, listen_address,
+                             log_level, number, optional, optional_text, path, text,
+                             zmq_endpoint)
+
+from .slurmjobs import MODES
 
 DEFAULT_CONFIG = "/etc/ingero/echod.yaml"
 
@@ -44,6 +47,14 @@ SETTINGS = [
     Setting("writers", 2, integer(1, 16),
             "Batches written at once, each on a database connection of its own.", "N"),
     Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
+    Setting("slurm_states", "auto", choice(*MODES),
+            "How echod learns the id Slurm prints for each job (1234_7, 1234+1) and how each "
+            "run ended (CANCELLED, TIMEOUT, REQUEUED, ...): sacct (needs slurmdbd), scontrol "
+            "(the jobs slurmctld still holds), auto (sacct, else scontrol) or off (the "
+            "epilog's view only: COMPLETED or FAILED).", "MODE"),
+    Setting("slurm_interval", 10.0, number(1, 3600),
+            "Seconds between echod's questions to Slurm (one sacct or scontrol call each, for "
+            "every job not yet named).", "SECONDS"),
     # -- the HTTP API ------------------------------------------------------------------------
     Setting("api_bind", "0.0.0.0:7472", listen_address,
             "HOST:PORT the HTTP API (gunicorn) listens on, or none for ingest only.", "HOST:PORT"),

@@ -22,4 +22,10 @@ class EchoMetrics:
                            registry=r)
         self.last_commit = Gauge("ingero_echo_ingest_last_commit_timestamp_seconds", "When a "
                                  "batch was last committed (Unix time)", registry=r)
+        self.slurm_lookups = Counter("ingero_echo_slurm_lookups", "Jobs echod asked Slurm "
+                                     "about, by result: named (Slurm's id and how the run "
+                                     "ended), known (its id; the run goes on), unknown (Slurm "
+                                     "does not know it yet), unavailable (no sacct or scontrol "
+                                     "answered; counted once a pass), error", ["result"],
+                                     registry=r)
         self.build = build_info("ingero_echo", r)

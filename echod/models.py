@@ -258,6 +258,15 @@ class Job(Base):
     ntasks: Mapped[int | None] = mapped_column(Integer)
     state: Mapped[str | None] = mapped_column(Text)
     exit_code: Mapped[str | None] = mapped_column(Text)
+    restarts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    slurm_cluster: Mapped[str | None] = mapped_column(Text)
+    slurm_id: Mapped[str | None] = mapped_column(Text)
+    slurm_state: Mapped[str | None] = mapped_column(Text)
+    slurm_exit_code: Mapped[str | None] = mapped_column(Text)
+    slurm_checked: Mapped[datetime | None]
+    slurm_tries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+    __table_args__ = (Index("jobs_slurm_id", "cluster", "slurm_id"),)
 
 
 class Node(Base):

@@ -103,7 +103,8 @@ def commands() -> None:
 
 @api_command(commands, "report")
 @click.option("-j", "--jobs", metavar="JOBID[,JOBID...]",
-              help="These jobs [default: every job seen in the window]")
+              help="These jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0) "
+                   "[default: every job seen in the window]")
 @click.option("-X", "--allocations", is_flag=True, help="One line per job, not per rank")
 @table_options(REPORT_FIELDS, REPORT_DEFAULT)
 def report_command(echod, jobs, allocations, starttime, endtime, fmt, helpformat, parsable,
@@ -123,18 +124,16 @@ def report_command(echod, jobs, allocations, starttime, endtime, fmt, helpformat
         return
     named = job_list(jobs)
     since, until = parse_window(starttime, endtime, None if named else "midnight")
-    if allocations:
-        rows = job_rows(echod, named, since, until)
-    else:
-        if named is None:
-            named = [row["job"] for row in job_rows(echod, None, since, until)]
-        rows = report_rows(echod, named, since, until)
+    rows = job_rows(echod, named, since, until)
+    if not allocations:
+        rows = report_rows(echod, rows, since, until)
     print_rows(rows, fields, fmt or default, parsable=parsable, parsable2=parsable2,
                noheader=noheader, as_json=as_json)
 
 
 @api_command(commands, "jobs")
-@click.option("-j", "--jobs", metavar="JOBID[,JOBID...]", help="Only these jobs")
+@click.option("-j", "--jobs", metavar="JOBID[,JOBID...]",
+              help="Only these jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0)")
 @click.option("-u", "--user", metavar="USER", help="Only this user's jobs")
 @table_options(JOB_FIELDS, JOB_DEFAULT)
 def jobs_command(echod, jobs, user, starttime, endtime, fmt, helpformat, parsable, parsable2,

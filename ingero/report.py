@@ -45,9 +45,14 @@ def _elapsed(row: dict) -> str | None:
 
 
 F = sacct.Field
+def _job_id(row: dict) -> str:
+    return row.get("job_id") or row["job"]
+
+
 REPORT_FIELDS = {f.name.lower(): f for f in (
     F("Cluster", 10, lambda r: r["cluster"]),
-    F("JobID", 12, lambda r: r["job"]),
+    F("JobID", 12, _job_id),
+    F("JobIDRaw", 10, lambda r: r["job"]),
     F("Step", 6, lambda r: r.get("step")),
     F("Node", 12, lambda r: r.get("node")),
     F("Rank", 5, lambda r: r["rank"]),
@@ -68,7 +73,9 @@ REPORT_DEFAULT = ("JobID,Step,Node,Rank,Colls,LagP50,LagP99,Last,SelfWork,PeerWo
 
 JOB_FIELDS = {f.name.lower(): f for f in (
     F("Cluster", 10, lambda r: r["cluster"]),
-    F("JobID", 12, lambda r: r["job"]),
+    F("JobID", 12, _job_id),
+    F("JobIDRaw", 10, lambda r: r["job"]),
+    F("Restarts", 8, lambda r: r.get("restarts")),
     F("User", 9, lambda r: r.get("user")),
     F("Account", 10, lambda r: r.get("account")),
     F("Partition", 9, lambda r: r.get("partition")),
@@ -103,20 +110,23 @@ NODE_FIELDS = {f.name.lower(): f for f in (
 NODE_DEFAULT = "NodeName,Verdicts,Jobs,Causes,Last,DrainedSince,Reason"
 
 
-def report_rows(client, jobs: list[str], since: datetime | None,
+def report_rows(client, jobs: list[dict], since: datetime | None,
                 until: datetime | None) -> list[dict]:
-    """One row per rank of each job; a job echod does not know has none (as in sacct)."""
+    """One row per rank of each job (rows of list_jobs); a job echod does not know has none
+    (as in sacct)."""
     window = window_args(since, until)
     rows = []
     for job in jobs:
         try:
-            report = client.call("job_report", {"job": job, **window})
+            # by Slurm's id: an array's raw id is also its last task's, which names the array
+            report = client.call("job_report", {"job": _job_id(job), "cluster": job["cluster"],
+                                                **window})
         except ApiCallError as exc:
             if exc.code == "not_found":
                 continue
             raise
-        rows += [{"cluster": report["cluster"], "job": report["job"], **rank}
-                 for rank in report["per_rank"]]
+        rows += [{"cluster": report["cluster"], "job": report["job"],
+                  "job_id": job.get("job_id"), **rank} for rank in report["per_rank"]]
     return rows
 
 

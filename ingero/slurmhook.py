@@ -64,6 +64,7 @@ def start_record(environ, now: float) -> dict:
     gpus = environ.get("SLURM_JOB_GPUS") or environ.get("CUDA_VISIBLE_DEVICES") or ""
     gpu_ids = [g for g in gpus.split(",") if g.strip()]
     return _record("job_start", environ, now, {
+        **slurm_identity(environ),
         "user": environ.get("SLURM_JOB_USER"),
         "uid": _int(environ.get("SLURM_JOB_UID")),
         "account": environ.get("SLURM_JOB_ACCOUNT"),
@@ -77,7 +78,11 @@ def start_record(environ, now: float) -> dict:
 
 
 def end_record(environ, now: float) -> dict:
-    """The epilog's: when, and how the job ended (SLURM_JOB_EXIT_CODE2 is exit:signal)."""
+    """The epilog's: when, and how the job ended as far as its environment tells
+    (SLURM_JOB_EXIT_CODE2 is exit:signal). Only slurmctld knows whether a job killed by a
+    signal was cancelled, timed out, preempted or requeued, and a hook must not ask it (Slurm's
+    advice: no Slurm commands in a prolog or epilog); echod asks sacct later, off the job's
+    path (``echod.slurmjobs``), and its answer replaces this one."""
     code, signal_number = _exit_status(environ)
     state = None if code is None else (
         "COMPLETED" if code == 0 and signal_number == 0 else "FAILED")
@@ -85,11 +90,22 @@ def end_record(environ, now: float) -> dict:
     return _record("job_end", environ, now, {"exit_code": exit_code, "state": state})
 
 
+def slurm_identity(environ) -> dict:
+    """The job's place among Slurm's ids, as far as the hook's environment says: an array
+    task's array job and index (Slurm 23.02 on), a heterogeneous component's leader and offset
+    (the leader's prolog has no offset: Slurm gives it only SLURM_HET_JOB_ID)."""
+    return {"array_job_id": _int(environ.get("SLURM_ARRAY_JOB_ID")),
+            "array_task_id": _int(environ.get("SLURM_ARRAY_TASK_ID")),
+            "het_job_id": _int(environ.get("SLURM_HET_JOB_ID")),
+            "het_job_offset": _int(environ.get("SLURM_HET_JOB_OFFSET"))}
+
+
 def _record(event: str, environ, now: float, fields: dict) -> dict:
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or ""
     if not JOB_ID.fullmatch(job):
         raise HookError(f"no usable SLURM_JOB_ID ({job!r})")
-    fields = {"slurm_cluster": environ.get("SLURM_CLUSTER_NAME"), **fields}
+    fields = {"slurm_cluster": environ.get("SLURM_CLUSTER_NAME"),
+              "restart_count": _int(environ.get("SLURM_JOB_RESTART_COUNT")), **fields}
     return {"version": RECORD_VERSION, "event": event, "job": job, "t": now,
             "node": environ.get("SLURMD_NODENAME") or socket.gethostname(),
             **{k: v for k, v in fields.items() if v is not None}}
@@ -111,8 +127,15 @@ def _int(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
 
+# JOB.EVENT.json for a job's first run, JOB.EVENT.rN.json for its run after N requeues
+RECORD_NAME = re.compile(r"(?P<job>[A-Za-z0-9_+-]{1,64})\.(?P<event>job_start|job_end)"
+                         r"(?:\.r(?P<restart>[1-9][0-9]{0,8}))?\.json")
+
+
 def record_path(jobs_dir: Path, record: dict) -> Path:
-    return jobs_dir / f"{record['job']}.{record['event']}.json"
+    restart = record.get("restart_count") or 0
+    run = f".r{restart}" if restart else ""
+    return jobs_dir / f"{record['job']}.{record['event']}{run}.json"
 
 
 def write_record(jobs_dir: Path, record: dict) -> Path:
@@ -135,7 +158,8 @@ def read_record(path: Path) -> dict:
         raise HookError(f"unreadable job record {path}: {exc}") from None
     if (not isinstance(record, dict) or record.get("event") not in ("job_start", "job_end")
             or not JOB_ID.fullmatch(str(record.get("job", "")))
-            or type(record.get("t")) not in (int, float)):
+            or type(record.get("t")) not in (int, float)
+            or type(record.get("restart_count", 0)) is not int):
         raise HookError(f"not a job record: {path}")
     return record
 

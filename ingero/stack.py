@@ -36,7 +36,8 @@ class Echod:
     self-signed certificate, and tokens made with 'echod token create'."""
 
     def __init__(self, root: Path, keys: KeyRing, *flags: str,
-                 tokens: dict[str, tuple[str, str]], journal: bool = False):
+                 tokens: dict[str, tuple[str, str]], journal: bool = False,
+                 env: dict | None = None):
         self.root, self.keys = root, keys
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o755)                       # the embedded PostgreSQL runs as postgres
@@ -53,7 +54,7 @@ class Echod:
             "--metrics-addr", "none", "--api-bind", f"127.0.0.1:{self.port}",
             "--tls-cert", str(self.cert), "--tls-key", str(self.key),
             "--tokens-file", str(self.tokens_file), "--audit-log", str(self.audit_log),
-            *keys.echod_flags(), *flags], root, journal=journal)
+            *keys.echod_flags(), *flags], root, journal=journal, env=env)
         if not wait_for(lambda: "ingest listening" in self.daemon.log()
                         or not self.daemon.alive(), START_TIMEOUT_S) or not self.daemon.alive():
             log = self.daemon.log()
@@ -96,9 +97,10 @@ class Stack:
     each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
     lets each agent trace every process of the host, as with one real node (a real srun's
     ranks carry no sim host label); ``journal`` has every daemon log as under systemd
-    (JOURNAL_STREAM set), each line led by its syslog priority; ``fleet_env`` is fleetd's
-    own environment on top (SLURM_CONF for its Slurm actions, say). echod's directory (``echod_root``, by default under
-    ``root``) must be reachable by the postgres user."""
+    (JOURNAL_STREAM set), each line led by its syslog priority; ``fleet_env`` and
+    ``echod_env`` are fleetd's and echod's own environment on top (SLURM_CONF for fleetd's
+    Slurm actions and echod's questions to sacct, say). echod's directory (``echod_root``, by
+    default under ``root``) must be reachable by the postgres user."""
 
     def __init__(self, root: Path, nodes: int, *, push_s: float = 1.0,
                  hang_timeout_s: float = 4.0, skew: dict[int, float] | None = None,
@@ -108,7 +110,8 @@ class Stack:
                  agent_prefix: dict[int, tuple[str, ...]] | None = None, shards: int = 1,
                  node_flags: dict[int, tuple[str, ...]] | None = None,
                  sim_hosts: bool = True, journal: bool = False,
-                 fleet_env: dict | None = None, say=lambda line: None):
+                 fleet_env: dict | None = None, echod_env: dict | None = None,
+                 say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
@@ -119,7 +122,7 @@ class Stack:
         self.daemons: list[Daemon] = []
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
         self.echod = Echod(echod_root or root / "echod", self.keys, *echod_flags,
-                           tokens={"ops": ("*", "admin")}, journal=journal)
+                           tokens={"ops": ("*", "admin")}, journal=journal, env=echod_env)
         try:
             self.endpoints = [f"tcp://{fleet_host}:{free_port()}" for _ in range(shards)]
             self.fleet_ports = [free_port() for _ in range(shards)]

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from ingero.errors import ConfigError
-from ingero.slurmhook import JOB_ID, HookError, read_record
+from ingero.slurmhook import JOB_ID, RECORD_NAME, HookError, read_record
 
 log = logging.getLogger("ingerod")
 
@@ -33,15 +33,19 @@ CONNECTION_TIMEOUT_S = 1.0
 
 # record field → event attribute (the names echod's jobs table reads)
 RECORD_ATTRS = ("user", "account", "partition", "nodelist", "node_count", "ntasks", "gpus",
-                "gpu_ids", "exit_code", "state", "slurm_cluster")
+                "gpu_ids", "exit_code", "state", "slurm_cluster", "restart_count",
+                "array_job_id", "array_task_id", "het_job_id", "het_job_offset")
 
 
 def record_event(node: str, record: dict) -> dict:
-    """The event a job record becomes: its id is stable, so a resent record is stored once."""
+    """The event a job record becomes: its id is stable, so a resent record is stored once
+    (and each run of a requeued job is a record of its own)."""
     attrs = {"job": record["job"], "slurm_node": record.get("node"),
              **{k: record[k] for k in RECORD_ATTRS if isinstance(record.get(k), (str, int))}}
-    return {"id": f"{node}:slurm:{record['job']}:{record['event']}", "t": float(record["t"]),
-            "kind": record["event"], "attrs": attrs}
+    restart = record.get("restart_count") or 0
+    return {"id": f"{node}:slurm:{record['job']}:{record['event']}"
+                  + (f":r{restart}" if restart else ""),
+            "t": float(record["t"]), "kind": record["event"], "attrs": attrs}
 
 
 class JobSpool:
@@ -78,9 +82,8 @@ class JobSpool:
         return events
 
     def _ours(self, name: str) -> bool:
-        job, _, rest = name.partition(".")
-        return (rest in ("job_start.json", "job_end.json") and JOB_ID.fullmatch(job) is not None
-                and (self.job is None or job == self.job))
+        found = RECORD_NAME.fullmatch(name)
+        return found is not None and (self.job is None or found["job"] == self.job)
 
     def sent(self, paths: list[str]) -> bool:
         """fleetd acknowledged the push carrying these records: they are done. True when the
@@ -89,8 +92,10 @@ class JobSpool:
             path.unlink(missing_ok=True)
             self.taken.discard(path)
             self.metrics.job_records_sent.inc()
-        return self.job is not None and f"{self.job}.job_end.json" in {Path(p).name
-                                                                       for p in paths}
+        ends = (RECORD_NAME.fullmatch(Path(p).name) for p in paths)
+        return self.job is not None and any(
+            end is not None and end["event"] == "job_end" and end["job"] == self.job
+            for end in ends)
 
     def unsent(self, paths: list[str]) -> None:
         """Their push was dropped unacknowledged: read them again at the next scan."""

@@ -15,7 +15,7 @@ packages=(
     python3 python3-venv python3-dev gcc make
     python3-bpfcc bpfcc-tools libbpfcc linux-headers-amd64
     postgresql postgresql-15
-    slurmctld slurmd slurm-client munge
+    slurmctld slurmd slurm-client slurmdbd mariadb-server munge
     faketime mandoc systemd iproute2 procps openssl
     prometheus prometheus-alertmanager
 )

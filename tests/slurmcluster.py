@@ -44,19 +44,19 @@ SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 AuthType=auth/munge
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -65,8 +65,33 @@ Prolog={root}/prolog
 Epilog={root}/epilog
 PrologFlags=Alloc
 PrologEpilogTimeout=30
-NodeName={host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+{nodes}PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+# One slurmd per node name, all on this host (heterogeneous job components need nodes of
+# their own); a one-node cluster's node is the host itself.
+NODE = "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=8 " \
+    "RealMemory=1000 State=UNKNOWN\n"
+
+# With accounting: slurmdbd on a private MariaDB, so that sacct answers as on a site.
+ACCOUNTING_CONF = """AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={dbd_port}
+JobCompType=jobcomp/none
+"""
+
+SLURMDBD_CONF = """AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={dbd_port}
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db_port}
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile={root}/slurmdbd.pid
+LogFile={root}/slurmdbd.log
 """
 
 
@@ -79,9 +104,11 @@ class HookRun:
 
 
 class SlurmCluster:
-    """slurmctld and slurmd as children of the test (munged too, unless one runs already)."""
+    """slurmctld and slurmd as children of the test (munged too, unless one runs already);
+    with ``accounting``, MariaDB and slurmdbd too, so that sacct answers; ``nodes`` > 1 runs
+    a slurmd per node name (n0, n1, ...) on this host; ``extra`` lines go into slurm.conf."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, accounting: bool = False, nodes: int = 1, extra: str = ""):
         self.root = root
         root.chmod(0o755)
         for sub in ("state", "spool"):
@@ -95,24 +122,73 @@ class SlurmCluster:
                                            log=self.hooks_log))
             path.chmod(0o755)
         self.host = socket.gethostname().split(".")[0]
+        self.nodes = [self.host] if nodes == 1 else [f"n{i}" for i in range(nodes)]
+        for name in self.nodes:
+            (root / "spool" / name).mkdir()
         self.conf = root / "slurm.conf"
+        dbd_port = free_port()
         self.conf.write_text(CONF.format(host=self.host, root=root, ctld_port=free_port(),
-                                         slurmd_port=free_port()))
+                                         names=",".join(self.nodes), nodes="".join(
+                                             NODE.format(name=name, host=self.host,
+                                                         port=free_port())
+                                             for name in self.nodes))
+                             + (ACCOUNTING_CONF.format(dbd_port=dbd_port) if accounting else "")
+                             + extra)
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.munged = start_munge()
         self.daemons = []
         try:
-            for program in ("slurmctld", "slurmd"):
+            if accounting:
+                self._start_accounting(dbd_port)
+            for program, name in (("slurmctld", None), *(("slurmd", n) for n in self.nodes)):
                 self.daemons.append(subprocess.Popen(
-                    [f"/usr/sbin/{program}", "-D", "-f", str(self.conf)], env=self.env,
+                    [f"/usr/sbin/{program}", "-D", "-f", str(self.conf),
+                     *(("-N", name) if name else ())], env=self.env,
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=open(root / f"{program}.stderr", "wb")))
+                    stderr=open(root / f"{program}-{name or 'ctld'}.stderr", "wb")))
             if not wait_for(lambda: self.node_state() == "idle", 60):
                 raise RuntimeError(f"slurm did not come up (node {self.node_state()!r}):\n"
                                    f"{self.logs()}")
         except BaseException:
             self.stop()
             raise
+
+    def _start_accounting(self, dbd_port: int) -> None:
+        """MariaDB in the cluster's directory (loopback, no grant tables: a private test
+        database), then slurmdbd on it, before slurmctld registers the cluster."""
+        data, sock, db_port = self.root / "mariadb", self.root / "mariadb.sock", free_port()
+        subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root",
+                        "--skip-test-db", "--auth-root-authentication-method=normal"],
+                       check=True, capture_output=True, timeout=120)
+        self.daemons.append(subprocess.Popen(
+            ["mariadbd", f"--datadir={data}", f"--socket={sock}", f"--port={db_port}",
+             "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables",
+             "--skip-log-bin", "--innodb-buffer-pool-size=64M",
+             f"--pid-file={self.root}/mariadb.pid"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "mariadb.stderr", "wb")))
+        if not wait_for(sock.exists, 60):
+            raise RuntimeError(f"mariadb did not start:\n{self.logs()}")
+        conf = self.root / "slurmdbd.conf"          # found next to SLURM_CONF
+        conf.write_text(SLURMDBD_CONF.format(dbd_port=dbd_port, db_port=db_port,
+                                             root=self.root))
+        conf.chmod(0o600)
+        self.daemons.append(subprocess.Popen(
+            ["/usr/sbin/slurmdbd", "-D"], env=self.env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=open(self.root / "slurmdbd.stderr", "wb")))
+        if not wait_for(lambda: self.sacctmgr("show", "cluster").returncode == 0, 60):
+            raise RuntimeError(f"slurmdbd did not start:\n{self.logs()}")
+        for what in (["cluster", "ingerotest"], ["account", "ingero", "cluster=ingerotest"],
+                     ["user", "root", "account=ingero", "cluster=ingerotest"]):
+            self.sacctmgr("add", *what)
+
+    def sacctmgr(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sacctmgr", "-i", *argv], env=self.env, capture_output=True,
+                              text=True, timeout=30)
+
+    def sacct(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sacct", *argv], env=self.env, capture_output=True, text=True,
+                              timeout=30)
 
     def settings(self, **values: str) -> None:
         """What /etc/default/ingero-slurm would say, for the hooks' next runs."""
@@ -121,7 +197,8 @@ class SlurmCluster:
     def node_state(self) -> str:
         done = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env,
                               capture_output=True, text=True, timeout=30)
-        return done.stdout.strip()
+        states = set(done.stdout.split())
+        return states.pop() if len(states) == 1 else " ".join(sorted(states))
 
     def srun(self, *argv: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["srun", *argv], env=self.env, capture_output=True, text=True,
@@ -142,9 +219,9 @@ class SlurmCluster:
                              self.root.glob("*.stderr")))
 
     def stop(self) -> None:
-        for daemon in self.daemons:
+        for daemon in reversed(self.daemons):
             daemon.send_signal(signal.SIGTERM)
-        for daemon in self.daemons:
+        for daemon in reversed(self.daemons):
             try:
                 daemon.wait(30)
             except subprocess.TimeoutExpired:
@@ -225,21 +302,44 @@ class Syslog:
             self.PATH.unlink(missing_ok=True)
 
 
-def cluster_for_module(prefix: str):
+def cluster_for_module(prefix: str, **kw):
     """A module's Slurm cluster under a fresh directory (searchable by postgres, for the
     embedded PostgreSQL of a stack beside it), with /dev/log listened to: a generator for a
-    module-scoped fixture."""
+    module-scoped fixture (``kw`` as SlurmCluster takes them)."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)
     log = Syslog()
     (root / "slurm").mkdir()
-    cluster = SlurmCluster(root / "slurm")
+    cluster = SlurmCluster(root / "slurm", **kw)
     cluster.syslog = log
     try:
         yield cluster
     finally:
         cluster.stop()
         log.close()
+
+
+def stack_beside(cluster: SlurmCluster, **kw):
+    """A one-node Stack whose node-wide ingerod (tracing the sim's libraries in every process
+    of this host) the cluster's hooks tell of each job (INGERO_HOOK_AGENT=node); ``kw`` as
+    Stack takes them."""
+    import sim
+
+    from ingero.stack import Stack
+
+    root = cluster.root.parent
+    spool, sock = root / "jobs", root / "ingerod.sock"
+    cluster.settings(INGERO_PYTHON=sys.executable, INGERO_JOBS_DIR=spool,
+                     INGERO_CONTROL_SOCKET=sock, INGERO_HOOK_AGENT="node")
+    (root / "stack").mkdir(mode=0o755)
+    stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, agent_flags=(
+        "--node", cluster.host, "--jobs-dir", str(spool), "--control-socket", str(sock),
+        "--libraries", ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))),
+        **kw)
+    if not wait_for(sock.exists, 60):
+        stack.stop()
+        raise RuntimeError(f"ingerod's control socket did not come up:\n{stack.logs()}")
+    return stack
 
 
 def ingero_cli(stack, *args: str, env: dict | None = None) -> str:

@@ -242,13 +242,15 @@ def test_list_jobs_in_the_last_hour_from_the_small_tables(world):
     assert answer["window"] == {"since": iso(world["now"] - 3600), "until": None}
     jobs = {j["job"]: j for j in answer["jobs"]}
     assert list(jobs) == [JOB, "6001"]                  # oldest first; 7002 ended before
-    assert jobs[JOB] == {"cluster": "alpha", "job": JOB, "user": "alice",
+    assert jobs[JOB] == {"cluster": "alpha", "job": JOB, "job_id": JOB, "restarts": 0,
+                         "user": "alice",
                          "nodes": ["c-node0", "c-node1"], "ranks": RANKS,
                          "start": iso(t0 - 10), "end": iso(t0 + 110), "stragglers": 2,
                          "cost_gpu_seconds": 3.75, "cost_usd": 0.0375, "account": None,
                          "partition": None, "state": None, "exit_code": None, "gpus": 4}
     # no jobs row, no lag summaries: its nodes and span are its scores'
-    assert jobs["6001"] == {"cluster": "alpha", "job": "6001", "user": None,
+    assert jobs["6001"] == {"cluster": "alpha", "job": "6001", "job_id": "6001", "restarts": 0,
+                            "user": None,
                             "nodes": ["c-node2"], "ranks": None, "start": iso(t0 + 200),
                             "end": iso(t0 + 290), "stragglers": 0, "cost_gpu_seconds": None,
                             "cost_usd": None, "account": None, "partition": None,

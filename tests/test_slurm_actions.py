@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 
 from ingero.launch import Daemon, wait_for
 from ingero.stack import Stack
-from tests.slurmcluster import SlurmCluster, cluster_for_module, ingero_cli, needs_slurm
+from tests.slurmcluster import (SlurmCluster, cluster_for_module, ingero_cli, needs_slurm,
+                               stack_beside)
 from tests.support import needs_ebpf, scrape
 
 pytestmark = [pytest.mark.slow, needs_ebpf, needs_slurm]
@@ -37,20 +37,9 @@ def slurm():
 
 @pytest.fixture(scope="module")
 def stack(slurm):
-    import sim
-
-    root = slurm.root.parent
-    spool, sock = root / "jobs", root / "ingerod.sock"
-    slurm.settings(INGERO_PYTHON=sys.executable, INGERO_JOBS_DIR=spool,
-                   INGERO_CONTROL_SOCKET=sock, INGERO_HOOK_AGENT="node")
-    (root / "stack").mkdir(mode=0o755)
-    stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, journal=True,
-                  fleet_env={"SLURM_CONF": str(slurm.conf)},
-                  fleet_flags=("--slurm-admin-comment", "--slurm-notify", "--drain-after", "2",
-                               "--drain-max-fraction", "0.5"),
-                  agent_flags=("--node", slurm.host, "--jobs-dir", str(spool),
-                               "--control-socket", str(sock), "--libraries", ",".join(
-                                   str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))))
+    stack = stack_beside(slurm, journal=True, fleet_env={"SLURM_CONF": str(slurm.conf)},
+                         fleet_flags=("--slurm-admin-comment", "--slurm-notify",
+                                      "--drain-after", "2", "--drain-max-fraction", "0.5"))
     yield stack
     subprocess.run(["scontrol", "update", f"NodeName={slurm.host}", "State=RESUME"],
                    env=slurm.env, capture_output=True, timeout=30)

@@ -273,6 +273,18 @@ def job_events(node: str, job: str, records: list[dict]) -> list[dict]:
             for r in records]
 
 
+def merged_in_every_order(parts: list[dict]) -> dict:
+    """The job row the parts merge into, the same whatever their order."""
+    rows = set()
+    for order in permutations(parts):
+        row: dict = {}
+        for part in order:
+            row = merge(row, part)
+        rows.add(json.dumps(row, default=str, sort_keys=True))
+    assert len(rows) == 1
+    return json.loads(rows.pop())
+
+
 def test_every_nodes_records_merge_into_one_job_row_in_any_order():
     t = [datetime.fromtimestamp(s, UTC) for s in (100, 101, 300, 302)]
     attrs = {"user": "alice", "account": "physics", "nodelist": "gpu[01-02]", "node_count": 2,
@@ -281,14 +293,7 @@ def test_every_nodes_records_merge_into_one_job_row_in_any_order():
              job_fields("job_start", "gpu02", t[1], {**attrs, "slurm_node": "gpu02"}),
              job_fields("job_end", "gpu01", t[2], {"state": "FAILED", "exit_code": "0:9"}),
              job_fields("job_end", "gpu02", t[3], {"state": "COMPLETED", "exit_code": "0:0"})]
-    rows = set()
-    for order in permutations(parts):
-        row: dict = {}
-        for part in order:
-            row = merge(row, part)
-        rows.add(json.dumps(row, default=str, sort_keys=True))
-    assert len(rows) == 1
-    row = json.loads(rows.pop())
+    row = merged_in_every_order(parts)
     assert row["nodes"] == ["gpu01", "gpu02"] and row["gpus"] == 16
     assert row["start"] == str(t[0]) and row["end"] == str(t[3])
     assert row["state"] == "COMPLETED" and row["exit_code"] == "0:0"
@@ -313,6 +318,63 @@ def test_job_records_fill_the_jobs_table_and_a_replay_changes_nothing(engine):
     assert job.state == "COMPLETED" and job.exit_code == "0:0"
     assert abs(job.start.timestamp() - start["t"]) < 1e-3
     assert abs(job.end.timestamp() - end["t"]) < 1e-3
+
+
+def test_a_requeued_jobs_runs_are_recorded_apart_and_its_row_is_the_latest_run(tmp_path,
+                                                                                  engine):
+    """Run 0 (requeued) and run 1 of job 4243: two files and two events per hook, one row
+    holding run 1's start, end and state, whatever order the records come in."""
+    jobs = tmp_path / "jobs"
+    env = {**SLURM_ENV, "SLURM_JOB_ID": "4243"}
+    records, t0 = [], float(int(time.time()) - 3600)
+    for run, (began, ended, status) in enumerate(((100, 130, "0:15"), (300, 360, "0:0"))):
+        at = {**env, "SLURM_JOB_RESTART_COUNT": str(run), "SLURM_JOB_EXIT_CODE2": status}
+        records += [slurmhook.start_record(at, t0 + began), slurmhook.end_record(at, t0 + ended)]
+    for record in records:
+        slurmhook.write_record(jobs, record)
+    assert sorted(p.name for p in jobs.iterdir()) == [
+        "4243.job_end.json", "4243.job_end.r1.json", "4243.job_start.json",
+        "4243.job_start.r1.json"]
+    spool = JobSpool(jobs, "4243", AgentMetrics())
+    events = spool.scan("gpu01")
+    assert sorted(e["id"] for e in events) == [
+        "gpu01:slurm:4243:job_end", "gpu01:slurm:4243:job_end:r1",
+        "gpu01:slurm:4243:job_start", "gpu01:slurm:4243:job_start:r1"]
+    assert spool.sent([e["spool"] for e in events if e["id"].endswith("job_end:r1")])
+
+    parts = [job_fields(r["event"], "gpu01", datetime.fromtimestamp(r["t"], UTC),
+                        {k: v for k, v in r.items() if k not in ("event", "t", "job")})
+             for r in records]
+    row = merged_in_every_order(parts)
+    assert (row["restarts"], row["state"], row["exit_code"]) == (1, "COMPLETED", "0:0")
+    assert row["start"] == str(datetime.fromtimestamp(t0 + 300, UTC))
+
+    # the same in PostgreSQL, run 1's records first and run 0's late
+    for batch in (records[2:], records[:2]):
+        write_batch(engine, {"events": job_events("gpu01", "4243", batch)})
+    with Session(engine) as session:
+        job = session.scalars(select(Job).where(Job.id == "4243")).one()
+    assert (job.restarts, job.state, job.exit_code, job.start.timestamp(), job.end.timestamp()
+            ) == (1, "COMPLETED", "0:0", t0 + 300, t0 + 360)
+
+
+def test_sacct_and_scontrol_answers_name_each_run():
+    from echod.slurmjobs import Run, parse_sacct, parse_scontrol
+
+    runs = parse_sacct("alpha|5|5|REQUEUED|0:0\nalpha|5|5|COMPLETED|0:0\n"
+                       "alpha|10|1_0|CANCELLED by 1000|0:15\nalpha|3|2+1|TIMEOUT|0:0\n"
+                       "garbage\n")
+    assert runs[("alpha", "5", 0)] == Run("5", "REQUEUED", "0:0")
+    assert runs[("alpha", "5", 1)] == runs[(None, "5", 1)] == Run("5", "COMPLETED", "0:0")
+    assert runs[("alpha", "10", 0)] == Run("1_0", "CANCELLED", "0:15")
+    assert runs[("alpha", "3", 0)].slurm_id == "2+1" and len(runs) == 8
+    shown = parse_scontrol(
+        "JobId=6 ArrayJobId=1 ArrayTaskId=0 JobState=COMPLETING Restarts=0 ExitCode=0:0\n"
+        "JobId=3 HetJobId=2 HetJobOffset=1 JobState=OUT_OF_MEMORY Restarts=2 ExitCode=0:125\n"
+        "JobId=9 JobState=NODE_FAIL Restarts=0 ExitCode=0:0\n", "alpha")
+    assert shown[("alpha", "6", 0)] == Run("1_0", "COMPLETING", "0:0")
+    assert shown[("alpha", "3", 2)] == Run("2+1", "OUT_OF_MEMORY", "0:125")
+    assert shown[(None, "9", 0)] == Run("9", "NODE_FAIL", "0:0")
 
 
 def test_sighup_and_the_control_socket_make_a_running_agent_read_the_spool_at_once(spawn,

@@ -19,6 +19,7 @@ from .. import tools  # noqa: F401 (declaring the tools fills REGISTRY)
 from ..auth import OPTIONAL, PUBLIC, access
 from ..errors import BadRequest, NotFound
 from ..registry import REGISTRY, Scope, ToolContext
+from ..tools.selection import raw_job_args
 from . import MAX_BODY_BYTES
 from .jsonio import answer, loads, read_body
 from .openapi import API_VERSION, document
@@ -130,6 +131,9 @@ def run_tool(name: str, args: dict) -> dict:
         g.principal.require_cluster(cluster)
     context = ToolContext(state().sandbox, g.principal.scope, time.time())
     started = time.monotonic()
+    if "job" in args or "jobs" in args:
+        with context.read() as conn:
+            args = raw_job_args(conn, args)
     result = tool.run(context, args)
     state().metrics.tool_seconds.labels(name).observe(time.monotonic() - started)
     return result

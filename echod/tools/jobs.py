@@ -45,7 +45,9 @@ seen AS (
 SELECT seen.cluster, seen.job, j."user", j.nodes, j.start, j."end",
        least(lag.first, sc.first), greatest(lag.last, sc.last), lag.ranks,
        coalesce(lag.nodes, '{{}}') || coalesce(sc.nodes, '{{}}'), named.ranks,
-       named.gpu_seconds, named.usd, j.account, j.partition, j.state, j.exit_code, j.gpus
+       named.gpu_seconds, named.usd, j.account, j.partition,
+       coalesce(j.slurm_state, j.state), coalesce(j.slurm_exit_code, j.exit_code), j.gpus,
+       j.slurm_id, j.restarts
 FROM seen
 LEFT JOIN jobs j ON j.cluster = seen.cluster AND j.id = seen.job
 LEFT JOIN scores sc ON sc.cluster = seen.cluster AND sc.job = seen.job
@@ -72,7 +74,7 @@ JOB_OUT = closed({
     "start": TIME_OR_NULL, "end": TIME_OR_NULL, "stragglers": INT,
     "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL, "account": STR_OR_NULL,
     "partition": STR_OR_NULL, "state": STR_OR_NULL, "exit_code": STR_OR_NULL,
-    "gpus": INT_OR_NULL})
+    "gpus": INT_OR_NULL, "job_id": STR, "restarts": INT})
 
 
 @tool("list_jobs", summary="The jobs seen in a window: who ran them, where, how many ranks, "
@@ -80,7 +82,9 @@ JOB_OUT = closed({
       input_schema=obj({
           "cluster": CLUSTER_ARG, "since": SINCE_ARG, "until": UNTIL_ARG,
           "user": described(NAME, "Only this user's jobs."),
-          "jobs": described(array(NAME) | {"maxItems": 1000}, "Only these jobs."),
+          "jobs": described(array(NAME) | {"maxItems": 1000},
+                            "Only these jobs, as sacct's -j names them (1234, 1234_7, 1234+1, "
+                            "1234.0; an array or heterogeneous job's id names all of it)."),
           "limit": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000}}),
       output_schema=closed({"jobs": array(JOB_OUT), "window": WINDOW_OUT}))
 def list_jobs(ctx: ToolContext, args: dict) -> dict:
@@ -90,7 +94,11 @@ def list_jobs(ctx: ToolContext, args: dict) -> dict:
     (from the jobs table, else the nodes of its lag summaries and health scores), its ranks
     (those with lag summaries), start and end (the jobs table's, else its first and last lag
     summary or health score), what the Slurm hooks recorded (account, partition, GPUs, how
-    it ended: state and exit:signal), the ranks fleetd named (stragglers) and their verdicts' cost
+    it ended: state and exit:signal, Slurm's own where sacct or scontrol told echod, else the
+    epilog's), its id as Slurm prints it (job_id: 1234_7 for an array task, 1234+1 for a
+    heterogeneous component; 'job' is the raw id every tool takes) and how many times Slurm
+    requeued it (restarts; the row is its latest run), the ranks fleetd named (stragglers)
+    and their verdicts' cost
     (GPU-seconds its peers waited, the newest revision of each verdict, over the whole job;
     USD when fleetd had a rate). Oldest first, at most 'limit'."""
     sel = Selection(args.get("cluster"), window=window_of(ctx, args, whole_job="jobs" in args))
@@ -122,8 +130,9 @@ def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
 
 def job_json(row) -> dict:
     (cluster, job, user, job_nodes, start, end, first, last, ranks, seen_nodes, named,
-     gpu_seconds, usd, account, partition, state, exit_code, gpus) = row
-    return {"cluster": cluster, "job": job, "user": user,
+     gpu_seconds, usd, account, partition, state, exit_code, gpus, slurm_id, restarts) = row
+    return {"cluster": cluster, "job": job, "job_id": slurm_id or job, "restarts": restarts or 0,
+            "user": user,
             "nodes": sorted(set(job_nodes or seen_nodes or [])), "ranks": ranks or None,
             "start": iso(start or first), "end": iso(end or last), "stragglers": named,
             "cost_gpu_seconds": num(gpu_seconds, 3), "cost_usd": num(usd, 6),

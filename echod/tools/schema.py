@@ -24,7 +24,9 @@ def described(schema: dict, description: str) -> dict:
 
 
 CLUSTER_ARG = described(NAME, "Only this cluster (else every cluster the caller may see).")
-JOB_ARG = described(NAME, "Only this job (Slurm job id).")
+JOB_ARG = described(NAME, "Only this job: its Slurm job id as sacct's -j takes it (1234, "
+                    "1234_7 for an array task, 1234+1 for a heterogeneous component, 1234.0 "
+                    "for a step, which names its job) or its raw id.")
 NODE_ARG = described(NAME, "Only this node.")
 RANK_ARG = described(RANK, "Only this rank (the process's global rank).")
 SINCE_ARG = described(TIME_ARG, "Window start, ISO 8601 (RFC 3339) date-time, inclusive; "

@@ -321,6 +321,62 @@ ORDER BY 1
 """
 
 
+# -- Slurm's job ids ---------------------------------------------------------------------------
+
+# JOB.STEP: ingero follows a job's processes, not its steps, so a step names its job
+STEP = re.compile(r"(?P<job>[0-9]+(?:_[0-9]+|\+[0-9]+)?)\.(?:[0-9]+|batch|extern|interactive)")
+SLURM_NAMED = """
+SELECT DISTINCT j.id, coalesce(j.slurm_id, j.id) FROM jobs j
+WHERE {where} AND (j.id = ANY (CAST(:names AS text[])) OR j.slurm_id = ANY (CAST(:names AS text[]))
+                   OR split_part(split_part(j.slurm_id, '_', 1), '+', 1)
+                      = ANY (CAST(:names AS text[])))
+ORDER BY 2
+"""
+
+
+def job_names(name: str) -> str:
+    """A job as the caller named it, its step (1234.0, 1234.batch) left off."""
+    step = STEP.fullmatch(name)
+    return step["job"] if step else name
+
+
+def slurm_jobs(conn: Connection, names: list[str], cluster: str | None) -> dict[str, list]:
+    """Each name (as sacct's -j takes it: 1234, 1234_7, 1234+1, a step of one, or the raw
+    id) → the (raw id, Slurm's id) of the jobs it names: an array job's id names its tasks, a
+    heterogeneous job's its components; a name the jobs table lacks names itself."""
+    wanted = {name: job_names(name) for name in names if storable(name)}
+    where = Where().equal("j.cluster", "cluster", cluster)
+    found = rows(conn, SLURM_NAMED.format(where=where.sql()),
+                 {**where.params, "names": sorted(set(wanted.values()))})
+    named = {}
+    for name, job in wanted.items():
+        mine = [(raw, slurm) for raw, slurm in found
+                if job in (raw, slurm) or slurm.split("_")[0].split("+")[0] == job]
+        named[name] = mine or [(job, job)]
+    return named
+
+
+def raw_job_args(conn: Connection, args: dict) -> dict:
+    """A tool's 'job' and 'jobs' arguments in the raw ids the store keys jobs by: 'jobs' takes
+    every job a name names; 'job' must name one (400 listing them when it names several)."""
+    names = ([args["job"]] if "job" in args else []) + list(args.get("jobs", ()))
+    if not names:
+        return args
+    named = slurm_jobs(conn, names, args.get("cluster"))
+    args = dict(args)
+    if "jobs" in args:
+        args["jobs"] = list(dict.fromkeys(raw for name in args["jobs"] if name in named
+                                          for raw, _ in named[name]))
+    if "job" in args and args["job"] in named:
+        jobs = named[args["job"]]
+        if len({raw for raw, _ in jobs}) > 1:
+            raise ToolError(f"job {args['job']!r} names {len(jobs)} jobs ("
+                            + ", ".join(slurm for _, slurm in jobs[:20])
+                            + "): name one", "ambiguous", 400)
+        args["job"] = jobs[0][0]
+    return args
+
+
 def clusters_of_job(conn: Connection, job: str, cluster: str | None = None) -> list[str]:
     """The visible clusters that ran ``job``, list it in the jobs table, or judged it."""
     if not storable(job):
