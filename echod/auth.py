@@ -23,12 +23,14 @@ so that guessing is slowed down.
 from __future__ import annotations
 
 import contextlib
+import grp
 import hashlib
 import hmac
 import json
 import logging
 import math
 import os
+import pwd
 import re
 import secrets
 import stat
@@ -43,6 +45,8 @@ from typing import Any
 
 import yaml
 from flask import Flask, g, request
+
+from ingero import munge
 
 from .errors import EchodError, Forbidden, HttpError, Unauthorized
 from .ratelimit import worker_share
@@ -97,13 +101,19 @@ def token_hash(token: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request comes from: a token's name, hash, clusters and capabilities."""
+    """Who a request comes from: a token's name, hash, clusters and capabilities; or a Unix
+    user proven by MUNGE (``user``), who reads their own jobs only unless ``every_user``."""
 
     name: str
     token_sha256: str
     scope: Scope
     capabilities: frozenset[str]
     retiring_until: float | None = None     # unix seconds its grace ends, once rotated out
+    user: str | None = None
+    every_user: bool = True
+
+    def own_jobs_only(self) -> bool:
+        return self.user is not None and not self.every_user
 
     def may(self, capability: str) -> bool:
         if capability not in CAPABILITIES:
@@ -112,7 +122,9 @@ class Principal:
 
     def require(self, capability: str) -> None:
         if not self.may(capability):
-            raise NotAllowed(f"token {self.name!r} may not use {capability}",
+            whose = f"{self.user!r} (a MUNGE user: read only; SQL needs a token)" if self.user \
+                else f"token {self.name!r}"
+            raise NotAllowed(f"{whose} may not use {capability}",
                              token_sha256=self.token_sha256, token=self.name)
 
     def require_cluster(self, cluster: str) -> None:
@@ -475,6 +487,55 @@ def bearer_token(authorization: str | None) -> str:
     raise TokenRefused(problem, headers={"WWW-Authenticate": _CHALLENGE})
 
 
+# -- MUNGE ---------------------------------------------------------------------------------------
+
+_MUNGE_CHALLENGE = {"WWW-Authenticate": f'{munge.SCHEME} realm="echod"'}
+
+
+class MungeUsers:
+    """``Authorization: MUNGE <credential>``: the Unix user munged says minted it, as a
+    Principal that may read (never SQL) every cluster's jobs of that user; root and the
+    members of ``admin_group`` read every user's."""
+
+    def __init__(self, socket: str, admin_group: str | None):
+        self.socket, self.admin_group = socket, admin_group
+
+    def enabled(self) -> bool:
+        return self.socket != "none"
+
+    def authenticate(self, authorization: str) -> Principal:
+        _, _, credential = authorization.partition(" ")
+        try:
+            who = munge.decode(credential.strip(), self.socket)
+        except munge.MungeError as exc:
+            raise TokenRefused(f"MUNGE credential refused: {exc}", code="invalid_credential",
+                               headers=_MUNGE_CHALLENGE) from None
+        try:
+            entry = pwd.getpwuid(who.uid)
+        except KeyError:
+            raise TokenRefused(f"MUNGE credential refused: uid {who.uid} is no user on echod's "
+                               "host", code="invalid_credential",
+                               headers=_MUNGE_CHALLENGE) from None
+        name = entry.pw_name
+        return Principal(f"munge:{name}", token_hash(f"munge:{who.uid}"), Scope(None),
+                         frozenset({"read"}), user=name, every_user=self.admin(entry))
+
+    def admin(self, entry: pwd.struct_passwd) -> bool:
+        if entry.pw_uid == 0:
+            return True
+        if not self.admin_group:
+            return False
+        try:
+            gid = grp.getgrnam(self.admin_group).gr_gid
+        except KeyError:
+            return False
+        return gid in os.getgrouplist(entry.pw_name, entry.pw_gid)
+
+
+def munge_scheme(authorization: str | None) -> bool:
+    return bool(authorization) and authorization.split(" ", 1)[0].upper() == munge.SCHEME
+
+
 # -- the API's hook ----------------------------------------------------------------------------
 
 # Who may call a view: anyone, anyone (a token, if given, must be good), or a token holder.
@@ -496,6 +557,7 @@ def init_app(app: Flask) -> None:
     settings = app.config["ECHOD_SETTINGS"]
     tokens = TokenStore(settings.tokens_file, settings.retired_file, settings.token_grace)
     tokens.load()
+    users = MungeUsers(settings.munge_socket, settings.munge_admin_group)
     guessing = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
 
     @app.before_request
@@ -507,7 +569,14 @@ def init_app(app: Flask) -> None:
         if level == PUBLIC or (level == OPTIONAL and header is None):
             return
         try:
-            g.principal = tokens.authenticate(header)
+            if munge_scheme(header):
+                if not users.enabled():
+                    raise TokenRefused("this echod takes bearer tokens only (its "
+                                       "--munge-socket is none)", code="unauthorized",
+                                       headers={"WWW-Authenticate": _CHALLENGE})
+                g.principal = users.authenticate(header)
+            else:
+                g.principal = tokens.authenticate(header)
         except AuthError as exc:
             g.refused = (exc.token_sha256, exc.token)
             guessing.check(f"address:{request.remote_addr}")

@@ -5,6 +5,8 @@ from ingero.settings import (Setting, boolean, choice, integer, kind_days, liste
                              log_level, number, optional, optional_text, path, text,
                              zmq_endpoint)
 
+from ingero.munge import DEFAULT_SOCKET
+
 from .slurmjobs import MODES
 
 DEFAULT_CONFIG = "/etc/ingero/echod.yaml"
@@ -67,6 +69,14 @@ SETTINGS = [
     Setting("tokens_file", "/etc/ingero/echod-tokens.yaml", path,
             "The API's bearer tokens, stored hashed (manage it with 'echod token'); re-read on "
             "SIGHUP.", "FILE"),
+    Setting("munge_socket", DEFAULT_SOCKET, text,
+            "munged's socket, to decode the MUNGE credential with which the ingero command "
+            "proves its Unix user (as Slurm's commands do): that user sees their own jobs with "
+            "no token; 'none' accepts bearer tokens only.", "PATH"),
+    Setting("munge_admin_group", None, optional_text,
+            "Unix group whose members (and root), proving themselves with MUNGE, see every "
+            "user's jobs, as Slurm operators do with sacct -a [default: none: root only].",
+            "GROUP"),
     Setting("token_grace", 300.0, number(0, 7 * 86_400),
             "Seconds a token removed from --tokens-file keeps working after SIGHUP.", "SECONDS"),
     Setting("audit_log", "/var/log/ingero/echod-audit.jsonl", path,

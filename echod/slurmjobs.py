@@ -5,8 +5,9 @@ cancelled from one its time limit killed, nor see array tasks or heterogeneous c
 (Slurm 22.05 gives a prolog only the raw id). Slurm advises against Slurm commands in a
 prolog or epilog, so echod asks instead, off the job's path: every ``--slurm-interval``
 seconds, one ``sacct`` call for the jobs whose id or ended run Slurm has not yet named
-(``-D``: a requeued job's earlier runs are lines of their own, REQUEUED, in order), or where
-no accounting answers, one ``scontrol show job`` (the jobs slurmctld still holds). Each job is
+(``-D``: a requeued job's earlier runs are lines of their own, REQUEUED, in order) and one
+``squeue`` for their ids while slurmctld holds them, or where no accounting answers, one
+``scontrol show job`` (the jobs slurmctld still holds). Each job is
 asked at most ``MAX_TRIES`` times, for a week at most after it was seen; a run still shown
 running is asked again later. What sacct or scontrol say goes to ``slurm_id``,
 ``slurm_state`` and ``slurm_exit_code``; the reports show those over the hook's.
@@ -19,7 +20,7 @@ import re
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
@@ -81,6 +82,7 @@ class SlurmStates:
         self.next_pass = 0.0
         self.thread: threading.Thread | None = None
         self.complained = False
+        self.local: str | None = None
 
     def tick(self, now: float) -> None:
         if self.mode == "off" or now < self.next_pass or (
@@ -134,14 +136,39 @@ class SlurmStates:
         return len(jobs)
 
     def ask(self, jobs) -> dict[tuple[str | None, str, int], Run]:
-        """(Slurm cluster, raw id, run) → Run, from sacct, else scontrol."""
+        """(Slurm cluster, raw id, run) → Run, from sacct, else scontrol. slurmdbd learns a
+        heterogeneous component's offset only after the job has run (sacct shows 1234+1 as
+        1235 until then), so the ids slurmctld still holds are taken from squeue."""
         if self.mode in ("auto", "sacct"):
             try:
-                return self.sacct(jobs)
+                runs = self.sacct(jobs)
             except SlurmUnavailable:
                 if self.mode == "sacct":
                     raise
+            else:
+                return self.named_by_slurmctld(jobs, runs)
         return self.scontrol()
+
+    def named_by_slurmctld(self, jobs, runs: dict) -> dict:
+        try:
+            local = self.local_cluster()
+            out = self.run(["squeue", "-h", "-a", "-t", "all", "-o", "%A|%i", "-j",
+                            ",".join(sorted({job for _, job, _, _, _ in jobs}, key=int))])
+        except SlurmUnavailable:
+            return runs          # squeue -j of one job slurmctld no longer holds fails too
+        names = dict(line.split("|", 1) for line in out.splitlines() if line.count("|") == 1)
+        return {(cluster, raw, run): replace(answer, slurm_id=names[raw])
+                if raw in names and cluster in (None, local) else answer
+                for (cluster, raw, run), answer in runs.items()}
+
+    def local_cluster(self) -> str | None:
+        """This host's Slurm cluster (scontrol show config's ClusterName), asked once."""
+        if self.local is None:
+            for line in self.run(["scontrol", "show", "config"]).splitlines():
+                name, _, value = line.partition("=")
+                if name.strip() == "ClusterName":
+                    self.local = value.strip()
+        return self.local
 
     def run(self, argv: list[str]) -> str:
         if shutil.which(argv[0], path=(self.environ or {}).get("PATH")) is None:
@@ -165,11 +192,7 @@ class SlurmStates:
         return parse_sacct(out)
 
     def scontrol(self) -> dict:
-        local = None
-        for line in self.run(["scontrol", "show", "config"]).splitlines():
-            name, _, value = line.partition("=")
-            if name.strip() == "ClusterName":
-                local = value.strip()
+        local = self.local_cluster()
         return parse_scontrol(self.run(["scontrol", "show", "job", "-o"]), local)
 
 

@@ -1,4 +1,5 @@
-"""echod's HTTP API as the command line reaches it: where it is, the token, the CA to trust.
+"""echod's HTTP API as the command line reaches it: where it is, who asks (a token, or the
+user's MUNGE credential), the CA to trust.
 
 The settings are declared once (``SETTINGS``) and layered like the daemons' (``ingero.settings``):
 their defaults, then the first client file found (``~/.config/ingero/ingero.yaml``, then
@@ -10,21 +11,24 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import click
 
-from . import __version__
+from . import __version__, munge
 from .errors import ApiCallError, ConfigError
-from .settings import (Setting, boolean, click_options, load, number, optional, optional_text,
-                       path)
+from .settings import (Setting, boolean, choice, click_options, load, number, optional,
+                       optional_text, path, text)
 
 TIMEOUT_S = 120            # the API's own SQL limit is 60 s; leave it room to answer
+AUTH_MODES = ("auto", "token", "munge")
 USER_CONFIG = Path("~/.config/ingero/ingero.yaml")
 SITE_CONFIG = Path("/etc/ingero/ingero.yaml")
 
@@ -36,6 +40,11 @@ SETTINGS = [
             "$INGERO_TOKEN to a flag, which other users can read in the process list.", "TOKEN",
             hidden=True),
     Setting("token_file", None, optional(path), "File holding the bearer token.", "FILE"),
+    Setting("auth", "auto", choice(*AUTH_MODES),
+            "How to prove who asks: token (--token-file or $INGERO_TOKEN), munge (a MUNGE "
+            "credential from the local munged, as Slurm's commands do: you see your own "
+            "jobs), or auto (the token when one is given, else MUNGE).", "MODE"),
+    Setting("munge_socket", munge.DEFAULT_SOCKET, text, "The local munged's socket.", "PATH"),
     Setting("ca_cert", None, optional(path),
             "PEM CA (or echod's own certificate) to verify echod by [default: the system's "
             "CAs].", "FILE"),
@@ -76,11 +85,33 @@ def connect(cfg: SimpleNamespace) -> "EchodClient":
                           "unencrypted (--insecure-no-tls to allow it)")
     if scheme not in ("https", "http"):
         raise ConfigError(f"the URL must be https://HOST:PORT, not {cfg.url!r}")
-    return EchodClient(cfg.url, read_token(cfg), str(cfg.ca_cert) if cfg.ca_cert else None,
+    return EchodClient(cfg.url, credentials(cfg), str(cfg.ca_cert) if cfg.ca_cert else None,
                        cfg.timeout)
 
 
-def read_token(cfg: SimpleNamespace) -> str:
+def credentials(cfg: SimpleNamespace) -> str | Callable[[], str]:
+    """The token, or what makes a fresh MUNGE Authorization header for each request."""
+    token = read_token(cfg)
+    if token and cfg.auth != "munge":
+        return token
+    if cfg.auth == "token":
+        raise ConfigError("no token: give --token-file FILE or set INGERO_TOKEN (make one "
+                          "with 'echod token create')")
+    if cfg.auth == "auto" and (shutil.which("munge") is None
+                               or not Path(cfg.munge_socket).exists()):
+        raise ConfigError("no token, and no munged here to prove who you are: give "
+                          "--token-file FILE, set INGERO_TOKEN, or run where munge runs")
+    return lambda: f"{munge.SCHEME} {_credential(cfg.munge_socket)}"
+
+
+def _credential(socket: str) -> str:
+    try:
+        return munge.credential(socket)
+    except munge.MungeError as exc:
+        raise ConfigError(f"no MUNGE credential: {exc}") from None
+
+
+def read_token(cfg: SimpleNamespace) -> str | None:
     token = cfg.token
     if cfg.token_file is not None:
         try:
@@ -88,17 +119,15 @@ def read_token(cfg: SimpleNamespace) -> str:
         except OSError as exc:
             raise ConfigError(f"cannot read the token file {cfg.token_file}: "
                               f"{exc.strerror}") from None
-    if not token or not token.strip():
-        raise ConfigError("no token: give --token-file FILE or set INGERO_TOKEN (make one "
-                          "with 'echod token create')")
-    return token.strip()
+    return token.strip() if token and token.strip() else None
 
 
 class EchodClient:
-    """echod's HTTP API with one bearer token, TLS verified against ``ca_cert`` (the system's
-    CAs when None), every request bounded by ``timeout`` seconds."""
+    """echod's HTTP API with one bearer token (or, given a function, the Authorization header
+    it makes for each request), TLS verified against ``ca_cert`` (the system's CAs when
+    None), every request bounded by ``timeout`` seconds."""
 
-    def __init__(self, url: str, token: str, ca_cert: str | None = None,
+    def __init__(self, url: str, token: str | Callable[[], str], ca_cert: str | None = None,
                  timeout: float = TIMEOUT_S):
         self.url, self.timeout = url.rstrip("/"), timeout
         try:
@@ -107,8 +136,8 @@ class EchodClient:
             raise ConfigError(f"cannot use the CA file {ca_cert}: {exc}") from None
         self.opener = urllib.request.build_opener(
             _NoRedirect, urllib.request.HTTPSHandler(context=context))
-        self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
-                        "User-Agent": f"ingero/{__version__}"}
+        self.authorization = token if callable(token) else lambda: f"Bearer {token}"
+        self.headers = {"Accept": "application/json", "User-Agent": f"ingero/{__version__}"}
 
     def tools(self) -> list[dict]:
         """The tools this token may call, as echod lists them."""
@@ -123,8 +152,8 @@ class EchodClient:
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        headers = self.headers if data is None else {**self.headers,
-                                                     "Content-Type": "application/json"}
+        headers = {**self.headers, "Authorization": self.authorization(),
+                   **({} if data is None else {"Content-Type": "application/json"})}
         request = urllib.request.Request(self.url + path, data, headers, method=method)
         try:
             with self.opener.open(request, timeout=self.timeout) as answer:

@@ -101,14 +101,29 @@ def commands() -> None:
     """The commands over echod's API (added to ``ingero``)."""
 
 
+def whose(command):
+    """sacct's -u, -A and -a, for the commands that list jobs."""
+    for option in reversed((
+            click.option("-u", "--user", metavar="USER", help="Only this user's jobs"),
+            click.option("-A", "--accounts", metavar="ACCOUNT[,ACCOUNT...]",
+                         help="Only jobs charged to these accounts"),
+            click.option("-a", "--allusers", is_flag=True,
+                         help="Every user's jobs (with MUNGE, for root and echod's admin "
+                              "group; a token sees them anyway) [default: your own, with "
+                              "MUNGE]"))):
+        command = option(command)
+    return command
+
+
 @api_command(commands, "report")
 @click.option("-j", "--jobs", metavar="JOBID[,JOBID...]",
               help="These jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0) "
                    "[default: every job seen in the window]")
 @click.option("-X", "--allocations", is_flag=True, help="One line per job, not per rank")
+@whose
 @table_options(REPORT_FIELDS, REPORT_DEFAULT)
-def report_command(echod, jobs, allocations, starttime, endtime, fmt, helpformat, parsable,
-                   parsable2, noheader, as_json) -> None:
+def report_command(echod, jobs, allocations, user, accounts, allusers, starttime, endtime, fmt,
+                   helpformat, parsable, parsable2, noheader, as_json) -> None:
     """One row per rank of each job: lag, how often last, self-work against its peers,
     fleetd's verdict, the cause and the cost, in sacct's layouts.
 
@@ -124,7 +139,7 @@ def report_command(echod, jobs, allocations, starttime, endtime, fmt, helpformat
         return
     named = job_list(jobs)
     since, until = parse_window(starttime, endtime, None if named else "midnight")
-    rows = job_rows(echod, named, since, until)
+    rows = job_rows(echod, named, since, until, user, job_list(accounts), allusers)
     if not allocations:
         rows = report_rows(echod, rows, since, until)
     print_rows(rows, fields, fmt or default, parsable=parsable, parsable2=parsable2,
@@ -134,10 +149,10 @@ def report_command(echod, jobs, allocations, starttime, endtime, fmt, helpformat
 @api_command(commands, "jobs")
 @click.option("-j", "--jobs", metavar="JOBID[,JOBID...]",
               help="Only these jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0)")
-@click.option("-u", "--user", metavar="USER", help="Only this user's jobs")
+@whose
 @table_options(JOB_FIELDS, JOB_DEFAULT)
-def jobs_command(echod, jobs, user, starttime, endtime, fmt, helpformat, parsable, parsable2,
-                 noheader, as_json) -> None:
+def jobs_command(echod, jobs, user, accounts, allusers, starttime, endtime, fmt, helpformat,
+                 parsable, parsable2, noheader, as_json) -> None:
     """The jobs seen in the window: user, nodes, ranks, start, end, stragglers, cost.
 
     The window starts at midnight today unless -S says otherwise.
@@ -148,7 +163,7 @@ def jobs_command(echod, jobs, user, starttime, endtime, fmt, helpformat, parsabl
         click.echo(sacct.helpformat(JOB_FIELDS))
         return
     since, until = parse_window(starttime, endtime, None if jobs else "midnight")
-    rows = job_rows(echod, job_list(jobs), since, until, user)
+    rows = job_rows(echod, job_list(jobs), since, until, user, job_list(accounts), allusers)
     print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, parsable=parsable, parsable2=parsable2,
                noheader=noheader, as_json=as_json)
 

@@ -175,9 +175,14 @@ def run_ingero_mcp(*args: str, env: dict | None = None) -> subprocess.CompletedP
 
 
 def test_it_refuses_to_start_without_a_token_tls_or_a_good_token(api, tmp_path):
-    no_token = run_ingero_mcp("--url", api.url, env={"PATH": "/usr/bin:/bin"})
+    no_token = run_ingero_mcp("--url", api.url, "--munge-socket", str(tmp_path / "no.sock"),
+                              env={"PATH": "/usr/bin:/bin"})
     assert no_token.returncode != 0
     assert no_token.stderr.strip().splitlines() == [
+        "Error: no token, and no munged here to prove who you are: give --token-file FILE, "
+        "set INGERO_TOKEN, or run where munge runs"]
+    only_token = run_ingero_mcp("--url", api.url, "--auth", "token", env={"PATH": "/usr/bin:/bin"})
+    assert only_token.stderr.strip().splitlines() == [
         "Error: no token: give --token-file FILE or set INGERO_TOKEN (make one with "
         "'echod token create')"]
     plain = run_ingero_mcp("--url", f"http://127.0.0.1:{api.port}", "--token-file",

@@ -5,20 +5,30 @@ of a real stack (fleetd, echod).
 An array job whose tasks run traced sim ranks, a heterogeneous job, a job of two srun steps, a
 job requeued once, one cancelled and one killed by its time limit: ``ingero jobs`` shows each
 with the id and state sacct shows, compared side by side; ``ingero report`` takes the ids in
-every form sacct's -j does.
+every form sacct's -j does. Two Unix users each run a job and ask with their MUNGE
+credential, no token: each sees their own job only, every user's jobs only root does; a forged,
+expired or replayed credential is refused with one line.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import ssl
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
+from ingero import munge
 from ingero.launch import wait_for
 from ingero.stack import Stack
-from tests.slurmcluster import (SlurmCluster, cluster_for_module, ingero_cli, needs_slurm,
-                               stack_beside)
+from tests.slurmcluster import (REPO, SlurmCluster, cluster_for_module, ingero_cli,
+                               needs_slurm, stack_beside)
 from tests.support import needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf, needs_slurm]
@@ -106,9 +116,11 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
     # ingero names them all as sacct does once echod has asked it (and the hooks' records of
     # the requeued job's two runs have not blended: its row is the run that completed)
     assert wait_for(lambda: ingero_rows(stack, jobs) == slurm, 60), (
-        sorted(ingero_rows(stack, jobs) ^ slurm),
-        ingero_cli(stack, "sql", "--json", "SELECT * FROM jobs ORDER BY id"),
-        stack.echod.daemon.log()[-3000:])
+        sorted(ingero_rows(stack, jobs) ^ slurm), ingero_cli(
+            stack, "sql", "SELECT id, slurm_id, restarts, state, slurm_state, slurm_tries, "
+            "slurm_checked, start, \"end\" FROM jobs ORDER BY id"),
+        cluster.sacct("-a", "-X", "-D", "-P", "-o", "JobIDRaw,JobID,State,Start,End").stdout,
+        [line for line in stack.echod.daemon.log().splitlines() if "Slurm" in line])
     rows = json.loads(ingero_cli(stack, "jobs", "-j", requeued, "--json"))
     assert [(r["job_id"], r["restarts"], r["state"]) for r in rows] == [
         (requeued, 1, "COMPLETED")], rows
@@ -131,3 +143,109 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
         p.read_text() for p in work.glob("*.out"))
     assert sorted(report.split()) == sorted(f"{array}_{t}|{r}" for t in range(3)
                                             for r in range(2)), report
+
+
+# -- users by MUNGE ----------------------------------------------------------------------------
+
+USERS = ("ingero-alice", "ingero-bob")
+
+
+def unix_user(name: str) -> pwd.struct_passwd:
+    """A user of this host (made once: no home, no login shell)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True,
+                       capture_output=True, timeout=30)
+        return pwd.getpwnam(name)
+
+
+def as_user(stack: Stack, user: str, *args: str) -> subprocess.CompletedProcess:
+    """``ingero ARGS`` run by ``user``: no token, so it proves who it is with MUNGE."""
+    home = stack.root / f"home-{user}"
+    home.mkdir(exist_ok=True)
+    entry = unix_user(user)
+    os.chown(home, entry.pw_uid, entry.pw_gid)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "INGERO_URL": stack.echod.url,
+           "INGERO_CA_CERT": str(stack.echod.cert)}
+    return subprocess.run(["runuser", "-u", user, "--", "env", "-i",
+                           *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
+                           "ingero", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def refusal(stack: Stack, authorization: str) -> tuple[int, dict]:
+    request = urllib.request.Request(stack.echod.url + "/api/v1/tools/list_jobs", b"{}", {
+        "Authorization": authorization, "Content-Type": "application/json"}, method="POST")
+    context = ssl.create_default_context(cafile=str(stack.echod.cert))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as answer:
+        return answer.code, json.loads(answer.read())
+
+
+def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones(cluster, stack):
+    import sim
+
+    jobs = {}
+    for user in USERS:
+        entry = unix_user(user)
+        work = cluster.root / user
+        work.mkdir()
+        os.chown(work, entry.pw_uid, entry.pw_gid)
+        done = subprocess.run(
+            ["runuser", "-u", user, "--", "sbatch", "--parsable", "-o", "/dev/null", "-n", "2",
+             "--chdir", str(work), "--wrap",
+             f"srun -n 2 {sim.bin_dir() / 'ingero-sim-rank'} --steps 150 --step-ms 20 "
+             f"--unique-id-file {work}/uid --record {work}/ranks.jsonl"],
+            env=cluster.env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        jobs[user] = done.stdout.strip()
+    assert wait_for(lambda: not subprocess.run(
+        ["squeue", "-h"], env=cluster.env, capture_output=True, text=True).stdout.strip(),
+        120, interval=1)
+
+    def own_report(user: str) -> set[str] | None:
+        done = as_user(stack, user, "report", "-n", "-P", "-o", "JobID,Rank")
+        assert done.returncode == 0, done.stderr
+        rows = set(done.stdout.split())
+        return rows if len(rows) >= 2 else None
+
+    for user in USERS:
+        mine = {f"{jobs[user]}|0", f"{jobs[user]}|1"}
+        assert wait_for(lambda: own_report(user) == mine, 60), own_report(user)
+        other = jobs[USERS[1 - USERS.index(user)]]
+        assert as_user(stack, user, "report", "-j", other, "-n").stdout == ""
+        listed = as_user(stack, user, "jobs", "-n", "-P", "-o", "JobID,User")
+        assert listed.stdout.split() == [f"{jobs[user]}|{user}"], listed
+
+        # every user's jobs: refused with one line
+        every = as_user(stack, user, "jobs", "-a")
+        assert every.returncode == 1 and len(every.stderr.strip().splitlines()) == 1, every
+        assert "own jobs only" in every.stderr, every.stderr
+        sql = as_user(stack, user, "sql", "SELECT 1")
+        assert sql.returncode == 1 and "SQL needs a token" in sql.stderr, sql.stderr
+
+    # root (an admin by MUNGE, no token): everyone's
+    admin = as_user(stack, "root", "jobs", "-a", "-n", "-P", "-o", "JobID,User")
+    assert admin.returncode == 0, admin.stderr
+    assert {f"{jobs[u]}|{u}" for u in USERS} <= set(admin.stdout.split()), admin.stdout
+
+    # forged, expired, replayed, or minted for something else: 401 and one line
+    expired = munge.credential(ttl=1)
+    time.sleep(2)
+    fresh = munge.credential()
+    refusal(stack, f"MUNGE {fresh}")
+    other = subprocess.run(["munge", "-n"], capture_output=True, text=True).stdout.strip()
+    good = munge.credential()
+    middle = len(good) // 2
+    forged = good[:middle] + ("A" if good[middle] != "A" else "B") + good[middle + 1:]
+    for credential, reason in (("MUNGE:AAAAforged0000:", "Failed to base64-decode"),
+                               (forged, "Invalid credential"),
+                               (expired, "Expired credential"),
+                               (fresh, "Replayed credential"),
+                               (other, "minted for something other than echod")):
+        status, body = refusal(stack, f"MUNGE {credential}")
+        message = body["error"]
+        assert status == 401 and reason in message and "\n" not in message, (status, body)

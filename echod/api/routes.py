@@ -12,13 +12,14 @@ import time
 from flask import Blueprint, current_app, g, jsonify, request
 from jsonschema import Draft202012Validator
 from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
 
 import ingero
 
 from .. import tools  # noqa: F401 (declaring the tools fills REGISTRY)
-from ..auth import OPTIONAL, PUBLIC, access
+from ..auth import OPTIONAL, PUBLIC, NotAllowed, access
 from ..errors import BadRequest, NotFound
-from ..registry import REGISTRY, Scope, ToolContext
+from ..registry import REGISTRY, Scope, ToolContext, ToolError
 from ..tools.selection import raw_job_args
 from . import MAX_BODY_BYTES
 from .jsonio import answer, loads, read_body
@@ -131,12 +132,41 @@ def run_tool(name: str, args: dict) -> dict:
         g.principal.require_cluster(cluster)
     context = ToolContext(state().sandbox, g.principal.scope, time.time())
     started = time.monotonic()
-    if "job" in args or "jobs" in args:
+    if "job" in args or "jobs" in args or g.principal.own_jobs_only():
         with context.read() as conn:
             args = raw_job_args(conn, args)
+            if g.principal.own_jobs_only():
+                args = own_jobs(conn, name, args, g.principal)
     result = tool.run(context, args)
     state().metrics.tool_seconds.labels(name).observe(time.monotonic() - started)
     return result
+
+
+OWNED = """SELECT 1 FROM jobs j WHERE j.id = :job AND j."user" = :user
+           AND (CAST(:cluster AS text) IS NULL OR j.cluster = :cluster) LIMIT 1"""
+
+
+def own_jobs(conn, name: str, args: dict, principal) -> dict:
+    """What a MUNGE user who is no admin may ask: list_jobs of their own jobs, and any tool
+    about one job of theirs (as the jobs table says: the Slurm prolog recorded its user);
+    nothing that reads other users' jobs."""
+    user = principal.user
+    if name == "list_jobs":
+        if args.get("all_users") or args.get("user", user) != user:
+            raise NotAllowed(f"{user!r} sees their own jobs only: every user's (-a) or "
+                             f"another's (-u) are for root, the admin group "
+                             f"(--munge-admin-group) or a token", token=principal.name,
+                             token_sha256=principal.token_sha256)
+        return {**args, "user": user}
+    if "job" in args:
+        if conn.execute(text(OWNED), {"job": args["job"], "user": user,
+                                      "cluster": args.get("cluster")}).first() is None:
+            raise ToolError(f"no job {args['job']!r} of {user!r} in the clusters you may see",
+                            "not_found", 404)
+        return args
+    raise NotAllowed(f"{name} reads every user's jobs; {user!r} may ask about their own "
+                     f"(with -j JOB), or use a token", token=principal.name,
+                     token_sha256=principal.token_sha256)
 
 
 def whole_numbers(args: dict, schema: dict) -> dict:

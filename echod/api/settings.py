@@ -35,6 +35,8 @@ class ApiSettings:
     concurrency_per_token: int   # most requests of one token in flight, per worker
     sql_scoped: bool = True      # scoped tokens may run SQL (the catalog is closed to them)
     schema_revision: str | None = None
+    munge_socket: str = "none"   # munged's, to decode users' MUNGE credentials; none: off
+    munge_admin_group: str | None = None   # its members see every user's jobs
 
     def write(self, path: Path) -> Path:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -103,7 +103,8 @@ class ApiProcess:
             sql_timeout_ms=int(cfg.sql_timeout * 1000), sql_row_cap=cfg.sql_row_cap,
             threads=cfg.api_threads, answer_cap=cfg.api_answer_cap,
             concurrency_per_token=concurrency_per_token(cfg), schema_revision=revision,
-            sql_scoped=closed or cfg.sql_scoped_without_closed_catalog)
+            sql_scoped=closed or cfg.sql_scoped_without_closed_catalog,
+            munge_socket=cfg.munge_socket, munge_admin_group=cfg.munge_admin_group)
         self.settings.write(self.runtime / "api.json")
         self.process: subprocess.Popen | None = None
         self.front: Front | None = None

@@ -82,6 +82,12 @@ JOB_OUT = closed({
       input_schema=obj({
           "cluster": CLUSTER_ARG, "since": SINCE_ARG, "until": UNTIL_ARG,
           "user": described(NAME, "Only this user's jobs."),
+          "accounts": described(array(NAME) | {"maxItems": 1000},
+                                "Only jobs charged to these Slurm accounts."),
+          "all_users": described(BOOL, "Every user's jobs, as sacct -a: what a token sees "
+                                 "anyway; a user proven by MUNGE needs to be root or in "
+                                 "echod's --munge-admin-group (without it, and without "
+                                 "'user', such a user sees their own jobs)."),
           "jobs": described(array(NAME) | {"maxItems": 1000},
                             "Only these jobs, as sacct's -j names them (1234, 1234_7, 1234+1, "
                             "1234.0; an array or heterogeneous job's id names all of it)."),
@@ -114,6 +120,8 @@ def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
     scores = sel.where("s", time=None, node=False, rank=False)
     scores_window = Where().within("s.t", sel.window)
     user = Where().equal('j."user"', "user", args.get("user"))
+    if "accounts" in args:
+        user.add("j.account = ANY (CAST(:accounts AS text[]))", accounts=list(args["accounts"]))
     if "jobs" in args:
         named = [job for job in args["jobs"] if storable(job)]     # the others were never stored
         for where, alias in ((jobs, "j.id"), (lag, "p.job"), (verdicts, "v.job"),
