@@ -4,7 +4,7 @@
 VENV   ?= $(CURDIR)/.venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup sim demo test bench install lint-man clean
+.PHONY: setup sim demo test bench install lint-man constraints clean
 
 setup:
 	@bash scripts/setup-debian.sh
@@ -32,6 +32,11 @@ install:
 
 lint-man:
 	mandoc -T lint -W warning man/*.[1-8]
+
+# constraints.txt: the versions of every package of the venv the tests passed in.
+constraints:
+	@{ sed -n '1,3p' constraints.txt; $(PYTHON) -m pip freeze --local --exclude-editable; } \
+		> constraints.txt.new && mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

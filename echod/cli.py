@@ -12,6 +12,7 @@ import sqlalchemy.exc
 from ingero.cli_common import config_option, keygen_command, load_settings
 from ingero.errors import IngeroError
 from ingero.runtime import SignalFlags, serve_metrics, setup_logging
+from ingero.sdnotify import Notifier
 from ingero.settings import click_options
 
 from . import db, store
@@ -100,10 +101,13 @@ def first_line(exc: sqlalchemy.exc.DBAPIError) -> str:
     return str(exc.orig or exc).strip().splitlines()[0]
 
 
-def upgrade(engine) -> str:
-    """Migrate at start; a database that cannot be reached is a one-line error."""
+def upgrade(engine, notifier: Notifier | None = None) -> str:
+    """Migrate at start, systemd told to wait meanwhile (a migration over a large store takes
+    longer than TimeoutStartSec); a database that cannot be reached is a one-line error."""
     try:
-        return db.upgrade(engine)
+        with (notifier or Notifier({})).extending(
+                f"migrating the schema to {db.head_revision()}"):
+            return db.upgrade(engine)
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
         raise DatabaseUnavailable(f"cannot reach the database: {first_line(exc)}") from None
 
@@ -144,7 +148,7 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
         tls = check_tls(cfg) if cfg.api_bind else None   # a bad setup fails before anything runs
         with database(cfg, revive=True) as (dsn, revive):
             engine = db.make_engine(dsn)
-            revision = upgrade(engine)
+            revision = upgrade(engine, Notifier())
             click.echo(f"echod: schema at {revision}", err=True)
             api = ApiProcess(cfg, tls, engine, revision) if cfg.api_bind else None
             http = None

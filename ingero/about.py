@@ -1,11 +1,16 @@
 """What ``ingero version`` tells an operator about this node's installation: ingero's version,
-the Python it runs on, whether Debian's bcc imports, the kernel, and where ingerod finds its BPF
-sources and the rate table (package data of the installed wheel)."""
+the Python it runs on, whether Debian's bcc imports, the kernel, where ingerod finds its BPF
+sources and the rate table (package data of the installed wheel), which parts this
+installation can run (a compute node's ``ingero[agent]`` has no echod) and which of ingero's
+daemons run here now."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import platform
 import sys
+from pathlib import Path
 
 from . import __version__
 from .rates import SHIPPED
@@ -25,7 +30,47 @@ def facts() -> dict:
             "python_path": sys.executable, "bcc": bcc_version, "bcc_error": bcc_error,
             "kernel": platform.release(), "bpf_dir": str(BPF_DIR),
             "bpf_sources": found, "bpf_missing": [p for p in PARTS if p not in found],
-            "rates": str(SHIPPED), "rates_found": SHIPPED.is_file()}
+            "rates": str(SHIPPED), "rates_found": SHIPPED.is_file(),
+            "parts": parts(), "running": running()}
+
+
+# what echod needs beyond the agent's and the command's dependencies: the head extra
+HEAD_MODULES = ("flask", "gunicorn", "sqlalchemy", "alembic", "psycopg", "jsonschema")
+DAEMONS = ("ingerod", "fleetd", "echod")
+
+
+def parts() -> dict[str, bool]:
+    """What this installation can run: ingerod, fleetd and the command always; echod with
+    the head extra; ingero mcp with mcp; the demo from a checkout, which has the sim."""
+    def have(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+    return {"ingerod": True, "fleetd": True, "echod": all(map(have, HEAD_MODULES)),
+            "mcp": have("mcp"), "demo": have("sim")}
+
+
+def running(proc: Path = Path("/proc")) -> list[dict]:
+    """ingero's daemons running on this host: name, pid and the program or module run."""
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        name = _daemon(argv)
+        if name:
+            found.append({"daemon": name, "pid": int(entry.name), "program": argv[0]})
+    return sorted(found, key=lambda d: (d["daemon"], d["pid"]))
+
+
+def _daemon(argv: list[str]) -> str | None:
+    for k, arg in enumerate(argv[:3]):
+        if Path(arg).name in DAEMONS:
+            return Path(arg).name
+        if arg == "-m" and k + 1 < len(argv) and argv[k + 1] in DAEMONS:
+            return argv[k + 1]
+    return None
 
 
 def render(f: dict) -> str:
@@ -39,4 +84,9 @@ def render(f: dict) -> str:
         f"kernel: {f['kernel']}",
         f"bpf: {bpf}",
         f"rates: {f['rates']}{'' if f['rates_found'] else ' (missing)'}",
+        "parts: " + ", ".join(f"{name} {'yes' if ok else 'no'}"
+                              for name, ok in f["parts"].items())
+        + ("" if f["parts"]["echod"] else " (echod: pip install 'ingero[head]')"),
+        "running: " + (", ".join(f"{d['daemon']} (pid {d['pid']})" for d in f["running"])
+                       or "none of ingerod, fleetd, echod"),
     ])

@@ -62,6 +62,14 @@ def demo_command(scenario: str, as_json: bool, keep: bool) -> None:
 
     Example: ingero demo --scenario cpu-contention
     """
+    from .about import parts
+
+    missing = [name for name, ok in parts().items() if name in ("echod", "demo") and not ok]
+    if missing:
+        raise click.ClickException(
+            "the demo runs from a checkout of ingero, which has the sim and echod's "
+            "dependencies: git clone it and run 'make demo' there (this installation lacks "
+            f"{' and '.join('the sim' if m == 'demo' else m for m in missing)})")
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     try:
         result = demo.run(scenario, keep, say)

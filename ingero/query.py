@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import subprocess
+import os
 import sys
 from datetime import datetime
 from functools import wraps
@@ -44,7 +45,8 @@ def api_command(group: click.Group, name: str):
 
 
 def colour_enabled() -> bool:
-    return sys.stdout.isatty()
+    """Colour on a terminal, unless NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def parse_window(starttime: str | None, endtime: str | None, default_start: str | None):
@@ -72,6 +74,8 @@ def table_options(fields: dict, default: str):
                          help="Fields separated by '|', one at the end of each line too"),
             click.option("-P", "--parsable2", is_flag=True,
                          help="Fields separated by '|', none at the end of the line"),
+            click.option("--delimiter", default="|", show_default=True, metavar="CHARS",
+                         help="What separates the fields with -p or -P"),
             click.option("-n", "--noheader", is_flag=True, help="No header lines"),
             click.option("--json", "as_json", is_flag=True, help="The rows as a JSON array"),
         ]):
@@ -81,13 +85,13 @@ def table_options(fields: dict, default: str):
 
 
 def print_rows(rows: list[dict], fields: dict, fmt: str, *, parsable: bool, parsable2: bool,
-               noheader: bool, as_json: bool) -> None:
+               noheader: bool, as_json: bool, delimiter: str = "|") -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     columns = sacct.parse_format(fmt, fields)
     text = sacct.render(columns, rows, parsable=parsable, parsable2=parsable2,
-                        noheader=noheader)
+                        noheader=noheader, delimiter=delimiter)
     if text:
         click.echo(text)
 
@@ -102,11 +106,14 @@ def commands() -> None:
 
 
 def whose(command):
-    """sacct's -u, -A and -a, for the commands that list jobs."""
+    """sacct's -u, -A, -s and -a, for the commands that list jobs."""
     for option in reversed((
             click.option("-u", "--user", metavar="USER", help="Only this user's jobs"),
             click.option("-A", "--accounts", metavar="ACCOUNT[,ACCOUNT...]",
                          help="Only jobs charged to these accounts"),
+            click.option("-s", "--state", "states", metavar="STATE[,STATE...]",
+                         help="Only jobs whose latest run is in these states, as sacct -s "
+                              "names them (CA, CD, F, TO, PR, OOM, NF, RQ, R; or the names)"),
             click.option("-a", "--allusers", is_flag=True,
                          help="Every user's jobs (with MUNGE, for root and echod's admin "
                               "group; a token sees them anyway) [default: your own, with "
@@ -122,8 +129,9 @@ def whose(command):
 @click.option("-X", "--allocations", is_flag=True, help="One line per job, not per rank")
 @whose
 @table_options(REPORT_FIELDS, REPORT_DEFAULT)
-def report_command(echod, jobs, allocations, user, accounts, allusers, starttime, endtime, fmt,
-                   helpformat, parsable, parsable2, noheader, as_json) -> None:
+def report_command(echod, jobs, allocations, user, accounts, states, allusers, starttime,
+                   endtime, fmt, helpformat, parsable, parsable2, delimiter, noheader,
+                   as_json) -> None:
     """One row per rank of each job: lag, how often last, self-work against its peers,
     fleetd's verdict, the cause and the cost, in sacct's layouts.
 
@@ -139,11 +147,12 @@ def report_command(echod, jobs, allocations, user, accounts, allusers, starttime
         return
     named = job_list(jobs)
     since, until = parse_window(starttime, endtime, None if named else "midnight")
-    rows = job_rows(echod, named, since, until, user, job_list(accounts), allusers)
+    rows = job_rows(echod, named, since, until, user, job_list(accounts), allusers,
+                    sacct.parse_states(states) if states else None)
     if not allocations:
         rows = report_rows(echod, rows, since, until)
     print_rows(rows, fields, fmt or default, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, as_json=as_json)
+               noheader=noheader, as_json=as_json, delimiter=delimiter)
 
 
 @api_command(commands, "jobs")
@@ -151,8 +160,8 @@ def report_command(echod, jobs, allocations, user, accounts, allusers, starttime
               help="Only these jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0)")
 @whose
 @table_options(JOB_FIELDS, JOB_DEFAULT)
-def jobs_command(echod, jobs, user, accounts, allusers, starttime, endtime, fmt, helpformat,
-                 parsable, parsable2, noheader, as_json) -> None:
+def jobs_command(echod, jobs, user, accounts, states, allusers, starttime, endtime, fmt,
+                 helpformat, parsable, parsable2, delimiter, noheader, as_json) -> None:
     """The jobs seen in the window: user, nodes, ranks, start, end, stragglers, cost.
 
     The window starts at midnight today unless -S says otherwise.
@@ -163,9 +172,10 @@ def jobs_command(echod, jobs, user, accounts, allusers, starttime, endtime, fmt,
         click.echo(sacct.helpformat(JOB_FIELDS))
         return
     since, until = parse_window(starttime, endtime, None if jobs else "midnight")
-    rows = job_rows(echod, job_list(jobs), since, until, user, job_list(accounts), allusers)
+    rows = job_rows(echod, job_list(jobs), since, until, user, job_list(accounts), allusers,
+                    sacct.parse_states(states) if states else None)
     print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, as_json=as_json)
+               noheader=noheader, as_json=as_json, delimiter=delimiter)
 
 
 HARDWARE_CAUSES = "slow_gpu,hang,died"
@@ -198,7 +208,7 @@ def drained_by_ingero(timeout_s: float = 10.0) -> dict[str, tuple[str, str]] | N
               help="Count verdicts with these causes ('all': every cause)")
 @table_options(NODE_FIELDS, NODE_DEFAULT)
 def nodes_command(echod, cluster, causes, starttime, endtime, fmt, helpformat, parsable,
-                  parsable2, noheader, as_json) -> None:
+                  parsable2, delimiter, noheader, as_json) -> None:
     """Nodes by the evidence against them, as sinfo -R lists drained nodes: the verdicts
     fleetd gave their ranks in the window (default: the last 7 days) with a hardware-side
     cause, in how many distinct jobs, and, where this host's sinfo answers, since when Slurm
@@ -226,7 +236,7 @@ def nodes_command(echod, cluster, causes, starttime, endtime, fmt, helpformat, p
         since_reason = None if drained is None else drained.get(row["node"])
         row["drained_since"], row["reason"] = since_reason or (None, None)
     print_rows(rows, NODE_FIELDS, fmt or NODE_DEFAULT, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, as_json=as_json)
+               noheader=noheader, as_json=as_json, delimiter=delimiter)
 
 
 @api_command(commands, "stragglers")

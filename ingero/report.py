@@ -132,11 +132,13 @@ def report_rows(client, jobs: list[dict], since: datetime | None,
 
 def job_rows(client, jobs: list[str] | None, since: datetime | None,
              until: datetime | None, user: str | None = None,
-             accounts: list[str] | None = None, all_users: bool = False) -> list[dict]:
+             accounts: list[str] | None = None, all_users: bool = False,
+             states: list[str] | None = None) -> list[dict]:
     """One row per job seen in the window (or per job named): a user's, these accounts',
-    or every user's (as sacct's -u, -A and -a)."""
+    these states', or every user's (as sacct's -u, -A, -s and -a)."""
     args = {**window_args(since, until), **({"jobs": jobs} if jobs else {}),
             **({"user": user} if user else {}), **({"accounts": accounts} if accounts else {}),
+            **({"states": states} if states else {}),
             **({"all_users": True} if all_users else {})}
     return client.call("list_jobs", args)["jobs"]
 

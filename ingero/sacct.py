@@ -168,14 +168,14 @@ def fit(text: str, column: Column) -> str:
 
 
 def render(columns: list[Column], rows: list, *, parsable: bool = False,
-           parsable2: bool = False, noheader: bool = False) -> str:
-    """The rows in sacct's layout: header, dashes and padded columns; or '|'-separated
-    (parsable: a '|' ends each line too; parsable2: not)."""
+           parsable2: bool = False, noheader: bool = False, delimiter: str = "|") -> str:
+    """The rows in sacct's layout: header, dashes and padded columns; or separated by
+    ``delimiter`` (parsable: one ends each line too; parsable2: not)."""
     body = [[cell(c.field.get(row)) for c in columns] for row in rows]
     if parsable or parsable2:
-        end = "|" if parsable else ""
-        lines = [] if noheader else ["|".join(c.field.name for c in columns) + end]
-        return "\n".join(lines + ["|".join(values) + end for values in body])
+        end = delimiter if parsable else ""
+        lines = [] if noheader else [delimiter.join(c.field.name for c in columns) + end]
+        return "\n".join(lines + [delimiter.join(values) + end for values in body])
     lines = [] if noheader else [
         " ".join(fit(c.field.name, c) for c in columns),
         " ".join("-" * c.width for c in columns)]
@@ -187,3 +187,21 @@ def colour(text: str, style: str, enabled: bool) -> str:
     """ANSI colour (red, yellow, green, bold) only where it is enabled: a terminal."""
     codes = {"red": "31", "yellow": "33", "green": "32", "bold": "1"}
     return f"\033[{codes[style]}m{text}\033[0m" if enabled else text
+
+
+# sacct -s: a job state by its code or its name (any case)
+STATE_CODES = {"BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "DL": "DEADLINE",
+               "F": "FAILED", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "PR": "PREEMPTED",
+               "R": "RUNNING", "RQ": "REQUEUED", "TO": "TIMEOUT"}
+
+
+def parse_states(text: str) -> list[str]:
+    """sacct's -s list (CA,TO,completed) as state names; ValueError naming the known ones."""
+    names = []
+    for item in (part.strip().upper() for part in text.split(",") if part.strip()):
+        name = STATE_CODES.get(item, item)
+        if name not in STATE_CODES.values():
+            raise ValueError(f"bad state {item!r}: use "
+                             + ", ".join(f"{c} ({n})" for c, n in STATE_CODES.items()))
+        names.append(name)
+    return names

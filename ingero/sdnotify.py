@@ -1,4 +1,5 @@
-"""systemd's notify protocol: READY=1, WATCHDOG=1 and STOPPING=1 over ``$NOTIFY_SOCKET``.
+"""systemd's notify protocol: READY=1, WATCHDOG=1, STOPPING=1 and EXTEND_TIMEOUT_USEC over
+``$NOTIFY_SOCKET``.
 
 Without ``NOTIFY_SOCKET`` (not started by systemd with Type=notify) every call is a no-op.
 A failed send is ignored: telling systemd is never worth stopping a daemon for.
@@ -6,8 +7,11 @@ A failed send is ignored: telling systemd is never worth stopping a daemon for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
+from collections.abc import Iterator
 
 
 class Notifier:
@@ -41,6 +45,31 @@ class Notifier:
 
     def stopping(self) -> None:
         self.notify("STOPPING=1")
+
+    @contextlib.contextmanager
+    def extending(self, status: str, every_s: float = 10.0, by_s: float = 30.0) -> Iterator[None]:
+        """While the body runs (a long start, such as a schema migration), ask systemd every
+        ``every_s`` seconds for ``by_s`` more, so that TimeoutStartSec does not kill a start
+        that is still making progress (and a start that hangs is still killed by_s after its
+        last word)."""
+        if self._socket is None:
+            yield
+            return
+        done = threading.Event()
+
+        def extend() -> None:
+            while True:
+                self.notify(f"EXTEND_TIMEOUT_USEC={int(by_s * 1e6)}\nSTATUS={status}")
+                if done.wait(every_s):
+                    return
+
+        thread = threading.Thread(target=extend, name="sd-extend", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def close(self) -> None:
         if self._socket is not None:

@@ -28,13 +28,17 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv --system-site-packages "$venv"
 fi
 # the checkout's code even when its version number did not change, then what it depends on
+# (echod's too: this machine may run every part), at the versions the tests ran with
 "$venv/bin/pip" install -q --force-reinstall --no-deps "$wheel"
-"$venv/bin/pip" install -q "$wheel"
+"$venv/bin/pip" install -q -c "$here/constraints.txt" "$wheel[head]"
 
 install -d -m 0755 "$root/etc/systemd/system" "$root/etc/slurm/ingero" "$root/etc/ingero"
 install -m 0644 "$here"/systemd/*.service "$root/etc/systemd/system/"
 install -m 0755 "$here/slurm/prolog" "$root/etc/slurm/ingero/prolog"
 install -m 0755 "$here/slurm/epilog" "$root/etc/slurm/ingero/epilog"
+# echod's audit log, rotated weekly (echod reopens it on reload)
+install -d -m 0755 "$root/etc/logrotate.d"
+install -m 0644 "$here/logrotate/ingero" "$root/etc/logrotate.d/ingero"
 # the alert rules, their tests, the example Prometheus and Alertmanager files, the dashboards
 shared=$root/usr/local/share/ingero/monitoring
 install -d -m 0755 "$shared/tests" "$shared/grafana/dashboards" "$shared/grafana/provisioning"
@@ -54,6 +58,8 @@ if [ -z "$root" ]; then
         --shell /usr/sbin/nologin ingero
     if [ -d /run/systemd/system ]; then
         systemctl daemon-reload
+        # the daemons that ran the code just replaced run the new code (those stopped stay so)
+        systemctl try-restart ingerod.service fleetd.service echod.service
     fi
 fi
 echo "ingero $("$venv/bin/python" -c 'import ingero; print(ingero.__version__)') installed in $venv"

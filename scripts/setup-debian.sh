@@ -16,7 +16,7 @@ packages=(
     python3-bpfcc bpfcc-tools libbpfcc linux-headers-amd64
     postgresql postgresql-15
     slurmctld slurmd slurm-client slurmdbd mariadb-server munge
-    faketime mandoc systemd iproute2 procps openssl
+    faketime mandoc systemd iproute2 procps openssl logrotate
     prometheus prometheus-alertmanager
 )
 
@@ -57,8 +57,8 @@ if [ ! -x "$venv/bin/python" ]; then
     /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
 stamp=$venv/.installed
-if [ ! -e "$stamp" ] || [ "$here/setup.cfg" -nt "$stamp" ]; then
+if [ ! -e "$stamp" ] || [ "$here/setup.cfg" -nt "$stamp" ] || [ "$here/constraints.txt" -nt "$stamp" ]; then
     "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -e "$here[test]"
+    "$venv/bin/python" -m pip install -q -c "$here/constraints.txt" -e "$here[head,test]"
     touch "$stamp"
 fi

@@ -61,3 +61,40 @@ def test_without_notify_socket_nothing_is_sent(spawn, keys, endpoint):
                                         *keys.fleetd_flags()])
     assert wait_for(lambda: "listening on" in daemon.log(), 20)
     assert daemon.stop() == 0
+
+
+def test_echod_migrating_a_store_with_data_keeps_systemd_waiting(spawn, keys, endpoint, engine,
+                                                                 notify_socket):
+    """Under Type=notify, a migration longer than TimeoutStartSec would be killed and tried
+    again forever: echod asks for more time (EXTEND_TIMEOUT_USEC) before it migrates, and
+    says READY only once the store, its rows kept, is at the head revision."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from echod.db import alembic_config, head_revision, status
+    from echod.store import write_batch
+
+    now = time.time()
+    write_batch(engine, {"events": [{
+        "id": "n1:slurm:77:job_start", "t": now - 60, "kind": "job_start", "cluster": "alpha",
+        "node": "n1", "job": "77", "attrs": {"user": "alice", "ntasks": 8}}]})
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0010")
+    assert status(engine)[0] == "0010"
+    path, sock = notify_socket
+    daemon = spawn("echod", "echod", [
+        "--dsn", engine.url.render_as_string(hide_password=False), "--ingest-bind", endpoint,
+        "--api-bind", "none", "--metrics-addr", "none", *keys.echod_flags()],
+        env={"NOTIFY_SOCKET": str(path)})
+    seen = []
+    assert wait_for(lambda: (seen.extend(received(sock)) or "READY=1" in seen), 60), daemon.log()
+    extend = next(i for i, line in enumerate(seen) if line.startswith("EXTEND_TIMEOUT_USEC="))
+    assert int(seen[extend].partition("=")[2]) >= 10_000_000, seen
+    assert seen[extend + 1] == f"STATUS=migrating the schema to {head_revision()}", seen
+    assert extend < seen.index("READY=1"), seen
+    assert status(engine)[0] == head_revision()
+    with engine.connect() as connection:
+        assert connection.execute(text(
+            'SELECT "user", ntasks, restarts FROM jobs WHERE id = \'77\'')).one() == (
+            "alice", 8, 0)
+    assert daemon.stop() == 0, daemon.log()

@@ -305,3 +305,37 @@ def test_rate_limit_answers_429_with_retry_after_and_sigterm_drains(tmp_path):
         assert echod.daemon.process.wait(30) == 0
     finally:
         echod.stop()
+
+
+def test_the_shipped_logrotate_file_rotates_the_audit_log_and_echod_writes_a_new_one(api):
+    """logrotate/ingero as logrotate(8) runs it, on this echod's audit log: the old lines go
+    to the rotated file, and after the postrotate's reload (SIGHUP here, as systemctl reload
+    sends) the next request's line is in a new file."""
+    from pathlib import Path
+
+    shipped = (Path(__file__).resolve().parent.parent / "logrotate/ingero").read_text()
+    assert "/var/log/ingero/echod-audit.jsonl {" in shipped
+    root = api.audit_log.parent
+    conf = root / "logrotate.conf"
+    conf.write_text(shipped.replace("/var/log/ingero/echod-audit.jsonl", str(api.audit_log))
+                    .replace("create 0600 ingero ingero", "create 0600 root root")
+                    .replace("systemctl reload echod.service",
+                             f"kill -HUP {api.daemon.process.pid}"))
+    before = api.request("GET", "/api/v1/whoami", api.tokens["admin"]).headers["X-Request-Id"]
+    find_audit(api, before)
+    done = subprocess.run(["logrotate", "--force", "--state", str(root / "logrotate.state"),
+                           str(conf)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rotated = api.audit_log.with_name(api.audit_log.name + ".1")
+    assert before in rotated.read_text()
+
+    def new_line() -> str | None:
+        after = api.request("GET", "/api/v1/whoami", api.tokens["admin"])
+        if after.status_code != 200:            # the API's workers are being replaced
+            return None
+        request = after.headers["X-Request-Id"]
+        return request if request in api.audit_log.read_text() else None
+
+    request = wait_for(new_line, 30, interval=0.5)
+    assert request and request not in rotated.read_text()
+    assert oct(api.audit_log.stat().st_mode & 0o777) == "0o600"

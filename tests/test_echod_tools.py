@@ -254,8 +254,9 @@ EXPECTED_TOOLS = {"cluster_summary", "event_history", "find_stragglers", "find_o
 
 
 def bounded(schema: dict, where: str) -> None:
-    """Every argument is bounded: strings by length, numbers by range, or an enum."""
-    if "enum" in schema:
+    """Every argument is bounded: strings by length, numbers by range, or an enum (a
+    boolean is one of two)."""
+    if "enum" in schema or schema.get("type") == "boolean":
         return
     kind = schema.get("type")
     if kind == "string":
@@ -627,6 +628,8 @@ def strategy(schema: dict):
     """Values a client may send for one argument schema (schemathesis' kind of inputs)."""
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
+    if schema.get("type") == "boolean":
+        return st.booleans()
     if schema.get("format") == "date-time":
         return TIMES
     if schema["type"] == "string":

@@ -1,7 +1,9 @@
-"""The wheel as a node gets it: it carries the BPF sources and the rate table, installs into a
-fresh venv made like /opt/ingero/venv (Debian's Python, its bcc visible), and there
-`ingero version` finds everything in the installed package and `ingerod trace` attaches its
-probes to a running sim rank — nothing read from this checkout."""
+"""The wheel as a compute node gets it (``ingero[agent]``: no extra): it carries the BPF
+sources and the rate table and no sim, installs into a fresh venv made like /opt/ingero/venv
+(Debian's Python, its bcc visible) without echod's dependencies (flask, gunicorn, SQLAlchemy,
+psycopg), and there `ingero version` finds everything in the installed package and says what
+it can run, `echod` and `ingero demo` say in one line where they run instead, and `ingerod
+trace` attaches its probes to a running sim rank — nothing read from this checkout."""
 
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ def test_the_wheel_carries_the_bpf_sources_and_the_rate_table(wheel):
                                                    if n.endswith("entry_points.txt")))
     for program in (b"ingerod", b"fleetd", b"echod", b"ingero"):
         assert program + b" = " in entry_points
+    assert not any(name.startswith("sim/") for name in names)
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA")))
+    requires = [line.decode() for line in metadata.splitlines()
+                if line.startswith(b"Requires-Dist:")]
+    for module in ("flask", "gunicorn", "sqlalchemy", "psycopg"):        # the head's only
+        mine = [line for line in requires if line.split()[1].startswith(module)]
+        assert mine and all("extra ==" in line and "head" in line for line in mine), requires
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +74,22 @@ def test_ingero_version_in_the_installed_venv_finds_its_package_data(venv):
     assert facts["python_path"].startswith(str(venv))
     module = outside(venv, "python", "-c", "import ingerod; print(ingerod.__file__)")
     assert module.stdout.strip().startswith(str(site)), module.stdout
+    assert facts["parts"] == {"ingerod": True, "fleetd": True, "echod": False, "mcp": False,
+                              "demo": False}
+    assert isinstance(facts["running"], list)
+
+
+def test_the_agent_install_has_none_of_echods_dependencies_and_says_where_echod_runs(venv):
+    for module in ("flask", "gunicorn", "sqlalchemy", "psycopg", "alembic"):
+        found = outside(venv, "python", "-c", f"import {module}")
+        assert found.returncode != 0 and "ModuleNotFoundError" in found.stderr, module
+    echod = outside(venv, "echod", "--help")
+    assert echod.returncode == 1 and echod.stderr.strip().splitlines() == [
+        "echod: this installation lacks flask, gunicorn, sqlalchemy, alembic, psycopg, "
+        "jsonschema: echod runs on the head node, installed with pip install 'ingero[head]'"]
+    demo = outside(venv, "ingero", "demo")
+    assert demo.returncode == 1 and "make demo" in demo.stderr, demo.stderr
+    assert len(demo.stderr.strip().splitlines()) == 1, demo.stderr
 
 
 @needs_ebpf
@@ -121,8 +146,11 @@ def test_install_sh_lays_out_what_the_units_and_hooks_name(wheel):
         assert (shipped / "tests/ingero-rules.test.yml").exists()
         assert sorted(p.name for p in (shipped / "grafana/dashboards").iterdir()) == sorted(
             p.name for p in (repo / "monitoring/grafana/dashboards").iterdir())
+        assert (root / "etc/logrotate.d/ingero").read_text() == \
+            (repo / "logrotate/ingero").read_text()
         version = subprocess.run([str(root / "opt/ingero/venv/bin/ingero"), "version"],
                                  capture_output=True, text=True, timeout=60, cwd=root)
         assert version.returncode == 0 and str(root / "opt/ingero/venv") in version.stdout
+        assert "echod yes" in version.stdout, version.stdout     # this machine runs it all
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)

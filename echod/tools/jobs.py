@@ -9,6 +9,7 @@ from dataclasses import replace
 from sqlalchemy import Connection
 
 from ingero.analysis.causes import CAUSES
+from ingero.sacct import STATE_CODES
 
 from ..registry import ToolContext, obj, tool
 from .lag import node_offsets
@@ -20,6 +21,8 @@ from .selection import (Selection, Where, closed_window, iso, job_cluster, ms, n
 from .verdicts import NOT_A_NOTE, VERDICTS_OUT, live_in, read_verdicts
 
 # -- list_jobs ---------------------------------------------------------------------------------
+
+STATES = tuple(STATE_CODES.values())        # sacct -s's, by name
 
 # A job is seen in the window when its jobs row, its lag summaries, its verdicts or its nodes'
 # scores fall in it; only these small tables are read, never the events. Its nodes' scores give
@@ -84,6 +87,10 @@ JOB_OUT = closed({
           "user": described(NAME, "Only this user's jobs."),
           "accounts": described(array(NAME) | {"maxItems": 1000},
                                 "Only jobs charged to these Slurm accounts."),
+          "states": described(array({"type": "string", "enum": list(STATES)})
+                              | {"maxItems": 32},
+                              "Only jobs whose latest run ended in these states (Slurm's, "
+                              "else the epilog's), or, RUNNING, has not ended."),
           "all_users": described(BOOL, "Every user's jobs, as sacct -a: what a token sees "
                                  "anyway; a user proven by MUNGE needs to be root or in "
                                  "echod's --munge-admin-group (without it, and without "
@@ -122,6 +129,10 @@ def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
     user = Where().equal('j."user"', "user", args.get("user"))
     if "accounts" in args:
         user.add("j.account = ANY (CAST(:accounts AS text[]))", accounts=list(args["accounts"]))
+    if "states" in args:          # RUNNING: started, not ended
+        user.add("(coalesce(j.slurm_state, j.state) = ANY (CAST(:states AS text[])) OR "
+                 "('RUNNING' = ANY (CAST(:states AS text[])) AND j.start IS NOT NULL "
+                 'AND j."end" IS NULL))', states=list(args["states"]))
     if "jobs" in args:
         named = [job for job in args["jobs"] if storable(job)]     # the others were never stored
         for where, alias in ((jobs, "j.id"), (lag, "p.job"), (verdicts, "v.job"),
