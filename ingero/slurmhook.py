@@ -39,6 +39,9 @@ SETTINGS = {
                           "node-wide ingerod, else systemd's ingerod@JOB, else a detached "
                           "instance), node (only tell the node-wide one), systemd, detached, "
                           "or none (only record the job)"),
+    "INGERO_HOOK_CPU_JOBS": ("auto", "whether to start a per-job ingerod for a job given no "
+                             "GPUs: no, yes, or auto (no on a node with NVIDIA GPUs, which "
+                             "such a job cannot use; yes elsewhere, as for the sim)"),
     "INGERO_INGEROD": ("", "the ingerod program of a detached instance [default: the one next "
                        "to the hook's Python]"),
     "INGERO_INGEROD_ARGS": ("", "extra arguments of a detached instance, split on spaces"),
@@ -251,6 +254,8 @@ def prolog(environ, say) -> None:
         say(f"job {job}: the node-wide ingerod ({agent}) watches it")
     elif mode == "node":
         say(f"job {job}: no node-wide ingerod answered; the job runs untraced")
+    elif not record.get("gpus") and not cpu_jobs_traced(environ):
+        say(f"job {job}: no GPUs, so no per-job ingerod (INGERO_HOOK_CPU_JOBS)")
     elif uses_systemd(mode):
         systemctl("start", job)
         say(f"job {job}: started ingerod@{job}.service")
@@ -284,6 +289,14 @@ def spool_and_tell(environ, record: dict, event: str, say) -> tuple[str, str, st
     if mode == "none":
         return job, mode, None
     return job, mode, tell_node_agent(setting("INGERO_CONTROL_SOCKET", environ), job, event)
+
+
+def cpu_jobs_traced(environ) -> bool:
+    """Whether a job given no GPUs gets a per-job ingerod of its own."""
+    choice = setting("INGERO_HOOK_CPU_JOBS", environ)
+    if choice not in ("auto", "yes", "no"):
+        raise HookError(f"INGERO_HOOK_CPU_JOBS={choice!r}: expected auto, yes or no")
+    return choice == "yes" or (choice == "auto" and not os.path.exists("/dev/nvidiactl"))
 
 
 def uses_systemd(mode: str) -> bool:

@@ -125,7 +125,16 @@ class Agent:
                                  cfg.local_threshold)
         hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [cfg.source],
                            cfg.push_interval, __version__)
-        self.source = open_source(cfg, clock())
+        # The control socket first, before the probes compile (seconds, at boot): a prolog
+        # meanwhile finds this agent answering, and starts no second one beside it.
+        self.control = None
+        self.listen()
+        try:
+            self.source = open_source(cfg, clock())
+        except BaseException:
+            if self.control is not None:
+                self.control.close()
+            raise
         self.context = zmq.Context()
         self.poller = zmq.Poller()
         n = len(cfg.fleet)
@@ -148,7 +157,6 @@ class Agent:
         self.straggler_ranks: list[tuple[str | None, int]] = []     # (job, rank)
         self.spool = JobSpool(cfg.jobs_dir, cfg.job, self.metrics)
         self.spooled: dict[tuple[int, int], list[str]] = {}  # (shard, seq) → its job records
-        self.control = None
         self.http = None
         self.textfile = None if cfg.metrics_textfile is None else \
             Textfile(cfg.metrics_textfile, self.metrics.registry, cfg.job)
@@ -156,7 +164,6 @@ class Agent:
     def run(self) -> int:
         if self.cfg.metrics_addr is not None:
             self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
-        self.listen()
         fleet = ",".join(self.cfg.fleet)
         log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
                  self.boot_id, fleet, self.cfg.push_interval, self.cfg.source)

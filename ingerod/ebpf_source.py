@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from .discovery import TracedProcess, identify, library_file, roles, scan
 from .events import decode
+from .gpumem import device_memory
 from .health import EmaBaseline, Sample, clamp
 from .probes import Tracer
 
@@ -50,6 +51,22 @@ def wall_offset_ns() -> int:
     return time.time_ns() - time.monotonic_ns()
 
 
+DEFAULT_GPU_MEMORY = 80 * 2**30
+
+
+def gpu_memory(cfg: SimpleNamespace) -> int:
+    """Device memory per GPU: the setting, else what NVML says, else 80 GiB (an H100)."""
+    if cfg.gpu_memory_bytes is not None:
+        return cfg.gpu_memory_bytes
+    found = device_memory(cfg.nvml_library)
+    if found is None:
+        log.info("GPU memory: %d GiB per GPU, the default (no NVML answered at %s; set "
+                 "gpu_memory_bytes)", DEFAULT_GPU_MEMORY >> 30, cfg.nvml_library)
+        return DEFAULT_GPU_MEMORY
+    log.info("GPU memory: %.1f GiB per GPU (NVML)", found / 2**30)
+    return found
+
+
 class EbpfSource:
     name = "ebpf"
 
@@ -63,6 +80,7 @@ class EbpfSource:
         self.dropped = 0
         self.collectives = 0
         self.outstanding_bytes: dict[int, int] = {}
+        self.gpu_memory = gpu_memory(cfg)
         self.throughput = EmaBaseline()
         self.compute = EmaBaseline()
         self.last_sample = now
@@ -235,7 +253,7 @@ class EbpfSource:
             "throughput": self.throughput.signal(self.collectives / elapsed),
             "compute": self.compute.signal(launches / (elapsed * self.cfg.launch_duty_cycle)
                                            if self.cfg.launch_duty_cycle else 1.0),
-            "memory": clamp(1.0 - outstanding / self.cfg.gpu_memory_bytes),
+            "memory": clamp(1.0 - outstanding / self.gpu_memory),
             "cpu": clamp(1.0 - preempted / (elapsed * 1e9)),
         }
         self.collectives = 0

@@ -36,6 +36,11 @@ def bin_dir() -> Path:
     return build_dir() / "bin"
 
 
+def nvml_library() -> Path:
+    """The stand-in for NVIDIA's libnvidia-ml.so.1 (INGERO_SIM_GPUS, INGERO_SIM_GPU_MEMORY_MIB)."""
+    return build_dir() / "nvml" / "libnvidia-ml.so.1"
+
+
 def rank_binary() -> Path:
     return bin_dir() / "ingero-sim-rank"
 

@@ -2,9 +2,11 @@
 this checkout's prolog and epilog (DESIGN.md: SlurmUser=root, proctrack/linuxproc, task/none,
 state and spool under a temporary directory, munged as the munge user).
 
-slurmd runs the hooks with a clean environment, so slurm.conf names a small wrapper per hook
+slurmd runs the hooks with a clean environment, so the drop-in ``50-ingero`` of prolog.d and
+epilog.d (slurm.conf names their globs, as the Ansible role sets a site up) is a small wrapper
 that points the real script at a settings file of the test's (``INGERO_SLURM_DEFAULTS``) and
-notes each run's exit status and duration in ``hooks.log``.
+notes each run's exit status and duration in ``hooks.log``; the drop-in ``00-site`` stands for
+the site's own hook, and notes its runs in ``site-hooks.log``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ echo "$SLURM_SCRIPT_CONTEXT $SLURM_JOB_ID $status $start $(date +%s.%N)" >> {log
 exit $status
 """
 
+# A site's own hook beside ingero's (a node health check, say): it notes that it ran.
+SITE_HOOK = """#!/bin/sh
+echo "$SLURM_SCRIPT_CONTEXT $SLURM_JOB_ID" >> {log}
+"""
+
 CONF = """ClusterName=ingerotest
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
@@ -61,8 +68,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
-Prolog={root}/prolog
-Epilog={root}/epilog
+Prolog={root}/prolog.d/*
+Epilog={root}/epilog.d/*
 PrologFlags=Alloc
 PrologEpilogTimeout=30
 {nodes}PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
@@ -116,11 +123,17 @@ class SlurmCluster:
         self.defaults = root / "ingero-slurm.defaults"
         self.defaults.write_text("")
         self.hooks_log = root / "hooks.log"
+        # as a site lays them out (ingero_compute): the site's own hook, then ingero's
+        self.site_log = root / "site-hooks.log"
         for hook in ("prolog", "epilog"):
-            path = root / hook
-            path.write_text(WRAPPER.format(defaults=self.defaults, hook=REPO / "slurm" / hook,
-                                           log=self.hooks_log))
-            path.chmod(0o755)
+            (root / f"{hook}.d").mkdir()
+            for name, text in (("00-site", SITE_HOOK.format(log=self.site_log)),
+                               ("50-ingero", WRAPPER.format(
+                                   defaults=self.defaults, hook=REPO / "slurm" / hook,
+                                   log=self.hooks_log))):
+                path = root / f"{hook}.d" / name
+                path.write_text(text)
+                path.chmod(0o755)
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [self.host] if nodes == 1 else [f"n{i}" for i in range(nodes)]
         for name in self.nodes:

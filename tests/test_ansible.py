@@ -38,8 +38,10 @@ BIN = Path(sys.executable).parent
 DAEMON_USER, DAEMON_GROUP = "nobody", "nogroup"
 RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
 # Directories a Debian host has before the roles run; the roles create everything else.
-SKELETON = ("etc/default", "etc/systemd/system", "usr/local/share/man", "etc/slurm")
-SLURM_CONF = "ClusterName=test\nSlurmctldHost=localhost\nPrologFlags=Contain\n"
+SKELETON = ("etc/default", "etc/systemd/system", "usr/local/share/man", "etc/slurm",
+            "etc/logrotate.d")
+# A site's slurm.conf with a prolog of its own (a node health check), which must keep running.
+SLURM_CONF = "ClusterName=test\nSlurmctldHost=localhost\nPrologFlags=Contain\nProlog={nhc}\n"
 
 
 def tool(name: str) -> str:
@@ -57,10 +59,10 @@ def tool_env(tmp: Path) -> dict:
     return env
 
 
-def recap(output: str) -> dict[str, int]:
-    """The PLAY RECAP counts of localhost (ok, changed, failed, skipped, ...)."""
-    found = [m for m in RECAP.finditer(output) if m.group("host") == "localhost"]
-    assert found, f"no PLAY RECAP for localhost in:\n{output[-3000:]}"
+def recap(output: str, host: str = "localhost") -> dict[str, int]:
+    """The PLAY RECAP counts of a host (ok, changed, failed, skipped, ...)."""
+    found = [m for m in RECAP.finditer(output) if m.group("host") == host]
+    assert found, f"no PLAY RECAP for {host} in:\n{output[-3000:]}"
     return {key: int(value) for key, value in
             (pair.split("=") for pair in found[-1].group("counts").split())}
 
@@ -70,10 +72,11 @@ def snapshot(tmp: Path) -> Path:
     files however the checkout changes meanwhile, and the checkout gains no build/."""
     source = tmp / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "setup.cfg", "README.md"):
+    for name in ("pyproject.toml", "setup.cfg", "README.md", "constraints.txt"):
         shutil.copy(ROOT / name, source / name)
     skip = shutil.ignore_patterns("__pycache__", "build", "*.o", "*.so", "*.egg-info")
-    for directory in ("ingero", "ingerod", "fleetd", "echod", "sim", "systemd", "man", "slurm"):
+    for directory in ("ingero", "ingerod", "fleetd", "echod", "sim", "systemd", "man", "slurm",
+                      "logrotate"):
         shutil.copytree(ROOT / directory, source / directory, ignore=skip, symlinks=True)
     return source
 
@@ -103,10 +106,21 @@ def inventory(tmp: Path, root: Path, source: Path, wheel: Path) -> Path:
         "ingero_compute_slurm_hooks_dir": str(root / "etc/slurm/ingero"),
         "ingero_compute_slurm_manage_conf": True,
         "ingero_compute_slurm_conf": str(root / "etc/slurm/slurm.conf"),
+        "ingero_compute_slurm_reconfigure": False,       # no slurmctld reads this slurm.conf
         "ingero_head_echod_tls_selfsigned": True,
+        "ingero_head_logrotate_dir": str(root / "etc/logrotate.d"),
+        "ingero_compute_ingerod_cpus": "0-1",
     }
     hosts = {"hosts": {"localhost": None}}
-    document = {"all": {"vars": settings, "children": {"head": hosts, "compute": hosts}}}
+    # a compute node added later (--limit newnode): this machine again, under a root of its own
+    new = tmp / "newnode"
+    newnode = {"ingero_common_etc_dir": str(new / "etc/ingero"),
+               "ingero_common_systemd_dir": str(new / "etc/systemd/system"),
+               "ingero_common_default_dir": str(new / "etc/default"),
+               "ingero_compute_slurm_hooks_dir": str(new / "etc/slurm/ingero"),
+               "ingero_compute_slurm_conf": str(new / "etc/slurm/slurm.conf")}
+    document = {"all": {"vars": settings, "children": {
+        "head": hosts, "compute": {"hosts": {"localhost": None, "newnode": newnode}}}}}
     path = tmp / "inventory.yml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -128,7 +142,7 @@ def deploy(tmp: Path) -> SimpleNamespace:
     root = tmp / "root"
     for directory in SKELETON:
         (root / directory).mkdir(parents=True)
-    (root / "etc/slurm/slurm.conf").write_text(SLURM_CONF)
+    (root / "etc/slurm/slurm.conf").write_text(SLURM_CONF.format(nhc=root / "etc/slurm/nhc"))
     timings = {}
     started = time.monotonic()
     source = snapshot(tmp)
@@ -147,15 +161,29 @@ def deploy(tmp: Path) -> SimpleNamespace:
                                      f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
         return done
 
-    check = playbook("--check")
+    check = playbook("--check", "--limit", "localhost")
     after_check = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     fetched_after_check = (tmp / "fetched-keys").exists()
-    first = playbook()
-    second = playbook()
+    first = playbook("--limit", "localhost")
+    second = playbook("--limit", "localhost")
+    for directory in SKELETON:
+        (tmp / "newnode" / directory).mkdir(parents=True)
+    (tmp / "newnode/etc/slurm/slurm.conf").write_text(SLURM_CONF.format(nhc="/bin/true"))
+    before_newnode = tree(root)
+    newnode = playbook("--limit", "newnode")
     print("\nansible timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     return SimpleNamespace(tmp=tmp, root=root, source=source, etc=root / "etc/ingero", check=check,
                            after_check=after_check,
-                           fetched_after_check=fetched_after_check, first=first, second=second)
+                           fetched_after_check=fetched_after_check, first=first, second=second,
+                           newnode=newnode, before_newnode=before_newnode)
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every file under root with its content (a link: where it points), Python's byte-code
+    caches left out."""
+    return {str(p.relative_to(root)): os.readlink(p) if p.is_symlink() else p.read_bytes()
+            for p in root.rglob("*")
+            if (p.is_symlink() or p.is_file()) and "__pycache__" not in p.parts}
 
 
 def test_lint_passes_the_production_profile(tmp_path):
@@ -249,6 +277,9 @@ MODES = {
     "etc/default/fleetd": (0o640, "root", "root"),
     "etc/default/echod": (0o640, "root", "root"),
     "etc/slurm/ingero/prolog": (0o755, "root", "root"),
+    "etc/logrotate.d/ingero": (0o644, "root", "root"),
+    "etc/systemd/system/ingerod.service.d/cpus.conf": (0o644, "root", "root"),
+    "etc/systemd/system/ingerod@.service.d/cpus.conf": (0o644, "root", "root"),
     "etc/slurm/ingero/epilog": (0o755, "root", "root"),
     "etc/systemd/system/ingerod.service": (0o644, "root", "root"),
     "etc/systemd/system/ingerod@.service": (0o644, "root", "root"),
@@ -291,10 +322,20 @@ def test_copies_come_from_the_repository(deployment):
 
 
 def test_slurm_files(deployment):
+    """ingero's hooks are drop-ins beside the site's: the site's Prolog= program (its node
+    health check) still runs, as prolog.d's first; slurm.conf was changed once (the second run
+    changes nothing, test_second_run_changes_nothing)."""
     root = deployment.root
-    conf = (root / "etc/slurm/slurm.conf").read_text().splitlines()
-    assert f"Prolog={root}/etc/slurm/ingero/prolog" in conf
-    assert f"Epilog={root}/etc/slurm/ingero/epilog" in conf
+    slurm = root / "etc/slurm"
+    conf = (slurm / "slurm.conf").read_text().splitlines()
+    assert f"Prolog={slurm}/prolog.d/*" in conf and f"Epilog={slurm}/epilog.d/*" in conf
+    assert [line for line in conf if line.lower().startswith(("prolog=", "epilog="))] == [
+        f"Prolog={slurm}/prolog.d/*", f"Epilog={slurm}/epilog.d/*"], conf
+    for hook in ("prolog", "epilog"):
+        assert os.readlink(slurm / f"{hook}.d/50-ingero") == f"{slurm}/ingero/{hook}"
+    assert os.readlink(slurm / "prolog.d/00-site") == f"{slurm}/nhc"
+    assert sorted(p.name for p in (slurm / "prolog.d").iterdir()) == ["00-site", "50-ingero"]
+    assert sorted(p.name for p in (slurm / "epilog.d").iterdir()) == ["50-ingero"]
     flags = [line for line in conf if line.startswith("PrologFlags")]
     assert flags == ["PrologFlags=Contain,Alloc"]
     defaults = (root / "etc/default/ingero-slurm").read_text()
@@ -340,29 +381,57 @@ def test_configs_load_with_the_daemons_settings(deployment):
         ("https://localhost:7472", etc / "ingero-cli.token", etc / "tls/echod.crt")
 
 
-def test_key_exchange_lets_the_agent_through_fleetd_curve(deployment):
-    """The agent's deployed key pair and fleetd's, as the configs name them, over real CURVE."""
-    etc = deployment.etc
+def curve_admits(authorized: Path, fleetd_secret: Path, agent_secret: Path,
+                 fleetd_public: Path) -> int:
+    """Over real CURVE, whether fleetd, with the keys under ``authorized`` loaded, takes a
+    message from the agent's key pair: the number of keys loaded, or 0 when refused."""
     context = zmq.Context()
     authenticator = curve.FleetAuthenticator(context)
     authenticator.start()
     try:
-        assert authenticator.load(etc / "authorized_agents") == 1
+        loaded = authenticator.load(authorized)
         server = context.socket(zmq.ROUTER)
-        curve.serve_curve(server, curve.load_keypair(etc / "keys/fleetd.key_secret"))
+        curve.serve_curve(server, curve.load_keypair(fleetd_secret))
         port = server.bind_to_random_port("tcp://127.0.0.1")
         agent = context.socket(zmq.DEALER)
-        curve.connect_curve(agent, curve.load_keypair(etc / "keys/ingerod.key_secret"),
-                            curve.load_public(etc / "keys/fleetd.key"))
+        curve.connect_curve(agent, curve.load_keypair(agent_secret),
+                            curve.load_public(fleetd_public))
         agent.connect(f"tcp://127.0.0.1:{port}")
         agent.send(b"hello")
-        assert server.poll(5000), "fleetd's socket refused the deployed agent key"
-        assert server.recv_multipart()[-1] == b"hello"
+        took = server.poll(5000) and server.recv_multipart()[-1] == b"hello"
         agent.close(0)
         server.close(0)
+        return loaded if took else 0
     finally:
         authenticator.stop()
         context.term()
+
+
+def test_key_exchange_lets_the_agent_through_fleetd_curve(deployment):
+    """The agent's deployed key pair and fleetd's, as the configs name them, over real CURVE."""
+    etc = deployment.etc
+    assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
+                        etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") >= 1, \
+        "fleetd's socket refused the deployed agent key"
+
+
+def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_changes(
+        deployment):
+    """--limit newnode runs no head tasks: the new node's own run puts its key among fleetd's
+    authorized agents (and would reload fleetd under systemd); nothing else on the head
+    changes."""
+    etc, new = deployment.etc, deployment.tmp / "newnode/etc/ingero"
+    assert recap(deployment.newnode.stdout, "newnode")["failed"] == 0
+    assert "localhost" not in {m.group("host") for m in RECAP.finditer(deployment.newnode.stdout)}
+    admitted = etc / "authorized_agents/newnode.key"
+    assert admitted.read_bytes() == (new / "keys/ingerod.key").read_bytes()
+    after = tree(deployment.root)
+    assert {k for k in set(after) | set(deployment.before_newnode)
+            if after.get(k) != deployment.before_newnode.get(k)} == {
+        "etc/ingero/authorized_agents/newnode.key"}
+    assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
+                        new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 2, \
+        "fleetd's socket refused the new node's key"
 
 
 def test_token_made_once_stored_hashed_and_never_printed(deployment):
@@ -406,3 +475,19 @@ def test_argument_specs_document_every_default(role):
         assert name.startswith(role + "_")
         assert option["default"] == defaults[name], name
         assert option.get("type") and option.get("description"), name
+
+
+def test_ingerod_keeps_to_the_cpus_set_aside_for_daemons(deployment):
+    for unit in ("ingerod.service", "ingerod@.service"):
+        text = (deployment.root / f"etc/systemd/system/{unit}.d/cpus.conf").read_text()
+        assert "[Service]\nAllowedCPUs=0-1\n" in text
+
+
+def test_the_audit_logs_logrotate_file_names_the_daemons_user_and_parses(deployment):
+    path = deployment.root / "etc/logrotate.d/ingero"
+    text = path.read_text()
+    assert f"create 0600 {DAEMON_USER} {DAEMON_GROUP}" in text
+    assert "/var/log/ingero/echod-audit.jsonl {" in text
+    done = subprocess.run(["logrotate", "--debug", "--state", str(deployment.tmp / "lr.state"),
+                           str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "error" not in done.stdout + done.stderr, done.stderr

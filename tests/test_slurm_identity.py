@@ -108,6 +108,12 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
         240, interval=2), subprocess.run(["squeue"], env=cluster.env, capture_output=True,
                                          text=True).stdout
 
+    # the site's own prolog and epilog ran beside ingero's, for every job (prolog.d/*)
+    site = {tuple(line.split()) for line in cluster.site_log.read_text().splitlines()}
+    ours = {(run.context, run.job) for job in jobs for run in cluster.hook_runs(job)}
+    assert {("prolog_slurmd", j) for j in jobs} | {("epilog_slurmd", j) for j in jobs} <= ours
+    assert ours <= site, ours - site
+
     slurm = sacct_rows(cluster, jobs)
     states = {job: state for job, state in slurm}
     assert {f"{array}_{t}" for t in range(3)} | {f"{het}+0", f"{het}+1"} <= set(states), slurm
@@ -134,6 +140,10 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
     assert listed(array) == [f"{array}_{t}" for t in range(3)]
     assert listed(f"{het}+1") == [f"{het}+1"]
     assert listed(f"{steps}.1", f"{steps}.batch") == [steps]
+    # sacct's -s by code, and --delimiter
+    out = ingero_cli(stack, "jobs", "-j", ",".join(jobs), "-s", "CA,timeout", "-n", "-P",
+                     "--delimiter", ";", "-o", "JobID,State")
+    assert sorted(out.split()) == sorted([f"{cancelled};CANCELLED", f"{timed_out};TIMEOUT"])
 
     # report: the array's traced ranks under each task's id
     report = wait_for(lambda: (out := ingero_cli(stack, "report", "-j", array, "-n", "-P",

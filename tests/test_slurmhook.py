@@ -27,6 +27,7 @@ from ingero import hostlist, slurmhook
 from ingerod.jobs import ControlSocket, JobSpool, record_event
 from ingerod.metrics import AgentMetrics
 from tests.slurmcluster import Syslog
+from tests.support import needs_ebpf
 
 REPO = Path(__file__).resolve().parent.parent
 PROLOG = REPO / "slurm" / "prolog"
@@ -394,3 +395,29 @@ def test_sighup_and_the_control_socket_make_a_running_agent_read_the_spool_at_on
     agent.process.send_signal(signal.SIGHUP)
     assert wait_until(lambda: "job 22: job_start recorded" in agent.log()), agent.log()
     assert agent.alive()
+
+
+@needs_ebpf
+def test_a_prolog_while_the_agent_compiles_its_probes_starts_no_second_agent(spawn, tmp_path):
+    """At boot, slurmd may run a prolog while the node-wide ingerod is still compiling its BPF
+    programs (seconds): its control socket is bound before that, so the prolog finds it
+    answering, within its budget, and starts no per-job agent beside it."""
+    import sim
+
+    jobs, sock, run = tmp_path / "jobs", tmp_path / "ingerod.sock", tmp_path / "run"
+    settings(tmp_path, **base(tmp_path, INGERO_CONTROL_SOCKET=sock, INGERO_HOOK_AGENT="auto",
+                              INGERO_INGEROD="/bin/false", INGERO_RUN_DIR=run))
+    agent = spawn("ingerod", "ingerod", [
+        "--config", "/dev/null", "--source", "ebpf", "--libraries", ",".join(
+            str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*"))),
+        "--insecure-plaintext-zmq", "--fleet", "tcp://127.0.0.1:9", "--metrics-addr", "none",
+        "--jobs-dir", str(jobs), "--control-socket", str(sock)])
+    assert wait_until(sock.exists, 60), agent.log()
+    status, seconds = hook(PROLOG, "prolog_slurmd", tmp_path)
+    compiling = "pushing to" not in agent.log()
+    assert status == 0 and seconds < 2.0, (status, seconds)
+    assert compiling, "the probes compiled before the prolog ran: nothing was shown"
+    assert not run.exists() and not (tmp_path / "log").exists()     # no detached agent
+    assert (jobs / "4242.job_start.json").exists()
+    assert wait_until(lambda: "job 4242: job_start recorded" in agent.log(), 60), agent.log()
+    assert agent.stop() == 0
