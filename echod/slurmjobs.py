@@ -39,7 +39,7 @@ ACTIVE = {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZ
 STATE_WORD = re.compile(r"[A-Z_]+")
 
 UNASKED = """
-SELECT cluster, id, restarts, slurm_cluster, "end" IS NOT NULL
+SELECT cluster, id, restarts, slurm_cluster, "end" IS NOT NULL, coalesce(start, "end")
 FROM jobs
 WHERE id ~ '^[0-9]{1,10}$' AND slurm_tries < :max_tries
   AND (slurm_id IS NULL OR ("end" IS NOT NULL AND slurm_state IS NULL))
@@ -124,7 +124,7 @@ class SlurmStates:
             return 0
         answers = self.ask(jobs)
         with self.engine.begin() as conn:
-            for cluster, job, restarts, slurm_cluster, ended in jobs:
+            for cluster, job, restarts, slurm_cluster, ended, _ in jobs:
                 run = answers.get((slurm_cluster, job, restarts))
                 final = run is not None and ended and run.state not in ACTIVE
                 conn.execute(text(ANSWERED), {
@@ -153,7 +153,7 @@ class SlurmStates:
         try:
             local = self.local_cluster()
             out = self.run(["squeue", "-h", "-a", "-t", "all", "-o", "%A|%i", "-j",
-                            ",".join(sorted({job for _, job, _, _, _ in jobs}, key=int))])
+                            ",".join(sorted({job for _, job, *_ in jobs}, key=int))])
         except SlurmUnavailable:
             return runs          # squeue -j of one job slurmctld no longer holds fails too
         names = dict(line.split("|", 1) for line in out.splitlines() if line.count("|") == 1)
@@ -184,10 +184,15 @@ class SlurmStates:
         return done.stdout
 
     def sacct(self, jobs) -> dict:
-        clusters = sorted({c for _, _, _, c, _ in jobs if c})
-        out = self.run(["sacct", "-n", "-P", "-X", "-D", "-a",
+        clusters = sorted({c for _, _, _, c, _, _ in jobs if c})
+        # from a day before the earliest: a job id Slurm handed out again (after its
+        # counter was reset) names an older job too, whose runs would count as this one's
+        earliest = min((t for *_, t in jobs if t is not None), default=None)
+        since = () if earliest is None else (
+            "-S", (earliest - timedelta(days=1)).astimezone().strftime("%Y-%m-%dT%H:%M:%S"))
+        out = self.run(["sacct", "-n", "-P", "-X", "-D", "-a", *since,
                         *(("-M", ",".join(clusters)) if clusters else ()),
-                        "-j", ",".join(sorted({job for _, job, _, _, _ in jobs}, key=int)),
+                        "-j", ",".join(sorted({job for _, job, *_ in jobs}, key=int)),
                         "-o", "Cluster,JobIDRaw,JobID,State,ExitCode"])
         return parse_sacct(out)
 

@@ -90,18 +90,32 @@ def connect(cfg: SimpleNamespace) -> "EchodClient":
 
 
 def credentials(cfg: SimpleNamespace) -> str | Callable[[], str]:
-    """The token, or what makes a fresh MUNGE Authorization header for each request."""
-    token = read_token(cfg)
-    if token and cfg.auth != "munge":
+    """The token, or what makes a fresh MUNGE Authorization header for each request. In
+    auto, a token file this user may not read (the site's, on a head node) is no token: the
+    user proves who they are with MUNGE instead."""
+    def proven() -> str:
+        return f"{munge.SCHEME} {_credential(cfg.munge_socket)}"
+
+    if cfg.auth == "munge":
+        return proven
+    unreadable = None
+    try:
+        token = read_token(cfg)
+    except ConfigError as exc:
+        if cfg.auth == "token":
+            raise
+        token, unreadable = None, exc
+    if token:
         return token
     if cfg.auth == "token":
         raise ConfigError("no token: give --token-file FILE or set INGERO_TOKEN (make one "
                           "with 'echod token create')")
-    if cfg.auth == "auto" and (shutil.which("munge") is None
-                               or not Path(cfg.munge_socket).exists()):
+    if shutil.which("munge") is None or not Path(cfg.munge_socket).exists():
+        if unreadable is not None:
+            raise unreadable
         raise ConfigError("no token, and no munged here to prove who you are: give "
                           "--token-file FILE, set INGERO_TOKEN, or run where munge runs")
-    return lambda: f"{munge.SCHEME} {_credential(cfg.munge_socket)}"
+    return proven
 
 
 def _credential(socket: str) -> str:

@@ -47,18 +47,19 @@ class Notifier:
         self.notify("STOPPING=1")
 
     @contextlib.contextmanager
-    def extending(self, status: str, every_s: float = 10.0, by_s: float = 30.0) -> Iterator[None]:
+    def extending(self, status: str, every_s: float = 10.0, by_s: float = 30.0,
+                  at_most_s: float = 6 * 3600) -> Iterator[None]:
         """While the body runs (a long start, such as a schema migration), ask systemd every
-        ``every_s`` seconds for ``by_s`` more, so that TimeoutStartSec does not kill a start
-        that is still making progress (and a start that hangs is still killed by_s after its
-        last word)."""
+        ``every_s`` seconds for ``by_s`` more, so that TimeoutStartSec does not kill it; for
+        ``at_most_s`` at most, so that a start stuck for good (a lock never granted) is still
+        killed, ``by_s`` after the last word."""
         if self._socket is None:
             yield
             return
         done = threading.Event()
 
         def extend() -> None:
-            while True:
+            for _ in range(max(1, int(at_most_s // every_s))):
                 self.notify(f"EXTEND_TIMEOUT_USEC={int(by_s * 1e6)}\nSTATUS={status}")
                 if done.wait(every_s):
                     return

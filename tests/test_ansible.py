@@ -168,7 +168,10 @@ def deploy(tmp: Path) -> SimpleNamespace:
     second = playbook("--limit", "localhost")
     for directory in SKELETON:
         (tmp / "newnode" / directory).mkdir(parents=True)
-    (tmp / "newnode/etc/slurm/slurm.conf").write_text(SLURM_CONF.format(nhc="/bin/true"))
+    # an upgrade from hooks named in slurm.conf itself, and a site epilog with a comment
+    (tmp / "newnode/etc/slurm/slurm.conf").write_text(
+        SLURM_CONF.format(nhc=tmp / "newnode/etc/slurm/ingero/prolog")
+        + "Epilog=/bin/true  # the site's cleanup\n")
     before_newnode = tree(root)
     newnode = playbook("--limit", "newnode")
     print("\nansible timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
@@ -432,6 +435,10 @@ def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
                         new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 2, \
         "fleetd's socket refused the new node's key"
+    # its slurm.conf named ingero's hook itself: no second copy of it as the site's
+    slurm = deployment.tmp / "newnode/etc/slurm"
+    assert sorted(p.name for p in (slurm / "prolog.d").iterdir()) == ["50-ingero"]
+    assert os.readlink(slurm / "epilog.d/00-site") == "/bin/true"
 
 
 def test_token_made_once_stored_hashed_and_never_printed(deployment):

@@ -24,12 +24,12 @@ import urllib.request
 
 import pytest
 
-from ingero import munge
+from ingero import munge, wire
 from ingero.launch import wait_for
 from ingero.stack import Stack
 from tests.slurmcluster import (REPO, SlurmCluster, cluster_for_module, ingero_cli,
                                needs_slurm, stack_beside)
-from tests.support import needs_ebpf
+from tests.support import forward, needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf, needs_slurm]
 
@@ -184,9 +184,20 @@ def as_user(stack: Stack, user: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
-def refusal(stack: Stack, authorization: str) -> tuple[int, dict]:
-    request = urllib.request.Request(stack.echod.url + "/api/v1/tools/list_jobs", b"{}", {
-        "Authorization": authorization, "Content-Type": "application/json"}, method="POST")
+def munge_as(user: str) -> str:
+    """A MUNGE credential minted for echod by ``user``."""
+    done = subprocess.run(["runuser", "-u", user, "--", "munge", "--input", "-"],
+                          input=munge.PAYLOAD, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode().strip()
+
+
+def refusal(stack: Stack, authorization: str, tool: str = "list_jobs",
+            args: dict | None = None) -> tuple[int, dict]:
+    """A tool's answer over HTTP as echod gives it to this Authorization: (status, body)."""
+    request = urllib.request.Request(
+        stack.echod.url + f"/api/v1/tools/{tool}", json.dumps(args or {}).encode(), {
+            "Authorization": authorization, "Content-Type": "application/json"}, method="POST")
     context = ssl.create_default_context(cafile=str(stack.echod.cert))
     try:
         with urllib.request.urlopen(request, context=context, timeout=30) as answer:
@@ -241,6 +252,20 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
     admin = as_user(stack, "root", "jobs", "-a", "-n", "-P", "-o", "JobID,User")
     assert admin.returncode == 0, admin.stderr
     assert {f"{jobs[u]}|{u}" for u in USERS} <= set(admin.stdout.split()), admin.stdout
+
+    # the same job id in another cluster is another user's: alice's question about her job
+    # reads her cluster only (a cluster's job ids are its own)
+    alice, bob = USERS
+    forward(stack.keys, stack.echod.ingest, wire.Forward(0, "other-cluster", [{
+        "id": "o1:slurm:start", "t": time.time() - 30, "kind": "job_start", "node": "o1",
+        "cluster": "other", "boot_id": "b", "job": jobs[alice], "attrs": {"user": bob}}]))
+    seen = ingero_cli(stack, "sql", "--csv", f"SELECT DISTINCT cluster FROM events WHERE job = "
+                      f"'{jobs[alice]}' ORDER BY 1")
+    assert seen.split()[-2:] == ["other", "sim"], seen
+    mine = munge_as(alice)
+    status, body = refusal(stack, f"MUNGE {mine}", "event_history", {"job": jobs[alice]})
+    assert status == 200 and body["events"], body
+    assert {e["cluster"] for e in body["events"]} == {"sim"}, body
 
     # forged, expired, replayed, or minted for something else: 401 and one line
     expired = munge.credential(ttl=1)

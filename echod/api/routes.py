@@ -133,17 +133,18 @@ def run_tool(name: str, args: dict) -> dict:
     context = ToolContext(state().sandbox, g.principal.scope, time.time())
     started = time.monotonic()
     if "job" in args or "jobs" in args or g.principal.own_jobs_only():
+        mine = g.principal.user if g.principal.own_jobs_only() else None
         with context.read() as conn:
-            args = raw_job_args(conn, args)
-            if g.principal.own_jobs_only():
+            args = raw_job_args(conn, args, mine)
+            if mine is not None:
                 args = own_jobs(conn, name, args, g.principal)
     result = tool.run(context, args)
     state().metrics.tool_seconds.labels(name).observe(time.monotonic() - started)
     return result
 
 
-OWNED = """SELECT 1 FROM jobs j WHERE j.id = :job AND j."user" = :user
-           AND (CAST(:cluster AS text) IS NULL OR j.cluster = :cluster) LIMIT 1"""
+OWNED = """SELECT j.cluster FROM jobs j WHERE j.id = :job AND j."user" = :user
+           AND (CAST(:cluster AS text) IS NULL OR j.cluster = :cluster) ORDER BY 1"""
 
 
 def own_jobs(conn, name: str, args: dict, principal) -> dict:
@@ -159,11 +160,17 @@ def own_jobs(conn, name: str, args: dict, principal) -> dict:
                              token_sha256=principal.token_sha256)
         return {**args, "user": user}
     if "job" in args:
-        if conn.execute(text(OWNED), {"job": args["job"], "user": user,
-                                      "cluster": args.get("cluster")}).first() is None:
+        # pinned to the cluster where the job is theirs: the same id elsewhere is another's
+        clusters = [c for (c,) in conn.execute(text(OWNED), {
+            "job": args["job"], "user": user, "cluster": args.get("cluster")})]
+        if not clusters:
             raise ToolError(f"no job {args['job']!r} of {user!r} in the clusters you may see",
                             "not_found", 404)
-        return args
+        if len(clusters) > 1:
+            raise ToolError(f"{user!r} ran job {args['job']!r} in several clusters "
+                            f"({', '.join(clusters)}): name one with 'cluster'", "ambiguous",
+                            400)
+        return {**args, "cluster": clusters[0]}
     raise NotAllowed(f"{name} reads every user's jobs; {user!r} may ask about their own "
                      f"(with -j JOB), or use a token", token=principal.name,
                      token_sha256=principal.token_sha256)

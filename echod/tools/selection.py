@@ -340,12 +340,14 @@ def job_names(name: str) -> str:
     return step["job"] if step else name
 
 
-def slurm_jobs(conn: Connection, names: list[str], cluster: str | None) -> dict[str, list]:
+def slurm_jobs(conn: Connection, names: list[str], cluster: str | None,
+               user: str | None = None) -> dict[str, list]:
     """Each name (as sacct's -j takes it: 1234, 1234_7, 1234+1, a step of one, or the raw
-    id) → the (raw id, Slurm's id) of the jobs it names: an array job's id names its tasks, a
-    heterogeneous job's its components; a name the jobs table lacks names itself."""
+    id) → the (raw id, Slurm's id) of the jobs it names (``user``'s only, when given): an
+    array job's id names its tasks, a heterogeneous job's its components; a name the jobs
+    table lacks names itself."""
     wanted = {name: job_names(name) for name in names if storable(name)}
-    where = Where().equal("j.cluster", "cluster", cluster)
+    where = Where().equal("j.cluster", "cluster", cluster).equal('j."user"', "user", user)
     found = rows(conn, SLURM_NAMED.format(where=where.sql()),
                  {**where.params, "names": sorted(set(wanted.values()))})
     named = {}
@@ -356,13 +358,14 @@ def slurm_jobs(conn: Connection, names: list[str], cluster: str | None) -> dict[
     return named
 
 
-def raw_job_args(conn: Connection, args: dict) -> dict:
+def raw_job_args(conn: Connection, args: dict, user: str | None = None) -> dict:
     """A tool's 'job' and 'jobs' arguments in the raw ids the store keys jobs by: 'jobs' takes
-    every job a name names; 'job' must name one (400 listing them when it names several)."""
+    every job a name names; 'job' must name one (400 listing them when it names several).
+    With ``user``, only that user's jobs are named (and listed)."""
     names = ([args["job"]] if "job" in args else []) + list(args.get("jobs", ()))
     if not names:
         return args
-    named = slurm_jobs(conn, names, args.get("cluster"))
+    named = slurm_jobs(conn, names, args.get("cluster"), user)
     args = dict(args)
     if "jobs" in args:
         args["jobs"] = list(dict.fromkeys(raw for name in args["jobs"] if name in named
