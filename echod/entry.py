@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from ingero.about import HEAD_MODULES
+from ingero.runtime import HEAD_MODULES
 
 
 def main() -> None:

@@ -1,3 +1,3 @@
-from .cli import main
+from ingero.command.cli import main
 
 main()

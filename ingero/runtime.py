@@ -114,6 +114,10 @@ def setup_logging(level: str, name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
+# What echod needs beyond the base install (the head extra).
+HEAD_MODULES = ("flask", "gunicorn", "sqlalchemy", "alembic", "psycopg", "jsonschema")
+
+
 def build_info(prefix: str, registry) -> Info:
     """``{prefix}_build_info{version=...} 1``: which ingero each daemon runs."""
     info = Info(f"{prefix}_build", "The ingero version this daemon runs", registry=registry)

@@ -30,3 +30,8 @@ INT32 = (-2**31, 2**31 - 1)
 UINT63 = (0, 2**63 - 1)
 LIFTED = (("rank", INT32), ("op", None), ("comm_hash", None), ("seq", UINT63),
           ("bytes", UINT63), ("duration_ns", UINT63))
+
+# Slurm's job states as sacct -s names them, by code.
+STATE_CODES = {"BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "DL": "DEADLINE",
+               "F": "FAILED", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "PR": "PREEMPTED",
+               "R": "RUNNING", "RQ": "REQUEUED", "TO": "TIMEOUT"}

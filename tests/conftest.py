@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.launch import Daemon, KeyRing, free_port, stop_all
+from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all
 
 pytest_plugins = ["tests.pg"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.stack import Echod
+from ingero.stack.local import Echod
 
 
 def have_bcc() -> bool:
@@ -132,7 +132,7 @@ def forward(keys, endpoint, message):
 
 
 class EchodApi(Echod):
-    """echod with its HTTP API (``ingero.stack.Echod``) in a fresh temporary directory, and
+    """echod with its HTTP API (``ingero.stack.local.Echod``) in a fresh temporary directory, and
     what the tests ask of it besides the tools: raw requests, the audit log, SIGHUP."""
 
     def __init__(self, keys, *flags: str, tokens: dict[str, tuple[str, str]]):

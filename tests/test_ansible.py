@@ -364,7 +364,7 @@ def test_the_venv_holds_the_wheel_and_sees_debian_bcc(deployment):
 def test_configs_load_with_the_daemons_settings(deployment):
     from echod import config as echod_config
     from fleetd import config as fleetd_config
-    from ingero import client
+    from ingero.command import client
     from ingerod import config as ingerod_config
     etc = deployment.etc
     agent = load_settings(ingerod_config.SETTINGS, "INGEROD", str(etc / "ingerod.yaml"),

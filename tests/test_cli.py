@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from ingero.launch import free_port
-from ingero.stack import Stack, self_signed
+from ingero.stack.launch import free_port
+from ingero.stack.local import Stack, self_signed
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from ingero import curve
-from ingero.launch import free_port, wait_for
+from ingero.stack.launch import free_port, wait_for
 
 from .support import metric
 

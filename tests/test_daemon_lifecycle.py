@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ingero.launch import wait_for
+from ingero.stack.launch import wait_for
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.launch import wait_for
+from ingero.stack.launch import wait_for
 
 from .support import needs_ebpf
 
@@ -88,7 +88,7 @@ def test_demo_in_words_and_interrupted_leaves_nothing_behind():
 def test_demo_as_another_user_stops_with_one_line():
     # ingero is imported as root (the checkout may be unreadable to others), then the process
     # becomes nobody and runs the command.
-    as_nobody = ("import os, sys; from ingero.cli import main; os.setgroups([]); "
+    as_nobody = ("import os, sys; from ingero.command.cli import main; os.setgroups([]); "
                  "os.setgid(65534); os.setuid(65534); sys.argv[0] = 'ingero'; main(['demo'])")
     done = subprocess.run([sys.executable, "-c", as_nobody], capture_output=True, text=True,
                           timeout=120, cwd=REPO)

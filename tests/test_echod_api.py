@@ -19,7 +19,7 @@ import requests
 from openapi_spec_validator import validate
 
 from ingero import wire
-from ingero.launch import KeyRing, free_port, wait_for
+from ingero.stack.launch import KeyRing, free_port, wait_for
 
 from .support import EchodApi, forward
 

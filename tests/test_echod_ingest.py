@@ -17,7 +17,7 @@ from sqlalchemy import text
 from echod.db import make_engine
 from echod.embedded import EmbeddedPostgres
 from ingero import columns, curve, wire
-from ingero.launch import free_port, stop_all, wait_for
+from ingero.stack.launch import free_port, stop_all, wait_for
 
 from .support import Producer, forward, metric
 

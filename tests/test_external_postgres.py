@@ -26,9 +26,9 @@ from psycopg import sql
 
 import sim
 from echod.db import head_revision
-from ingero.launch import free_port, wait_for
-from ingero.stack import Stack
-from ingero.words import verdict_summary
+from ingero.stack.launch import free_port, wait_for
+from ingero.stack.local import Stack
+from ingero.command.words import verdict_summary
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 

@@ -5,8 +5,8 @@ import subprocess
 import sys
 import time
 
-from ingero import fleetclient
-from ingero.launch import free_port, wait_for
+from ingero.command import fleetclient
+from ingero.stack.launch import free_port, wait_for
 
 from .support import metric
 

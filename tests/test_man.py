@@ -14,7 +14,7 @@ import pytest
 import echod.cli
 import echod.tools  # noqa: F401 (declaring the tools fills REGISTRY)
 import fleetd.cli
-import ingero.cli
+import ingero.command.cli
 import ingerod.cli
 from echod.api.metrics import ApiMetrics
 from echod.config import SETTINGS as ECHOD
@@ -195,7 +195,8 @@ def click_options(command: click.Command):
 
 
 @pytest.mark.parametrize("page, command", [
-    ("fleetd.8", fleetd.cli.main), ("ingerod.8", ingerod.cli.main), ("ingero.1", ingero.cli.main),
+    ("fleetd.8", fleetd.cli.main), ("ingerod.8", ingerod.cli.main),
+    ("ingero.1", ingero.command.cli.main),
     ("echod.8", echod.cli.main)])
 def test_every_command_line_option_is_documented(page, command):
     # A subcommand's options are in OPTIONS, or in COMMANDS where the page has one.

@@ -20,7 +20,7 @@ from fleetd.notify import DELIVERED, REFUSED, RETRY, Announcer, Outbox, Webhook,
 from fleetd.rankstate import Verdict
 from fleetd.slurmactions import Reputation, SlurmUnavailable
 from ingero import webhook
-from ingero.launch import free_port, wait_for
+from ingero.stack.launch import free_port, wait_for
 
 
 def verdict(rank=5, job="42", severity="major", revision=0, cleared=None, cause="host_work",

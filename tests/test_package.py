@@ -19,6 +19,7 @@ import pytest
 
 from tests.support import needs_ebpf
 
+ROOT = Path(__file__).resolve().parent.parent
 BPF_SOURCES = ["common.bpf.c", "cuda.bpf.c", "host.bpf.c", "nccl.bpf.c"]
 
 
@@ -30,7 +31,9 @@ def test_the_wheel_carries_the_bpf_sources_and_the_rate_table(wheel):
                                                    if n.endswith("entry_points.txt")))
     for program in (b"ingerod", b"fleetd", b"echod", b"ingero"):
         assert program + b" = " in entry_points
-    assert not any(name.startswith("sim/") for name in names)
+    # The layout is the wheel: the core, the command, the daemons; not the checkout's test bed.
+    assert not any(name.startswith(("sim/", "ingero/stack/")) for name in names)
+    assert "ingero/command/cli.py" in names and "ingero/wire.py" in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA")))
     requires = [line.decode() for line in metadata.splitlines()
                 if line.startswith(b"Requires-Dist:")]
@@ -154,3 +157,48 @@ def test_install_sh_lays_out_what_the_units_and_hooks_name(wheel):
         assert "echod yes" in version.stdout, version.stdout     # this machine runs it all
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+# Who may import whom: the core (ingero's own modules) nothing above it; the daemons the core
+# only; the command the core, and the one-machine stack only for `ingero demo`.
+FLOORS = {"core": {"ingero.command", "ingero.stack", "ingerod", "fleetd", "echod", "sim"},
+          "daemons": {"ingero.command", "ingero.stack", "sim"},
+          "command": {"ingerod", "fleetd", "echod", "sim"}}
+
+
+def _floor(path: Path) -> str | None:
+    parts = path.relative_to(ROOT).parts
+    if parts[0] in ("ingerod", "fleetd", "echod"):
+        return "daemons"
+    if parts[0] == "ingero":
+        return {"command": "command", "stack": None}.get(parts[1], "core")
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_each_floor_imports_only_the_floors_below_it():
+    # `python -m ingero` is the command; ingerod's probe list for `ingero version` and the stack
+    # for `ingero demo` are imported lazily, where those commands run.
+    allowed = {("ingero/__main__.py", "ingero.command"), ("ingero/command/about.py", "ingerod"),
+               ("ingero/command/cli.py", "ingero.stack")}
+    wrong = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        floor = _floor(path)
+        if floor is None or "migrations" in path.parts:
+            continue
+        where = str(path.relative_to(ROOT))
+        for name in _imports(path):
+            above = [f for f in FLOORS[floor] if name == f or name.startswith(f + ".")]
+            if above and (where, above[0]) not in allowed:
+                wrong.append(f"{where} ({floor}) imports {name}")
+    assert wrong == []

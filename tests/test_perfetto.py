@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ingero.perfetto import to_trace
+from ingero.command.perfetto import to_trace
 
 T0 = 1_764_000_000.0
 

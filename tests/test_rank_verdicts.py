@@ -1,7 +1,7 @@
 """Rank verdicts end to end: sim ranks traced by node-wide ingerods (real bcc), fleetd's online
 analysis, echod's store, read back over echod's HTTPS API.
 
-One stack serves the module (``ingero.stack``, as the demo runs it): echod (embedded PostgreSQL,
+One stack serves the module (``ingero.stack.local``, as the demo runs it): echod (embedded PostgreSQL,
 TLS, a token), fleetd forwarding to it, and two ingerods as the shipped unit runs them (no
 --job), one per simulated node (``--match-env SLURM_NODEID=n`` stands in for two hosts). node1's ingerod runs under faketime
 250 ms ahead, so every verdict here is also a verdict made through a corrected clock. Each test
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from ingero import stack as stack_module
-from ingero.launch import wait_for
+from ingero.stack import local as stack_module
+from ingero.stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
@@ -34,7 +34,7 @@ HANG_TIMEOUT_S = 4.0
 
 
 class Stack(stack_module.Stack):
-    """The product on one machine (``ingero.stack``), node1's clock 250 ms ahead."""
+    """The product on one machine (``ingero.stack.local``), node1's clock 250 ms ahead."""
 
     def __init__(self, root: Path):
         super().__init__(root, 2, push_s=PUSH_S, hang_timeout_s=HANG_TIMEOUT_S,

@@ -16,8 +16,8 @@ import pytest
 import sim
 import echod.tools  # noqa: F401  (registers the tools)
 from echod.registry import REGISTRY
-from ingero.launch import wait_for
-from ingero.stack import Stack
+from ingero.stack.launch import wait_for
+from ingero.stack.local import Stack
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ingero import sacct
+from ingero.command import sacct
 
 ZONE = timezone(timedelta(hours=2))
 NOW = datetime(2026, 11, 24, 15, 30, 45, tzinfo=ZONE)
@@ -103,7 +103,7 @@ def test_colour_only_where_enabled():
 def test_every_ingero_command_s_help_ends_with_an_example():
     from click.testing import CliRunner
 
-    from ingero.cli import main
+    from ingero.command.cli import main
 
     for name in main.commands:
         done = CliRunner().invoke(main, [name, "--help"])

@@ -25,8 +25,8 @@ import urllib.request
 import pytest
 
 from ingero import munge, wire
-from ingero.launch import wait_for
-from ingero.stack import Stack
+from ingero.stack.launch import wait_for
+from ingero.stack.local import Stack
 from tests.slurmcluster import (REPO, SlurmCluster, cluster_for_module, ingero_cli,
                                needs_slurm, stack_beside)
 from tests.support import forward, needs_ebpf

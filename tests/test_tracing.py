@@ -16,7 +16,7 @@ import pytest
 
 import sim
 from ingero.analysis.lag import peer_lag
-from ingero.launch import wait_for
+from ingero.stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
@@ -200,7 +200,7 @@ def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path):
 
 
 def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_path):
-    from ingero.launch import free_port
+    from ingero.stack.launch import free_port
 
     from .support import metric, scrape
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from sqlalchemy import Connection
 
 from ingero.analysis.causes import CAUSES
-from ingero.sacct import STATE_CODES
+from ingero.vocabulary import STATE_CODES
 
 from ..registry import ToolContext, obj, tool
 from .lag import node_offsets

@@ -12,8 +12,9 @@ import platform
 import sys
 from pathlib import Path
 
-from . import __version__
-from .rates import SHIPPED
+from ingero import __version__
+from ingero.rates import SHIPPED
+from ingero.runtime import HEAD_MODULES
 
 
 def facts() -> dict:
@@ -35,7 +36,6 @@ def facts() -> dict:
 
 
 # what echod needs beyond the agent's and the command's dependencies: the head extra
-HEAD_MODULES = ("flask", "gunicorn", "sqlalchemy", "alembic", "psycopg", "jsonschema")
 DAEMONS = ("ingerod", "fleetd", "echod")
 
 
@@ -45,7 +45,7 @@ def parts() -> dict[str, bool]:
     def have(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     return {"ingerod": True, "fleetd": True, "echod": all(map(have, HEAD_MODULES)),
-            "mcp": have("mcp"), "demo": have("sim")}
+            "mcp": have("mcp"), "demo": have("sim") and have("ingero.stack")}
 
 
 def running(proc: Path = Path("/proc")) -> list[dict]:

@@ -26,9 +26,10 @@ import json
 
 import click
 
-from . import __version__, client
-from .client import EchodClient
-from .errors import ApiCallError, IngeroError
+from ingero import __version__
+from ingero.command import client
+from ingero.command.client import EchodClient
+from ingero.errors import ApiCallError, IngeroError
 
 # -- the investigate prompt ----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The commands that ask echod: report, jobs, nodes, stragglers, explain, sql and export.
 
-Each reads the API's settings (``ingero.client``), calls echod's tools over HTTPS and prints
+Each reads the API's settings (``ingero.command.client``), calls echod's tools over HTTPS and prints
 what they answer; every failure is one line on standard error and exit status 1.
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import click
 
-from . import client, perfetto, sacct
-from .errors import IngeroError
-from .report import (JOB_DEFAULT, JOB_FIELDS, NODE_DEFAULT, NODE_FIELDS, REPORT_DEFAULT,
+from ingero.command import client, perfetto, sacct
+from ingero.errors import IngeroError
+from ingero.command.report import (JOB_DEFAULT, JOB_FIELDS, NODE_DEFAULT, NODE_FIELDS, REPORT_DEFAULT,
                      REPORT_FIELDS, job_rows, report_rows, window_args)
-from .analysis.causes import CAUSE_WORDS
-from .words import cost, verdict_summary
+from ingero.analysis.causes import CAUSE_WORDS
+from ingero.command.words import cost, verdict_summary
 
 
 def api_command(group: click.Group, name: str):

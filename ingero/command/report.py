@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from . import sacct
-from .errors import ApiCallError
+from ingero.command import sacct
+from ingero.errors import ApiCallError
 
 
 def _ms(key: str):
@@ -49,10 +49,15 @@ def _job_id(row: dict) -> str:
     return row.get("job_id") or row["job"]
 
 
-REPORT_FIELDS = {f.name.lower(): f for f in (
+# Which job a row is about, as sacct names it; both tables lead with them.
+JOB_ID_FIELDS = (
     F("Cluster", 10, lambda r: r["cluster"]),
     F("JobID", 12, _job_id),
     F("JobIDRaw", 10, lambda r: r["job"]),
+)
+
+REPORT_FIELDS = {f.name.lower(): f for f in (
+    *JOB_ID_FIELDS,
     F("Step", 6, lambda r: r.get("step")),
     F("Node", 12, lambda r: r.get("node")),
     F("Rank", 5, lambda r: r["rank"]),
@@ -72,9 +77,7 @@ REPORT_DEFAULT = ("JobID,Step,Node,Rank,Colls,LagP50,LagP99,Last,SelfWork,PeerWo
                   "Cause,CostUSD")
 
 JOB_FIELDS = {f.name.lower(): f for f in (
-    F("Cluster", 10, lambda r: r["cluster"]),
-    F("JobID", 12, _job_id),
-    F("JobIDRaw", 10, lambda r: r["job"]),
+    *JOB_ID_FIELDS,
     F("Restarts", 8, lambda r: r.get("restarts")),
     F("User", 9, lambda r: r.get("user")),
     F("Account", 10, lambda r: r.get("account")),

@@ -1,7 +1,7 @@
 """``ingero demo``: the whole product on one machine, on a GPU-less training job.
 
 echod (its own PostgreSQL), fleetd and one ingerod per simulated node start as real daemons
-(``ingero.stack``); a sim job from ``sim/scenarios/`` runs through the sim's libcudart and
+(``ingero.stack.local``); a sim job from ``sim/scenarios/`` runs through the sim's libcudart and
 libnccl while the agents trace it with eBPF; fleetd names the late rank online and echod stores
 it. The demo shows the job's progress and the verdicts as they appear, then the job report and
 each verdict in plain words, read back over echod's API as the CLI reads them. Whatever it
@@ -19,11 +19,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import ApiCallError, IngeroError
-from .report import report_table
-from .words import describe_verdict, verdict_summary
+from ingero.errors import ApiCallError, IngeroError
+from ingero.command.report import report_table
+from ingero.command.words import describe_verdict, verdict_summary
 
-DEFAULT_SCENARIO = "late-rank"
 PUSH_S = 1.0
 SETTLE_S = 3 * PUSH_S + 2          # the last pushes, fleetd's tick and echod's commit
 
@@ -68,7 +67,7 @@ def run(scenario_name: str, keep: bool, say) -> dict:
     import sim
     from sim.errors import SimError
 
-    from .stack import Stack
+    from ingero.stack.local import Stack
 
     scenario = find_scenario(scenario_name)
     with interruptible():

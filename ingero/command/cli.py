@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__, curve, demo, fleetclient, mcp, query
-from .cli_common import example_last
-from .errors import IngeroError
+from ingero import __version__, curve
+from ingero.command import fleetclient, mcp, query
+from ingero.cli_common import example_last
+from ingero.errors import IngeroError
 
 
 @click.group(context_settings={"max_content_width": 100})
@@ -39,14 +40,17 @@ def version_command(as_json: bool) -> None:
 
     Example: ingero version --json
     """
-    from .about import facts, render
+    from ingero.command.about import facts, render
 
     found = facts()
     click.echo(json.dumps(found, indent=2) if as_json else render(found))
 
 
+DEMO_SCENARIO = "late-rank"
+
+
 @main.command("demo")
-@click.option("--scenario", default=demo.DEFAULT_SCENARIO, show_default=True,
+@click.option("--scenario", default=DEMO_SCENARIO, show_default=True,
               metavar="NAME|FILE", help="A scenario of sim/scenarios/ by name, or a YAML file")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (the job, its verdicts, the report rows) on standard "
@@ -62,7 +66,7 @@ def demo_command(scenario: str, as_json: bool, keep: bool) -> None:
 
     Example: ingero demo --scenario cpu-contention
     """
-    from .about import parts
+    from ingero.command.about import parts
 
     missing = [name for name, ok in parts().items() if name in ("echod", "demo") and not ok]
     if missing:
@@ -70,6 +74,8 @@ def demo_command(scenario: str, as_json: bool, keep: bool) -> None:
             "the demo runs from a checkout of ingero, which has the sim and echod's "
             "dependencies: git clone it and run 'make demo' there (this installation lacks "
             f"{' and '.join('the sim' if m == 'demo' else m for m in missing)})")
+    from ingero.stack import demo
+
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     try:
         result = demo.run(scenario, keep, say)

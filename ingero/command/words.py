@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .analysis.causes import CAUSE_WORDS, lateness
+from ingero.analysis.causes import CAUSE_WORDS, lateness
 
 
 def verdict_summary(v: dict) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any, Callable
 
+from ingero.vocabulary import STATE_CODES
+
 TIME_FORMS = ("HH:MM[:SS][AM|PM], MMDD[YY], MM/DD[/YY], MM.DD[.YY], YYYY-MM-DD[THH:MM[:SS]], "
               "today, midnight, noon, elevenses, fika, teatime, now[{+|-}COUNT[seconds|minutes|"
               "hours|days|weeks]]")
@@ -187,12 +189,6 @@ def colour(text: str, style: str, enabled: bool) -> str:
     """ANSI colour (red, yellow, green, bold) only where it is enabled: a terminal."""
     codes = {"red": "31", "yellow": "33", "green": "32", "bold": "1"}
     return f"\033[{codes[style]}m{text}\033[0m" if enabled else text
-
-
-# sacct -s: a job state by its code or its name (any case)
-STATE_CODES = {"BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "DL": "DEADLINE",
-               "F": "FAILED", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "PR": "PREEMPTED",
-               "R": "RUNNING", "RQ": "REQUEUED", "TO": "TIMEOUT"}
 
 
 def parse_states(text: str) -> list[str]:

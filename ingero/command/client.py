@@ -22,9 +22,9 @@ from types import SimpleNamespace
 
 import click
 
-from . import __version__, munge
-from .errors import ApiCallError, ConfigError
-from .settings import (Setting, boolean, choice, click_options, load, number, optional,
+from ingero import __version__, munge
+from ingero.errors import ApiCallError, ConfigError
+from ingero.settings import (Setting, boolean, choice, click_options, load, number, optional,
                        optional_text, path, text)
 
 TIMEOUT_S = 120            # the API's own SQL limit is 60 s; leave it room to answer

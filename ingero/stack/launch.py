@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import curve
+from ingero import curve
 
 
 def free_port() -> int:

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .client import EchodClient
-from .errors import ApiCallError
-from .launch import Daemon, KeyRing, free_port, stop_all, wait_for
+from ingero.command.client import EchodClient
+from ingero.errors import ApiCallError
+from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine

@@ -6,8 +6,8 @@ import time
 
 import zmq
 
-from . import curve, wire
-from .errors import IngeroError
+from ingero import curve, wire
+from ingero.errors import IngeroError
 
 
 class FleetUnreachable(IngeroError):
