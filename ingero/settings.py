@@ -223,10 +223,11 @@ def read_yaml(config: Path) -> dict:
     return data
 
 
-def load(table: list[Setting], prefix: str, config: Path | None, flags: dict[str, Any],
-         environ: dict[str, str] | None = None,
+def load(table: list[Setting], prefix: str, config: Path | list[Path] | None,
+         flags: dict[str, Any], environ: dict[str, str] | None = None,
          defaults: dict[str, Any] | None = None) -> SimpleNamespace:
-    """Layer default, YAML file, environment and flags; ``flags`` holds only the flags given.
+    """Layer default, YAML file(s), environment and flags; ``flags`` holds only the flags
+    given. Several files are layers too, the later over the earlier (a site's, then a user's).
 
     ``defaults`` replaces declared defaults with ones found at run time (a Slurm job id, say):
     still the lowest layer, so the file, the environment and the flags override them.
@@ -236,7 +237,7 @@ def load(table: list[Setting], prefix: str, config: Path | None, flags: dict[str
     values = {s.name: s.parse(s.default) if s.default is not None else None for s in table}
     for name, value in (defaults or {}).items():
         values[name] = _parse_one(by_name[name], value, "default")
-    if config is not None:
+    for config in [] if config is None else config if isinstance(config, list) else [config]:
         data = read_yaml(config)
         unknown = sorted(set(data) - set(by_name))
         if unknown:

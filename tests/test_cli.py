@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import pty
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from ingero.stack.launch import free_port
 from ingero.stack.local import Stack, self_signed
 from sim import scenario as scenarios
 from sim.cluster import Cluster
+from ingero import __version__
 
 from .support import needs_ebpf
 
@@ -98,9 +100,14 @@ def test_report_format_with_widths_parsable_noheader_and_json(stack):
     parsable2 = ok(ingero(stack, "report", "-j", JOB, "-P", "-n", "-o", "rank,cause"))
     assert f"{LATE}|host_work" in parsable2.splitlines() and "Rank" not in parsable2
     assert all(line.count("|") == 1 for line in parsable2.splitlines())
-    rows = json.loads(ok(ingero(stack, "report", "-j", JOB, "--json")))
-    late = next(r for r in rows if r["rank"] == LATE)
-    assert late["job"] == JOB and late["cause"] == "host_work"
+    answer = json.loads(ok(ingero(stack, "report", "-j", JOB, "--json")))
+    assert answer["meta"]["command"] == ["ingero", "report", "-j", JOB, "--json"]
+    assert answer["meta"]["ingero"]["version"] == __version__
+    [job] = answer["jobs"]                  # as sacct --json: the job, its ranks inside
+    assert job["job"] == JOB and job["ranks"] == 4
+    assert sorted(r["rank"] for r in job["per_rank"]) == [0, 1, 2, 3]
+    late = next(r for r in job["per_rank"] if r["rank"] == LATE)
+    assert late["cause"] == "host_work"
     assert late["lag_median_ms"] > 40 and late["lag_p99_ms"] >= late["lag_median_ms"]
     assert late["last_share"] > 0.5 and late["cost_gpu_seconds"] > 0
 
@@ -127,7 +134,7 @@ def test_report_one_line_per_job_and_the_time_window(stack):
 
 def test_an_unknown_job_prints_no_row_and_exits_0(stack):
     assert ok(ingero(stack, "report", "-j", "9999", "-n")) == ""
-    assert json.loads(ok(ingero(stack, "report", "-j", "9999", "--json"))) == []
+    assert json.loads(ok(ingero(stack, "report", "-j", "9999", "--json")))["jobs"] == []
 
 
 def test_stragglers_and_explain_say_it_in_words(stack):
@@ -137,6 +144,81 @@ def test_stragglers_and_explain_say_it_in_words(stack):
     assert first.startswith(("CRITICAL", "MAJOR", "MINOR")), text
     assert f"rank {LATE} on node1" in first and "what to do:" in text
     assert "\033[" not in text                      # no colour off a terminal
+
+
+def test_every_command_takes_a_list_of_jobs_and_of_clusters(stack):
+    [job] = json.loads(ok(ingero(stack, "jobs", "-j", JOB, "--json")))["jobs"]
+    listed = ["jobs", "-n", "-P", "-o", "JobID", "-S", "today"]
+    for clusters in (job["cluster"], "all", f"elsewhere,{job['cluster']}"):
+        assert ok(ingero(stack, *listed, "-M", clusters)) == f"{JOB}\n", clusters
+    assert ok(ingero(stack, *listed, "-M", "elsewhere")) == ""
+    assert ok(ingero(stack, "report", "-j", JOB, "-n", "-M", "elsewhere")) == ""
+    assert ok(ingero(stack, "report", "-j", JOB, "-n", "-M", job["cluster"])).count("\n") == 4
+    assert ok(ingero(stack, "stragglers", "-j", f"9999,{JOB}", "-M", job["cluster"])) \
+        .count(f"rank {LATE} on node1: late by") >= 1
+    assert "no straggler verdict" in ok(ingero(stack, "stragglers", "-M", "elsewhere"))
+    explained = ok(ingero(stack, "explain", "-j", f"{JOB},9999"))
+    assert f"job {JOB} rank {LATE} on node1" in explained.splitlines()[0]
+    assert "job 9999: fleetd named no rank" in explained
+    answer = json.loads(ok(ingero(stack, "explain", "-j", JOB, "--json")))
+    assert [e["rank"] for e in answer["explanations"]] == [LATE] and "meta" in answer
+    # export: one file per job, named by %j as sbatch -o names its files
+    one_file = ingero(stack, "export", "-j", f"{JOB},9999", "-o", str(stack.root / "t.json"))
+    assert one_file.returncode == 2 and "%j" in one_file.stderr
+    each = ingero(stack, "export", "-j", f"{JOB},9999", "-o", str(stack.root / "t-%j.json"))
+    assert each.returncode == 1 and "9999" in each.stderr        # that job echod knows not
+    assert json.loads((stack.root / f"t-{JOB}.json").read_text())["traceEvents"]
+
+
+def test_field_lists_need_no_server_and_colour_only_on_a_terminal_unless_refused(stack):
+    for command in ("report", "jobs", "nodes"):
+        fields = ingero(stack, command, "-e", env={})          # no URL, no token
+        assert fields.returncode == 0, (command, fields.stderr)
+        assert ("NodeName" if command == "nodes" else "JobID") in fields.stdout, command
+    for extra, env, coloured in (((), {}, True), (("--no-color",), {}, False),
+                                 ((), {"NO_COLOR": "1"}, False)):
+        leader, follower = pty.openpty()
+        clean = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR",)}
+        done = subprocess.run([sys.executable, "-m", "ingero", *extra, "explain", "-j", JOB],
+                              stdout=follower, stderr=subprocess.PIPE, timeout=120,
+                              env={**clean, "HOME": str(stack.root), **stack.env, **env})
+        os.close(follower)
+        text = b""
+        while chunk := _read(leader):
+            text += chunk
+        os.close(leader)
+        assert done.returncode == 0, done.stderr
+        assert (b"\033[" in text) == coloured, (extra, env, text[:200])
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:                 # EIO: the writer has gone
+        return b""
+
+
+def test_the_users_client_file_is_read_over_the_sites(stack, tmp_path):
+    from ingero.command import client
+    site, user = tmp_path / "site.yaml", tmp_path / "user.yaml"
+    site.write_text(f"url: {stack.echod.url}\nca_cert: {stack.env['INGERO_CA_CERT']}\n"
+                    "timeout: 30\n")
+    user.write_text(f"token_file: {stack.env['INGERO_TOKEN_FILE']}\ntimeout: 45\n")
+    both = client.settings(None, {}, {}, site=site, user=user)
+    assert (both.url, str(both.ca_cert), str(both.token_file), both.timeout) == (
+        stack.echod.url, stack.env["INGERO_CA_CERT"], stack.env["INGERO_TOKEN_FILE"], 45.0)
+    assert client.settings(None, {}, {}, site=site, user=tmp_path / "none").timeout == 30.0
+    assert client.settings(str(user), {}, {}, site=tmp_path / "none").url is None
+    # as a user runs it: their file under HOME holds the token, the environment the rest
+    home = tmp_path / "home"
+    (home / ".config/ingero").mkdir(parents=True)
+    (home / ".config/ingero/ingero.yaml").write_text(user.read_text())
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("INGERO_")}
+    done = subprocess.run([sys.executable, "-m", "ingero", "jobs", "-n", "-P", "-o", "JobID",
+                           "-j", JOB], capture_output=True, text=True, timeout=120, env={
+        **clean, "HOME": str(home), "INGERO_URL": stack.echod.url,
+        "INGERO_CA_CERT": stack.env["INGERO_CA_CERT"]})
+    assert done.returncode == 0 and done.stdout == f"{JOB}\n", done.stderr
 
 
 def test_sql_as_table_json_and_csv(stack):

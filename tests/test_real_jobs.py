@@ -97,7 +97,8 @@ def report(stack, job: str) -> dict[int, dict]:
                               "INGERO_TOKEN_FILE": str(token),
                               "INGERO_CA_CERT": str(stack.echod.cert)})
     assert done.returncode == 0, done.stderr
-    return {row["rank"]: row for row in json.loads(done.stdout)}
+    return {row["rank"]: {**row, "job": job["job"]}
+            for job in json.loads(done.stdout)["jobs"] for row in job["per_rank"]}
 
 
 def wall(monotonic_ns: int) -> float:

@@ -75,7 +75,7 @@ def ingero(stack: Stack, *args: str) -> str:
 
 
 def job_row(stack: Stack, job: str) -> dict | None:
-    rows = json.loads(ingero(stack, "jobs", "-j", job, "--json"))
+    rows = json.loads(ingero(stack, "jobs", "-j", job, "--json"))["jobs"]
     return next((r for r in rows if r["job"] == job and r.get("state")), None)   # epilog's
 
 

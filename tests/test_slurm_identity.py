@@ -127,7 +127,7 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
             "slurm_checked, start, \"end\" FROM jobs ORDER BY id"),
         cluster.sacct("-a", "-X", "-D", "-P", "-o", "JobIDRaw,JobID,State,Start,End").stdout,
         [line for line in stack.echod.daemon.log().splitlines() if "Slurm" in line])
-    rows = json.loads(ingero_cli(stack, "jobs", "-j", requeued, "--json"))
+    rows = json.loads(ingero_cli(stack, "jobs", "-j", requeued, "--json"))["jobs"]
     assert [(r["job_id"], r["restarts"], r["state"]) for r in rows] == [
         (requeued, 1, "COMPLETED")], rows
 
@@ -144,6 +144,16 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
     out = ingero_cli(stack, "jobs", "-j", ",".join(jobs), "-s", "CA,timeout", "-n", "-P",
                      "--delimiter", ";", "-o", "JobID,State")
     assert sorted(out.split()) == sorted([f"{cancelled};CANCELLED", f"{timed_out};TIMEOUT"])
+    # sacct's -r and -M: the test Slurm's one partition and cluster, and ones it has not
+    in_partition = ingero_cli(stack, "jobs", "-j", ",".join(jobs), "-r", "gpu,debug", "-n",
+                              "-P", "-o", "JobIDRaw")
+    assert sorted(in_partition.split()) == sorted(jobs)
+    assert ingero_cli(stack, "jobs", "-j", ",".join(jobs), "-r", "gpu", "-n") == ""
+    cluster_name = json.loads(ingero_cli(stack, "jobs", "-j", requeued, "--json"))[
+        "jobs"][0]["cluster"]
+    assert ingero_cli(stack, "jobs", "-j", requeued, "-M", f"elsewhere,{cluster_name}", "-n",
+                      "-P", "-o", "JobID") == f"{requeued}\n"
+    assert ingero_cli(stack, "jobs", "-j", requeued, "-M", "elsewhere", "-n") == ""
 
     # report: the array's traced ranks under each task's id
     report = wait_for(lambda: (out := ingero_cli(stack, "report", "-j", array, "-n", "-P",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,15 +17,20 @@ from ingero.errors import IngeroError
 
 @click.group(context_settings={"max_content_width": 100})
 @click.version_option(__version__)
-def main() -> None:
+@click.option("--no-color", is_flag=True,
+              help="No colour, even on a terminal (as NO_COLOR=1 in the environment)")
+def main(no_color: bool) -> None:
     """ingero: find the slow rank of a distributed training job, and why.
 
-    The query commands (report, jobs, stragglers, explain, sql, export, mcp) ask echod's API:
-    its URL, token and CA come from --url/--token-file/--ca-cert, $INGERO_URL,
-    $INGERO_TOKEN, or ~/.config/ingero/ingero.yaml (else /etc/ingero/ingero.yaml).
+    The query commands (report, jobs, nodes, stragglers, explain, sql, export, mcp) ask
+    echod's API: its URL, token and CA come from --url/--token-file/--ca-cert, $INGERO_URL,
+    $INGERO_TOKEN, ~/.config/ingero/ingero.yaml, read over the site's
+    /etc/ingero/ingero.yaml. Without a token they prove who you are with MUNGE.
 
     Example: ingero report -j 4242
     """
+    if no_color:
+        os.environ["NO_COLOR"] = "1"
 
 
 main.add_command(mcp.mcp_command)

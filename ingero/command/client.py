@@ -2,8 +2,9 @@
 user's MUNGE credential), the CA to trust.
 
 The settings are declared once (``SETTINGS``) and layered like the daemons' (``ingero.settings``):
-their defaults, then the first client file found (``~/.config/ingero/ingero.yaml``, then
-``/etc/ingero/ingero.yaml``, or ``--config``), then ``INGERO_*`` variables, then flags.
+their defaults, then the site's client file (``/etc/ingero/ingero.yaml``), then over it the
+user's (``~/.config/ingero/ingero.yaml``, or ``--config``), then ``INGERO_*`` variables, then
+flags.
 ``EchodClient`` makes the calls; every failure is an ``ApiCallError`` with one line to say.
 """
 
@@ -57,21 +58,23 @@ SETTINGS = [
 
 
 def client_options(command):
-    """The API's settings as options of a command, and --config for the client file."""
+    """The API's settings as options of a command, and --config for the user's client file."""
     command = click_options(SETTINGS)(command)
     return click.option("--config", "config", default=None, metavar="FILE",
-                        help=f"Client file [default: {USER_CONFIG}, else {SITE_CONFIG}, "
-                             "the first that exists]")(command)
+                        help=f"Your client file, read over the site's {SITE_CONFIG} "
+                             f"[default: {USER_CONFIG}, where it exists]")(command)
 
 
-def settings(config: str | None, flags: dict, environ=None) -> SimpleNamespace:
-    """The client settings: the explicit file (which must exist), else the first default."""
-    if config:
-        found = Path(config)
-    else:
-        found = next((p for p in (USER_CONFIG.expanduser(), SITE_CONFIG) if p.exists()), None)
+def settings(config: str | None, flags: dict, environ=None, site: Path = SITE_CONFIG,
+             user: Path = USER_CONFIG) -> SimpleNamespace:
+    """The client settings: the site's file where it exists, then over it the user's (the
+    explicit one, which must exist, else the default where it exists), then INGERO_*
+    variables, then flags."""
+    mine = Path(config) if config else user.expanduser()
+    files = [site] if site.exists() and site != mine else []
+    files += [mine] if config or mine.exists() else []
     given = {s.name: flags.get(s.name) for s in SETTINGS}
-    return load(SETTINGS, "INGERO", found, given, environ)
+    return load(SETTINGS, "INGERO", files, given, environ)
 
 
 def connect(cfg: SimpleNamespace) -> "EchodClient":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from ingero import __version__
 from ingero.command import client, perfetto, sacct
 from ingero.errors import IngeroError
 from ingero.command.report import (JOB_DEFAULT, JOB_FIELDS, NODE_DEFAULT, NODE_FIELDS, REPORT_DEFAULT,
@@ -36,7 +37,9 @@ def api_command(group: click.Group, name: str):
         def command(ctx, config, **flags):
             settings = {s.name: flags.pop(s.name) for s in client.SETTINGS}
             try:
-                echod = client.connect(client.settings(config, settings))
+                # the fields are the command's own: listing them asks no server
+                echod = (None if flags.get("helpformat")
+                         else client.connect(client.settings(config, settings)))
                 return function(echod, **flags)
             except (IngeroError, ValueError) as exc:
                 raise click.ClickException(str(exc)) from None
@@ -69,7 +72,8 @@ def table_options(fields: dict, default: str):
             click.option("-E", "--endtime", metavar="TIME", help="Window end [default: now]"),
             click.option("-o", "--format", "fmt", default=None, metavar="FIELD[%WIDTH],...",
                          help=f"Fields to print [default: {default}]"),
-            click.option("--helpformat", is_flag=True, help="List the fields and exit"),
+            click.option("-e", "--helpformat", is_flag=True,
+                         help="List the fields and exit (asks no server)"),
             click.option("-p", "--parsable", is_flag=True,
                          help="Fields separated by '|', one at the end of each line too"),
             click.option("-P", "--parsable2", is_flag=True,
@@ -77,18 +81,29 @@ def table_options(fields: dict, default: str):
             click.option("--delimiter", default="|", show_default=True, metavar="CHARS",
                          help="What separates the fields with -p or -P"),
             click.option("-n", "--noheader", is_flag=True, help="No header lines"),
-            click.option("--json", "as_json", is_flag=True, help="The rows as a JSON array"),
+            click.option("--json", "as_json", is_flag=True,
+                         help="One JSON object, as sacct --json: meta (the command, ingero's "
+                              "version, the window) and the rows"),
         ]):
             function = option(function)
         return function
     return decorate
 
 
+def document(key: str, rows: list[dict], since: datetime | None,
+             until: datetime | None) -> dict:
+    """What --json prints, shaped as sacct's: ``meta`` says what asked and over which
+    window, ``key`` holds the rows."""
+    return {"meta": {"command": ["ingero", *sys.argv[1:]],
+                     "ingero": {"version": __version__},
+                     "window": {"start": since.isoformat() if since else None,
+                                "end": until.isoformat() if until else None},
+                     "generated": datetime.now().astimezone().isoformat(timespec="seconds")},
+            key: rows}
+
+
 def print_rows(rows: list[dict], fields: dict, fmt: str, *, parsable: bool, parsable2: bool,
-               noheader: bool, as_json: bool, delimiter: str = "|") -> None:
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
+               noheader: bool, delimiter: str = "|") -> None:
     columns = sacct.parse_format(fmt, fields)
     text = sacct.render(columns, rows, parsable=parsable, parsable2=parsable2,
                         noheader=noheader, delimiter=delimiter)
@@ -97,7 +112,27 @@ def print_rows(rows: list[dict], fields: dict, fmt: str, *, parsable: bool, pars
 
 
 def job_list(jobs: str | None) -> list[str] | None:
+    """A comma list (-j, -A, -M, -r) as its items; None for none."""
     return [j.strip() for j in jobs.split(",") if j.strip()] if jobs else None
+
+
+def cluster_list(clusters: str | None) -> list[str | None]:
+    """-M: the clusters to ask one by one; ``all`` (or none given) asks once, over every
+    cluster the caller may see."""
+    named = job_list(clusters)
+    return [None] if not named or "all" in named else named
+
+
+def each_cluster(clusters: str | None, ask) -> list[dict]:
+    """``ask(args)``'s rows for each cluster of -M, in order."""
+    return [row for cluster in cluster_list(clusters)
+            for row in ask({"cluster": cluster} if cluster else {})]
+
+
+def clusters_option(command):
+    return click.option("-M", "--clusters", "--cluster", "clusters", metavar="NAME[,NAME...]",
+                        help="Only these clusters ('all': every cluster you may see) "
+                             "[default: all]")(command)
 
 
 @click.group("query", hidden=True)
@@ -106,8 +141,10 @@ def commands() -> None:
 
 
 def whose(command):
-    """sacct's -u, -A, -s and -a, for the commands that list jobs."""
+    """sacct's -M, -r, -u, -A, -s and -a, for the commands that list jobs."""
     for option in reversed((
+            click.option("-r", "--partition", "partitions", metavar="PART[,PART...]",
+                         help="Only jobs run in these partitions"),
             click.option("-u", "--user", metavar="USER", help="Only this user's jobs"),
             click.option("-A", "--accounts", metavar="ACCOUNT[,ACCOUNT...]",
                          help="Only jobs charged to these accounts"),
@@ -119,7 +156,17 @@ def whose(command):
                               "group; a token sees them anyway) [default: your own, with "
                               "MUNGE]"))):
         command = option(command)
-    return command
+    return clusters_option(command)
+
+
+def listed_jobs(echod, jobs, since, until, clusters, partitions, user, accounts, allusers,
+                states) -> list[dict]:
+    """The job rows that -j, the window and whose's options select."""
+    rows = each_cluster(clusters, lambda where: job_rows(
+        echod, job_list(jobs), since, until, user, job_list(accounts), allusers,
+        sacct.parse_states(states) if states else None, **where))
+    wanted = job_list(partitions)
+    return [row for row in rows if row.get("partition") in wanted] if wanted else rows
 
 
 @api_command(commands, "report")
@@ -129,9 +176,9 @@ def whose(command):
 @click.option("-X", "--allocations", is_flag=True, help="One line per job, not per rank")
 @whose
 @table_options(REPORT_FIELDS, REPORT_DEFAULT)
-def report_command(echod, jobs, allocations, user, accounts, states, allusers, starttime,
-                   endtime, fmt, helpformat, parsable, parsable2, delimiter, noheader,
-                   as_json) -> None:
+def report_command(echod, jobs, allocations, partitions, user, accounts, states, allusers,
+                   clusters, starttime, endtime, fmt, helpformat, parsable, parsable2,
+                   delimiter, noheader, as_json) -> None:
     """One row per rank of each job: lag, how often last, self-work against its peers,
     fleetd's verdict, the cause and the cost, in sacct's layouts.
 
@@ -145,14 +192,23 @@ def report_command(echod, jobs, allocations, user, accounts, states, allusers, s
     if helpformat:
         click.echo(sacct.helpformat(fields))
         return
-    named = job_list(jobs)
-    since, until = parse_window(starttime, endtime, None if named else "midnight")
-    rows = job_rows(echod, named, since, until, user, job_list(accounts), allusers,
-                    sacct.parse_states(states) if states else None)
+    since, until = parse_window(starttime, endtime, None if jobs else "midnight")
+    rows = listed_jobs(echod, jobs, since, until, clusters, partitions, user, accounts,
+                       allusers, states)
     if not allocations:
-        rows = report_rows(echod, rows, since, until)
+        ranks = report_rows(echod, rows, since, until)
+        if as_json:     # each job with its ranks, as sacct --json nests a job's steps
+            for job in rows:
+                job["per_rank"] = [{k: v for k, v in rank.items()
+                                 if k not in ("cluster", "job", "job_id")} for rank in ranks
+                                if (rank["cluster"], rank["job"]) == (job["cluster"], job["job"])]
+        else:
+            rows = ranks
+    if as_json:
+        click.echo(json.dumps(document("jobs", rows, since, until), indent=2))
+        return
     print_rows(rows, fields, fmt or default, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, as_json=as_json, delimiter=delimiter)
+               noheader=noheader, delimiter=delimiter)
 
 
 @api_command(commands, "jobs")
@@ -160,8 +216,9 @@ def report_command(echod, jobs, allocations, user, accounts, states, allusers, s
               help="Only these jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0)")
 @whose
 @table_options(JOB_FIELDS, JOB_DEFAULT)
-def jobs_command(echod, jobs, user, accounts, states, allusers, starttime, endtime, fmt,
-                 helpformat, parsable, parsable2, delimiter, noheader, as_json) -> None:
+def jobs_command(echod, jobs, partitions, user, accounts, states, allusers, clusters,
+                 starttime, endtime, fmt, helpformat, parsable, parsable2, delimiter, noheader,
+                 as_json) -> None:
     """The jobs seen in the window: user, nodes, ranks, start, end, stragglers, cost.
 
     The window starts at midnight today unless -S says otherwise.
@@ -172,10 +229,13 @@ def jobs_command(echod, jobs, user, accounts, states, allusers, starttime, endti
         click.echo(sacct.helpformat(JOB_FIELDS))
         return
     since, until = parse_window(starttime, endtime, None if jobs else "midnight")
-    rows = job_rows(echod, job_list(jobs), since, until, user, job_list(accounts), allusers,
-                    sacct.parse_states(states) if states else None)
+    rows = listed_jobs(echod, jobs, since, until, clusters, partitions, user, accounts,
+                       allusers, states)
+    if as_json:
+        click.echo(json.dumps(document("jobs", rows, since, until), indent=2))
+        return
     print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, as_json=as_json, delimiter=delimiter)
+               noheader=noheader, delimiter=delimiter)
 
 
 HARDWARE_CAUSES = "slow_gpu,hang,died"
@@ -203,11 +263,11 @@ def drained_by_ingero(timeout_s: float = 10.0) -> dict[str, tuple[str, str]] | N
 
 
 @api_command(commands, "nodes")
-@click.option("--cluster", metavar="NAME", help="Only this cluster")
+@clusters_option
 @click.option("--causes", default=HARDWARE_CAUSES, show_default=True, metavar="CAUSE[,CAUSE...]",
               help="Count verdicts with these causes ('all': every cause)")
 @table_options(NODE_FIELDS, NODE_DEFAULT)
-def nodes_command(echod, cluster, causes, starttime, endtime, fmt, helpformat, parsable,
+def nodes_command(echod, clusters, causes, starttime, endtime, fmt, helpformat, parsable,
                   parsable2, delimiter, noheader, as_json) -> None:
     """Nodes by the evidence against them, as sinfo -R lists drained nodes: the verdicts
     fleetd gave their ranks in the window (default: the last 7 days) with a hardware-side
@@ -223,10 +283,11 @@ def nodes_command(echod, cluster, causes, starttime, endtime, fmt, helpformat, p
         click.echo(sacct.helpformat(NODE_FIELDS))
         return
     since, until = parse_window(starttime, endtime, "now-7days")
-    args = {**window_args(since, until), **({"cluster": cluster} if cluster else {})}
+    args = window_args(since, until)
     if causes != "all":
         args["causes"] = [c.strip() for c in causes.split(",") if c.strip()]
-    rows = echod.call("list_nodes", args)["nodes"]
+    rows = each_cluster(clusters, lambda where: echod.call("list_nodes",
+                                                           {**args, **where})["nodes"])
     drained = drained_by_ingero()
     if drained is not None:
         listed = {row["node"] for row in rows}
@@ -235,28 +296,35 @@ def nodes_command(echod, cluster, causes, starttime, endtime, fmt, helpformat, p
     for row in rows:
         since_reason = None if drained is None else drained.get(row["node"])
         row["drained_since"], row["reason"] = since_reason or (None, None)
+    if as_json:
+        click.echo(json.dumps(document("nodes", rows, since, until), indent=2))
+        return
     print_rows(rows, NODE_FIELDS, fmt or NODE_DEFAULT, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, as_json=as_json, delimiter=delimiter)
+               noheader=noheader, delimiter=delimiter)
 
 
 @api_command(commands, "stragglers")
-@click.option("--cluster", metavar="NAME", help="Only this cluster")
-@click.option("-j", "--job", metavar="JOBID", help="Only this job")
+@clusters_option
+@click.option("-j", "--jobs", "--job", "jobs", metavar="JOBID[,JOBID...]",
+              help="Only these jobs, as sacct -j takes them")
 @click.option("-S", "--starttime", metavar="TIME", help="Window start [default: now-1hour]")
 @click.option("-E", "--endtime", metavar="TIME", help="Window end [default: now]")
-@click.option("--json", "as_json", is_flag=True, help="fleetd's verdicts as JSON")
-def stragglers_command(echod, cluster, job, starttime, endtime, as_json) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: meta and fleetd's verdicts")
+def stragglers_command(echod, clusters, jobs, starttime, endtime, as_json) -> None:
     """fleetd's current and recent verdicts, live ones first, across the clusters the token
     may see.
 
     Example: ingero stragglers -S now-1day
     """
-    since, until = parse_window(starttime, endtime, None if job else "now-1hour")
-    args = {**({"cluster": cluster} if cluster else {}), **({"job": job} if job else {}),
-            **window_args(since, until)}
-    verdicts = echod.call("find_stragglers", args)["verdicts"]
+    since, until = parse_window(starttime, endtime, None if jobs else "now-1hour")
+    window = window_args(since, until)
+    verdicts = [verdict for job in job_list(jobs) or [None]
+                for verdict in each_cluster(clusters, lambda where: echod.call(
+                    "find_stragglers", {**window, **where, **({"job": job} if job else {})}
+                )["verdicts"])]
     if as_json:
-        click.echo(json.dumps(verdicts, indent=2))
+        click.echo(json.dumps(document("verdicts", verdicts, since, until), indent=2))
         return
     for v in verdicts:
         state = "cleared" if v.get("cleared") else "LIVE"
@@ -268,28 +336,35 @@ def stragglers_command(echod, cluster, job, starttime, endtime, as_json) -> None
 
 
 @api_command(commands, "explain")
-@click.option("-j", "--job", required=True, metavar="JOBID", help="The job")
+@click.option("-j", "--jobs", "--job", "jobs", required=True, metavar="JOBID[,JOBID...]",
+              help="The jobs, as sacct -j takes them")
 @click.option("--rank", type=int, default=None, metavar="R",
-              help="This rank [default: every rank fleetd named in the job]")
-@click.option("--cluster", metavar="NAME", help="The job's cluster, when ids repeat")
-@click.option("--json", "as_json", is_flag=True, help="explain's answers as JSON")
-def explain_command(echod, job, rank, cluster, as_json) -> None:
+              help="This rank [default: every rank fleetd named in each job]")
+@click.option("-M", "--cluster", metavar="NAME", help="The jobs' cluster, when ids repeat")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: meta and explain's answers")
+def explain_command(echod, jobs, rank, cluster, as_json) -> None:
     """Why a rank is slow: severity first, then the evidence in plain words, then what to do.
 
     Example: ingero explain -j 4242 --rank 5
     """
-    where = {"job": job, **({"cluster": cluster} if cluster else {})}
-    verdicts = echod.call("find_stragglers", where)["verdicts"]
-    ranks = [rank] if rank is not None else sorted({v["rank"] for v in verdicts})
-    answers = [echod.call("explain", {**where, "rank": r}) for r in ranks]
+    answers = []
+    for job in job_list(jobs) or []:
+        where = {"job": job, **({"cluster": cluster} if cluster else {})}
+        verdicts = echod.call("find_stragglers", where)["verdicts"]
+        ranks = [rank] if rank is not None else sorted({v["rank"] for v in verdicts})
+        found = [echod.call("explain", {**where, "rank": r}) for r in ranks]
+        answers += found
+        if as_json:
+            continue
+        if not found:
+            click.echo(f"job {job}: fleetd named no rank; 'ingero report -j {job}' shows "
+                       "every rank's lag")
+        for answer in found:
+            click.echo(explanation(answer, [v for v in verdicts
+                                            if v["rank"] == answer["rank"]]))
     if as_json:
-        click.echo(json.dumps(answers, indent=2))
-        return
-    if not answers:
-        click.echo(f"job {job}: fleetd named no rank; 'ingero report -j {job}' shows every "
-                   "rank's lag")
-    for answer in answers:
-        click.echo(explanation(answer, [v for v in verdicts if v["rank"] == answer["rank"]]))
+        click.echo(json.dumps(document("explanations", answers, None, None), indent=2))
 
 
 def explanation(answer: dict, verdicts: list[dict]) -> str:
@@ -350,27 +425,35 @@ def sql_table(columns: list[str], rows: list[list]) -> str:
 
 
 @api_command(commands, "export")
-@click.option("-j", "--job", required=True, metavar="JOBID", help="The job")
-@click.option("--cluster", metavar="NAME", help="The job's cluster, when ids repeat")
+@click.option("-j", "--jobs", "--job", "jobs", required=True, metavar="JOBID[,JOBID...]",
+              help="The jobs, as sacct -j takes them; several need %j in --output")
+@click.option("-M", "--cluster", metavar="NAME", help="The jobs' cluster, when ids repeat")
 @click.option("--format", "fmt", type=click.Choice(["perfetto"]), default="perfetto",
               help="perfetto: Chrome trace-event JSON, which ui.perfetto.dev opens "
                    "[default: perfetto]")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="File to write ('-' for standard output)")
+              help="File to write ('-' for standard output); %j in it is the job's id, "
+                   "as in sbatch -o")
 @click.option("-S", "--starttime", metavar="TIME", help="Window start [default: the job's]")
 @click.option("-E", "--endtime", metavar="TIME", help="Window end [default: the job's]")
-def export_command(echod, job, cluster, fmt, output, starttime, endtime) -> None:
+def export_command(echod, jobs, cluster, fmt, output, starttime, endtime) -> None:
     """A job's collectives, waits and verdicts as a trace: a process per node, a track per
     rank, each node's clock corrected.
 
-    Example: ingero export -j 4242 --format perfetto -o job-4242.json
+    Example: ingero export -j 4242,4243 --format perfetto -o job-%j.json
     """
+    named = job_list(jobs) or []
+    if len(named) > 1 and "%j" not in str(output):
+        raise click.UsageError(f"{len(named)} jobs need one file each: put %j in --output "
+                               "(job-%j.json), as sbatch -o does")
     since, until = parse_window(starttime, endtime, None)
-    args = {"job": job, **({"cluster": cluster} if cluster else {}),
-            **window_args(since, until)}
-    trace = json.dumps(perfetto.to_trace(echod.call("job_timeline", args)))
-    if str(output) == "-":
-        click.echo(trace)
-    else:
-        output.write_text(trace)
-        click.echo(f"wrote {output}: open it in ui.perfetto.dev", err=True)
+    for job in named:
+        args = {"job": job, **({"cluster": cluster} if cluster else {}),
+                **window_args(since, until)}
+        trace = json.dumps(perfetto.to_trace(echod.call("job_timeline", args)))
+        if str(output) == "-":
+            click.echo(trace)
+            continue
+        path = Path(str(output).replace("%j", job))
+        path.write_text(trace)
+        click.echo(f"wrote {path}: open it in ui.perfetto.dev", err=True)
