@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-import subprocess
 import threading
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
+
+from ingero.slurmcommand import SlurmUnavailable, run_slurm
 
 log = logging.getLogger("echod")
 
@@ -65,10 +65,6 @@ class Run:
     slurm_id: str
     state: str
     exit_code: str | None
-
-
-class SlurmUnavailable(Exception):
-    """Neither sacct nor scontrol answered."""
 
 
 class SlurmStates:
@@ -171,17 +167,7 @@ class SlurmStates:
         return self.local
 
     def run(self, argv: list[str]) -> str:
-        if shutil.which(argv[0], path=(self.environ or {}).get("PATH")) is None:
-            raise SlurmUnavailable(f"no {argv[0]} on PATH")
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S, env=self.environ,
-                                  stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SlurmUnavailable(f"{argv[0]}: {exc}") from None
-        if done.returncode != 0:
-            raise SlurmUnavailable(f"{argv[0]}: {done.stderr.strip()[:300]}")
-        return done.stdout
+        return run_slurm(argv, COMMAND_TIMEOUT_S, self.environ)
 
     def sacct(self, jobs) -> dict:
         clusters = sorted({c for _, _, _, c, _, _ in jobs if c})

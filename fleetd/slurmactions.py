@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import subprocess
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 from ingero.framefile import write_file
+from ingero.slurmcommand import SlurmUnavailable, run_slurm
 
 from .notify import DELIVERED, REFUSED, RETRY
 
@@ -37,10 +37,6 @@ REASON_PREFIX = "ingero:"
 KEPT_JOBS = 10_000                # jobs whose comment lines are remembered
 
 
-class SlurmUnavailable(Exception):
-    """scontrol or sinfo could not ask slurmctld (down, slow, or not allowed)."""
-
-
 class Slurm:
     """scontrol and sinfo, with a timeout; ``env`` is theirs (SLURM_CONF, say)."""
 
@@ -48,17 +44,7 @@ class Slurm:
         self.env, self.timeout_s = env, timeout_s
 
     def run(self, *argv: str) -> str:
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, env=self.env,
-                                  timeout=self.timeout_s, stdin=subprocess.DEVNULL)
-        except FileNotFoundError:
-            raise SlurmUnavailable(f"{argv[0]} is not installed") from None
-        except subprocess.TimeoutExpired:
-            raise SlurmUnavailable(f"{argv[0]} took over {self.timeout_s:.0f} s") from None
-        if done.returncode != 0:
-            raise SlurmUnavailable(f"{' '.join(argv[:3])}: "
-                                   f"{(done.stderr or done.stdout).strip()[:300]}")
-        return done.stdout
+        return run_slurm(list(argv), self.timeout_s, self.env)
 
 
 def slurm_job(payload: dict) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
 import os
 import sys
 from datetime import datetime
@@ -21,6 +20,7 @@ import click
 from ingero import __version__
 from ingero.command import client, perfetto, sacct
 from ingero.errors import IngeroError
+from ingero.slurmcommand import SlurmUnavailable, run_slurm
 from ingero.command.report import (JOB_DEFAULT, JOB_FIELDS, NODE_DEFAULT, NODE_FIELDS, REPORT_DEFAULT,
                      REPORT_FIELDS, job_rows, report_rows, window_args)
 from ingero.analysis.causes import CAUSE_WORDS
@@ -246,15 +246,11 @@ def drained_by_ingero(timeout_s: float = 10.0) -> dict[str, tuple[str, str]] | N
     """node → (since, reason) of the nodes Slurm has drained with ingero's reason, as
     ``sinfo -R`` shows them; None where sinfo cannot say (not installed, no controller)."""
     try:
-        done = subprocess.run(["sinfo", "-h", "-N", "-R", "-o", "%N|%H|%E"],
-                              capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
+        out = run_slurm(["sinfo", "-h", "-N", "-R", "-o", "%N|%H|%E"], timeout_s)
+    except SlurmUnavailable:
         return None
     drained = {}
-    for line in done.stdout.splitlines():
+    for line in out.splitlines():
         node, _, rest = line.partition("|")
         since, _, reason = rest.partition("|")
         if reason.startswith(REASON_PREFIX):
