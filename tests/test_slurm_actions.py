@@ -1,5 +1,6 @@
 """fleetd's Slurm actions on a real one-node Slurm (munge, slurmctld, slurmd from Debian), each
-turned on as an operator would: a verdict's line in the job's AdminComment, the verdict on the
+turned on as an operator would: a verdict's line in the job's AdminComment (which slurmdbd
+keeps, as sacct -o AdminComment shows), the verdict on the
 user's terminal (scontrol notify, which srun prints), and node
 reputation (--drain-after 2): a node whose GPU is slow in one job stays up, in two jobs it is
 drained with a reason naming the cause and the jobs, unless that would drain more of its
@@ -32,7 +33,7 @@ SLOW_RANK = 2
 
 @pytest.fixture(scope="module")
 def slurm():
-    yield from cluster_for_module("ingero-slurm-actions-")
+    yield from cluster_for_module("ingero-slurm-actions-", accounting=True)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,11 @@ def test_slow_gpu_jobs_note_their_admin_comment_and_drain_the_node_within_the_ca
     comment = shown[1].strip()
     assert f"rank {SLOW_RANK} on {host} slow_gpu" in comment, comment
     assert comment.endswith(f"ingero explain -j {first}"), comment
+    # and slurmdbd keeps it with the job, where sacct shows it after the job is gone
+    kept = wait_for(lambda: slurm.sacct("-j", first, "-X", "-n", "-P", "-o",
+                                        "AdminComment").stdout.strip() == comment, 60, 0.5)
+    assert kept, (slurm.sacct("-j", first, "-X", "-P", "-o", "JobID,State,AdminComment"),
+                  comment)
     # --slurm-notify: srun showed the user the verdict while the job ran
     assert f"ingero: straggler: job {first} " in said and f"rank {SLOW_RANK} on {host}" in said, \
         said
