@@ -1,8 +1,10 @@
 """The database: engine and sessions, schema migrations, and the day partitions of ``events``.
 
 Migrations are Alembic's, configured here in code (no alembic.ini): ``upgrade`` runs at start,
-under an advisory lock so that two echod processes starting together migrate once, and refuses
-a database that a newer echod has migrated (``SchemaTooNew``). Partitions are named
+each migration in a transaction of its own (those that build indexes concurrently leave it for
+the build: ``echod.migrations.concurrently``), all under one advisory lock held by the session
+so that two echod processes starting together migrate once, and refuses a database that a
+newer echod has migrated (``SchemaTooNew``). Partitions are named
 ``events_YYYYMMDD`` and cover one UTC day each; the writer makes them on demand, retention
 (``echod.retention``) thins and drops them.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -20,14 +24,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import SchemaTooNew, StorageError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-MIGRATION_LOCK = 0x6563686F01      # pg_advisory_xact_lock keys: "echo" + a number
+MIGRATION_LOCK = 0x6563686F01      # advisory lock keys: "echo" + a number
 PARTITION_LOCK = 0x6563686F02
 RETENTION_LOCK = 0x6563686F03
+MIGRATION_LOCK_POLL_S = 0.5
 PARTITION_NAME = re.compile(r"^events_(\d{8})$")
 DAY = timedelta(days=1)
 
@@ -79,13 +85,45 @@ def refuse_newer(connection: Connection) -> None:
         raise SchemaTooNew(current, head_revision()) from None
 
 
-def upgrade(engine: Engine) -> str:
+def upgrade(engine: Engine, poll_s: float = MIGRATION_LOCK_POLL_S) -> str:
     """Bring the schema to this echod's head revision (a no-op when it is there); return it."""
-    with engine.begin() as connection:
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+    with engine.connect() as connection, migration_lock(connection, poll_s):
         refuse_newer(connection)
+        connection.commit()             # Alembic begins and commits each migration's own
         command.upgrade(alembic_config(connection), "head")
     return head_revision()
+
+
+@contextmanager
+def migration_lock(connection: Connection,
+                   poll_s: float = MIGRATION_LOCK_POLL_S) -> Iterator[None]:
+    """Hold ``MIGRATION_LOCK`` in ``connection``'s session, across the commits of the migrations.
+    It is asked for every ``poll_s`` seconds outside any transaction, never waited for in a
+    statement: a statement waiting for it holds a snapshot, which the holder's CREATE INDEX
+    CONCURRENTLY would wait for in turn (a deadlock, which PostgreSQL breaks by failing one)."""
+    connection.execution_options(isolation_level="AUTOCOMMIT")
+    while not connection.scalar(text("SELECT pg_try_advisory_lock(:key)"),
+                                {"key": MIGRATION_LOCK}):
+        time.sleep(poll_s)
+    connection.commit()
+    connection.execution_options(isolation_level=connection.default_isolation_level)
+    try:
+        yield
+    finally:
+        release_migration_lock(connection)
+
+
+def release_migration_lock(connection: Connection) -> None:
+    """Let ``MIGRATION_LOCK`` go, unless the session went first (a connection lost, or closed
+    here when the unlock fails): the lock ended with it."""
+    if connection.invalidated:
+        return
+    try:
+        connection.rollback()
+        connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+        connection.commit()
+    except DBAPIError:
+        connection.invalidate()
 
 
 def status(engine: Engine) -> tuple[str | None, str]:

@@ -7,16 +7,17 @@ communicators by skip scans of this index and reads sampled instances by index-o
 so find_stragglers, explain, get_cost and job_report never scan a job's collectives. Partial
 (kind = 'collective') to stay small: a collective event is most of what is stored.
 
-Built on every day partition of events; on a large existing table this takes a while and
-blocks writes meanwhile (a partitioned table has no CREATE INDEX CONCURRENTLY).
+Built concurrently on every day partition of events, one after the other, while writes go on
+(``echod.migrations.concurrently``); a start killed midway is finished by the next.
 
 Revision ID: 0003
 Revises: 0002
 Create Date: 2025-01-03
 """
 
-import sqlalchemy as sa
 from alembic import op
+
+from echod.migrations import concurrently
 
 revision = "0003"
 down_revision = "0002"
@@ -27,9 +28,8 @@ INDEX = "ix_events_collective_seq"
 
 
 def upgrade() -> None:
-    op.create_index(INDEX, "events", ["cluster", "job", "comm_hash", "seq"],
-                    postgresql_include=["rank", "t"],
-                    postgresql_where=sa.text("kind = 'collective'"))
+    concurrently.create_index(INDEX, "events", ["cluster", "job", "comm_hash", "seq"],
+                              include=["rank", "t"], where="kind = 'collective'")
 
 
 def downgrade() -> None:

@@ -2,6 +2,10 @@
 number), not only by when fleetd received it: a push sent again after fleetd restarts is
 received at another time, and must not be stored twice.
 
+The unique index is built concurrently while scores go on being written (the table grows with
+every push), then made the constraint (``echod.migrations.concurrently``); a start killed
+midway finds the columns added and finishes the index.
+
 Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-25
@@ -10,6 +14,8 @@ Create Date: 2026-11-25
 import sqlalchemy as sa
 from alembic import op
 
+from echod.migrations import concurrently
+
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
@@ -17,10 +23,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column("health_scores", sa.Column("boot_id", sa.Text(), nullable=True))
-    op.add_column("health_scores", sa.Column("seq", sa.BigInteger(), nullable=True))
-    op.create_unique_constraint("uq_health_scores_push", "health_scores",
-                                ["cluster", "node", "boot_id", "seq"])
+    concurrently.add_missing_columns("health_scores", [
+        sa.Column("boot_id", sa.Text(), nullable=True),
+        sa.Column("seq", sa.BigInteger(), nullable=True)])
+    concurrently.create_unique_constraint("uq_health_scores_push", "health_scores",
+                                          ["cluster", "node", "boot_id", "seq"])
 
 
 def downgrade() -> None:

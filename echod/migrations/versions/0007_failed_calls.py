@@ -4,17 +4,18 @@ free of the window to find the few that failed (a second over a 10-million-event
 Almost no call fails, so the index stays tiny and costs a row's insert one predicate check.
 
 The predicate compares jsonb with jsonb (numbers compare by value, so 0.0 is 0), never casting
-text to a number, so no stored value can make it fail an insert. Built on every day partition
-of events; on a large existing table this takes a while and blocks writes meanwhile (a
-partitioned table has no CREATE INDEX CONCURRENTLY).
+text to a number, so no stored value can make it fail an insert. Built concurrently on every
+day partition of events, one after the other, while writes go on
+(``echod.migrations.concurrently``); a start killed midway is finished by the next.
 
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-11-25
 """
 
-import sqlalchemy as sa
 from alembic import op
+
+from echod.migrations import concurrently
 
 revision = "0007"
 down_revision = "0006"
@@ -27,7 +28,7 @@ FAILED = ("kind IN ('sync', 'alloc', 'free') AND jsonb_typeof(attrs -> 'result')
 
 
 def upgrade() -> None:
-    op.create_index(INDEX, "events", ["cluster", "t"], postgresql_where=sa.text(FAILED))
+    concurrently.create_index(INDEX, "events", ["cluster", "t"], where=FAILED)
 
 
 def downgrade() -> None:

@@ -5,6 +5,10 @@ state and exit status slurmctld gave the run, asked of sacct or scontrol once th
 told the end (``slurm_state``: it stands over the state the epilog read from its
 environment). ``slurm_checked`` and ``slurm_tries`` pace those questions.
 
+The index on the Slurm id is built concurrently, while jobs go on being recorded
+(``echod.migrations.concurrently``); a start killed midway finds the columns added and finishes
+the index.
+
 Revision ID: 0011
 Revises: 0010
 Create Date: 2026-11-27
@@ -12,6 +16,8 @@ Create Date: 2026-11-27
 
 import sqlalchemy as sa
 from alembic import op
+
+from echod.migrations import concurrently
 
 revision = "0011"
 down_revision = "0010"
@@ -26,10 +32,10 @@ COLUMNS = (("restarts", sa.Integer(), sa.text("0")), ("slurm_cluster", sa.Text()
 
 
 def upgrade() -> None:
-    for name, kind, default in COLUMNS:
-        op.add_column("jobs", sa.Column(name, kind, nullable=default is None,
-                                        server_default=default))
-    op.create_index("jobs_slurm_id", "jobs", ["cluster", "slurm_id"])
+    concurrently.add_missing_columns("jobs", [
+        sa.Column(name, kind, nullable=default is None, server_default=default)
+        for name, kind, default in COLUMNS])
+    concurrently.create_index("jobs_slurm_id", "jobs", ["cluster", "slurm_id"])
 
 
 def downgrade() -> None:
