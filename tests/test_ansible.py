@@ -1,10 +1,16 @@
 """The Ansible roles (ansible/): lint, syntax, a check-mode run, a real run on this machine into a
-temporary root, and a second real run that changes nothing.
+temporary root, and a second real run that changes nothing; then a compute node added with
+--limit, a second head node added (a fleetd shard, which takes the first one's fleetd key pair)
+while that compute node leaves the inventory (and is taken out of fleetd), a third head node
+with a fleetd key pair of its own (refused), the compute node revoked by name, and a check-mode
+run that finds nothing to change.
 
-localhost is both the head and a compute node. Every path the roles write to points into the
-temporary root; the daemons' user is the existing nobody:nogroup, so no account is made; the
-Debian packages are already installed, so apt only confirms them. There is no systemd here
-(PID 1 is something else): the roles must skip every unit action and handler cleanly.
+localhost is both the head and a compute node; newnode, head2 and head3 are this machine again,
+under roots of their own. The package is the wheel the roles build from a snapshot of the
+checkout. Every path the roles write to points into a temporary root; the daemons' user is the
+existing nobody:nogroup, so no account is made; the Debian packages are already installed, so
+apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
+every unit action and handler cleanly.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 import zmq
+import zmq.auth
 
 from ingero import curve
 from ingero.cli_common import load_settings
@@ -68,8 +75,8 @@ def recap(output: str, host: str = "localhost") -> dict[str, int]:
 
 
 def snapshot(tmp: Path) -> Path:
-    """What the roles and the wheel are made from, copied once: the three runs see the same
-    files however the checkout changes meanwhile, and the checkout gains no build/."""
+    """What the roles and the wheel are made from, copied once: the runs see the same files
+    however the checkout changes meanwhile, and the checkout gains no build/."""
     source = tmp / "source"
     source.mkdir()
     for name in ("pyproject.toml", "setup.cfg", "README.md", "constraints.txt"):
@@ -81,54 +88,65 @@ def snapshot(tmp: Path) -> Path:
     return source
 
 
-def build_wheel(tmp: Path, source: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp / "dist"), str(source)], check=True)
-    return next((tmp / "dist").glob("ingero-*.whl"))
+def host_root(root: Path) -> dict:
+    """The path variables of a host whose files all go under root."""
+    return {"ingero_common_etc_dir": str(root / "etc/ingero"),
+            "ingero_common_systemd_dir": str(root / "etc/systemd/system"),
+            "ingero_common_default_dir": str(root / "etc/default"),
+            "ingero_compute_slurm_hooks_dir": str(root / "etc/slurm/ingero"),
+            "ingero_compute_slurm_conf": str(root / "etc/slurm/slurm.conf")}
 
 
-def inventory(tmp: Path, root: Path, source: Path, wheel: Path) -> Path:
+def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
+              heads=("localhost",), computes=("localhost", "newnode")) -> Path:
     settings = {
         "ingero_common_source_dir": str(source),
         "ansible_connection": "local",
         "ansible_python_interpreter": "/usr/bin/python3",
-        "ingero_common_package": str(wheel),
+        "ingero_common_wheel_dir": str(tmp / "dist"),      # the package: the roles' own build
         "ingero_common_user": DAEMON_USER,
         "ingero_common_group": DAEMON_GROUP,
         "ingero_common_home": "/nonexistent",        # nobody's own, so the user is left as is
         "ingero_common_apt_update_cache": False,
         "ingero_common_venv": str(root / "opt/ingero/venv"),
-        "ingero_common_etc_dir": str(root / "etc/ingero"),
-        "ingero_common_systemd_dir": str(root / "etc/systemd/system"),
-        "ingero_common_default_dir": str(root / "etc/default"),
+        **host_root(root),
         "ingero_common_man_dir": str(root / "usr/local/share/man"),
         "ingero_common_keys_fetch_dir": str(tmp / "fetched-keys"),
-        "ingero_compute_slurm_hooks_dir": str(root / "etc/slurm/ingero"),
         "ingero_compute_slurm_manage_conf": True,
-        "ingero_compute_slurm_conf": str(root / "etc/slurm/slurm.conf"),
         "ingero_compute_slurm_reconfigure": False,       # no slurmctld reads this slurm.conf
         "ingero_head_echod_tls_selfsigned": True,
         "ingero_head_logrotate_dir": str(root / "etc/logrotate.d"),
         "ingero_compute_ingerod_cpus": "0-1",
     }
-    hosts = {"hosts": {"localhost": None}}
-    # a compute node added later (--limit newnode): this machine again, under a root of its own
-    new = tmp / "newnode"
-    newnode = {"ingero_common_etc_dir": str(new / "etc/ingero"),
-               "ingero_common_systemd_dir": str(new / "etc/systemd/system"),
-               "ingero_common_default_dir": str(new / "etc/default"),
-               "ingero_compute_slurm_hooks_dir": str(new / "etc/slurm/ingero"),
-               "ingero_compute_slurm_conf": str(new / "etc/slurm/slurm.conf")}
+    hosts = {
+        "localhost": None,
+        # a compute node added later (--limit newnode): this machine again, under a root of its
+        # own, sharing the venv
+        "newnode": host_root(tmp / "newnode"),
+        # a second head node (a second fleetd shard) added later, with a venv of its own
+        "head2": {**host_root(tmp / "head2"),
+                  "ingero_common_venv": str(tmp / "head2/opt/ingero/venv"),
+                  "ingero_common_man_dir": str(tmp / "head2/usr/local/share/man"),
+                  "ingero_head_logrotate_dir": str(tmp / "head2/etc/logrotate.d")},
+        # a third, with a fleetd key pair of its own, sharing head2's venv
+        "head3": {**host_root(tmp / "head3"),
+                  "ingero_common_venv": str(tmp / "head2/opt/ingero/venv"),
+                  "ingero_common_man_dir": str(tmp / "head3/usr/local/share/man"),
+                  "ingero_head_logrotate_dir": str(tmp / "head3/etc/logrotate.d")},
+    }
     document = {"all": {"vars": settings, "children": {
-        "head": hosts, "compute": {"hosts": {"localhost": None, "newnode": newnode}}}}}
-    path = tmp / "inventory.yml"
-    path.write_text(yaml.safe_dump(document))
+        "head": {"hosts": {h: hosts[h] for h in heads}},
+        "compute": {"hosts": {h: hosts[h] for h in computes}}}}}
+    path = tmp / name
+    # in this order: the first head node's fleetd key pair is every head node's
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
 
 @pytest.fixture(scope="module")
 def deployment():
-    """Check mode, then two real runs, on one fresh temporary root; their outputs and timings."""
+    """Check mode, two real runs, a node added, a head node added and a node revoked, on one
+    fresh temporary root; the runs' outputs and timings."""
     # Not under pytest's 0700 basetemp: the daemons' user must reach the files under it.
     tmp = Path(tempfile.mkdtemp(prefix="ingero-ansible-"))
     tmp.chmod(0o755)
@@ -144,28 +162,32 @@ def deploy(tmp: Path) -> SimpleNamespace:
         (root / directory).mkdir(parents=True)
     (root / "etc/slurm/slurm.conf").write_text(SLURM_CONF.format(nhc=root / "etc/slurm/nhc"))
     timings = {}
-    started = time.monotonic()
     source = snapshot(tmp)
-    wheel = build_wheel(tmp, source)
-    timings["wheel"] = time.monotonic() - started
-    hosts = inventory(tmp, root, source, wheel)
+    hosts = inventory(tmp, root, source)
+    runs = {}
 
-    def playbook(*flags: str) -> subprocess.CompletedProcess:
+    def playbook(name: str, *flags: str, inventory_file: Path = hosts,
+                 succeeds: bool = True) -> subprocess.CompletedProcess:
         began = time.monotonic()
-        done = subprocess.run([tool("ansible-playbook"), "-i", str(hosts),
+        done = subprocess.run([tool("ansible-playbook"), "-i", str(inventory_file),
                                str(ANSIBLE / "site.yml"), "--diff", *flags],
                               cwd=tmp, env=tool_env(tmp), capture_output=True, text=True,
                               timeout=600)
-        timings[f"run {len(timings)} {' '.join(flags)}".strip()] = time.monotonic() - began
-        assert done.returncode == 0, f"ansible-playbook {flags} failed:\n" \
-                                     f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+        timings[f"{name} ({' '.join(flags)})"] = time.monotonic() - began
+        runs[name] = done
+        if not succeeds:
+            assert done.returncode != 0, f"ansible-playbook {flags} succeeded:\n{done.stdout}"
+            return done
+        assert done.returncode == 0, "\n".join([f"ansible-playbook {flags} failed:",
+                                                *_failed_tasks(done.stdout),
+                                                done.stdout[-6000:], done.stderr[-3000:]])
         return done
 
-    check = playbook("--check", "--limit", "localhost")
+    playbook("check", "--check", "--limit", "localhost")
     after_check = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     fetched_after_check = (tmp / "fetched-keys").exists()
-    first = playbook("--limit", "localhost")
-    second = playbook("--limit", "localhost")
+    playbook("first", "--limit", "localhost")
+    playbook("second", "--limit", "localhost")
     for directory in SKELETON:
         (tmp / "newnode" / directory).mkdir(parents=True)
     # an upgrade from hooks named in slurm.conf itself, and a site epilog with a comment
@@ -173,12 +195,64 @@ def deploy(tmp: Path) -> SimpleNamespace:
         SLURM_CONF.format(nhc=tmp / "newnode/etc/slurm/ingero/prolog")
         + "Epilog=/bin/true  # the site's cleanup\n")
     before_newnode = tree(root)
-    newnode = playbook("--limit", "newnode")
+    playbook("newnode", "--limit", "newnode")
+    after_newnode = tree(root)
+    authorized_after_newnode = tmp / "authorized-after-newnode"
+    shutil.copytree(root / "etc/ingero/authorized_agents", authorized_after_newnode)
+    head2 = prepare_head2(tmp, timings)
+    # A new build of the same version: the checkout changed, its version number did not.
+    with open(source / "ingero/shards.py", "a") as shards:
+        shards.write("# a later build of the same version\n")
+    # head2 joins the head nodes; newnode leaves the inventory
+    playbook("add_head2", "--limit", "localhost,head2", inventory_file=inventory(
+        tmp, root, source, "inventory-head2.yml", heads=("localhost", "head2"),
+        computes=("localhost",)))
+    authorized_after_head2 = {
+        host: sorted(p.name for p in (top / "etc/ingero/authorized_agents").iterdir())
+        for host, top in (("localhost", root), ("head2", tmp / "head2"))}
+    # head3 comes with a fleetd key pair of its own: the play refuses to run fleetd there
+    for directory in (*SKELETON, "etc/ingero/keys"):
+        (tmp / "head3" / directory).mkdir(parents=True)
+    zmq.auth.create_certificates(str(tmp / "head3/etc/ingero/keys"), "fleetd")
+    playbook("add_head3", "--limit", "head3", succeeds=False, inventory_file=inventory(
+        tmp, root, source, "inventory-head3.yml", heads=("localhost", "head2", "head3"),
+        computes=("localhost",)))
+    # newnode back in the inventory, admitted as its own run left it, then revoked by name
+    shutil.copy(tmp / "newnode/etc/ingero/keys/ingerod.key",
+                root / "etc/ingero/authorized_agents/newnode.key")
+    revoked = ("-e", '{"ingero_common_revoked_agents": ["newnode"]}')
+    playbook("revoke", *revoked, "--limit", "localhost")
+    playbook("recheck", *revoked, "--check")
     print("\nansible timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
-    return SimpleNamespace(tmp=tmp, root=root, source=source, etc=root / "etc/ingero", check=check,
-                           after_check=after_check,
-                           fetched_after_check=fetched_after_check, first=first, second=second,
-                           newnode=newnode, before_newnode=before_newnode)
+    return SimpleNamespace(tmp=tmp, root=root, source=source, etc=root / "etc/ingero",
+                           after_check=after_check, fetched_after_check=fetched_after_check,
+                           before_newnode=before_newnode, after_newnode=after_newnode,
+                           authorized_after_newnode=authorized_after_newnode, head2=head2,
+                           authorized_after_head2=authorized_after_head2, **runs)
+
+
+def prepare_head2(tmp: Path, timings: dict) -> SimpleNamespace:
+    """head2's root, and a venv holding the wheel the roles built, without the head extra: a
+    host where the same version was installed for a compute node."""
+    began = time.monotonic()
+    for directory in SKELETON:
+        (tmp / "head2" / directory).mkdir(parents=True)
+    venv = tmp / "head2/opt/ingero/venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True)
+    wheel = next((tmp / "dist").glob("ingero-*.whl"))
+    subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], check=True,
+                   capture_output=True)
+    had_flask = flask_imports(venv)
+    timings["head2's venv"] = time.monotonic() - began
+    return SimpleNamespace(root=tmp / "head2", etc=tmp / "head2/etc/ingero", venv=venv,
+                           had_flask=had_flask)
+
+
+def flask_imports(venv: Path) -> bool:
+    """Whether the venv has echod's web framework (from ingero's head extra)."""
+    return subprocess.run([str(venv / "bin/python"), "-c", "import flask"], capture_output=True,
+                          cwd="/").returncode == 0
 
 
 def tree(root: Path) -> dict[str, bytes | str]:
@@ -221,8 +295,13 @@ def _parents(relative: str):
     return [path, *[p for p in path.parents if str(p) != "."]]
 
 
+def runs(deployment):
+    return [deployment.check, deployment.first, deployment.second, deployment.newnode,
+            deployment.add_head2, deployment.add_head3, deployment.revoke, deployment.recheck]
+
+
 def test_runs_give_no_warnings(deployment):
-    for run in (deployment.check, deployment.first, deployment.second):
+    for run in runs(deployment):
         output = run.stdout + run.stderr
         assert "[WARNING]" not in output and "[DEPRECATION WARNING]" not in output, \
             "\n".join(line for line in output.splitlines() if "WARNING" in line)
@@ -233,6 +312,31 @@ def test_second_run_changes_nothing(deployment):
     assert first["changed"] > 20 and first["failed"] == 0, first
     assert second["changed"] == 0 and second["failed"] == 0, \
         f"{second}\n" + "\n".join(_changed_tasks(deployment.second.stdout))
+    # pip had nothing to do, said pip's dry run, so it did not run
+    for task in ("Replace the ingero package with the new build",
+                 "Install the ingero package and what it needs into its venv"):
+        assert "skipping: [localhost]" in _block(deployment.second.stdout, task), task
+
+
+def _block(output: str, name: str) -> str:
+    """What a task or handler printed, up to the next one."""
+    return output.split(name, 1)[1].split("\nTASK", 1)[0].split("\nRUNNING", 1)[0]
+
+
+def _changed_task_names(output: str, host: str) -> set[str]:
+    """The tasks and handlers that changed something on host itself (not delegated from it)."""
+    return {re.sub(r"^(TASK|RUNNING HANDLER) \[(.*)\] \**$", r"\2", line.split(": changed:")[0])
+            for line in _changed_tasks(output) if f"changed: [{host}]" in line}
+
+
+def _failed_tasks(output: str) -> list[str]:
+    task, failed = None, []
+    for line in output.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line
+        elif line.startswith(("fatal:", "failed:")):
+            failed.append(f"{task}: {line[:3000]}")
+    return failed
 
 
 def _changed_tasks(output: str) -> list[str]:
@@ -251,7 +355,7 @@ def test_no_unit_action_without_systemd(deployment):
     for name in ("Enable and start fleetd and echod", "Enable and start the node-wide ingerod",
                  "RUNNING HANDLER [ingero_head : Restart echod]",
                  "RUNNING HANDLER [ingero_compute : Restart ingerod]"):
-        block = output.split(name, 1)[1].split("\nTASK", 1)[0].split("\nRUNNING", 1)[0]
+        block = _block(output, name)
         assert "skipping: [localhost]" in block and "changed:" not in block, (name, block)
 
 
@@ -426,19 +530,131 @@ def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_
     etc, new = deployment.etc, deployment.tmp / "newnode/etc/ingero"
     assert recap(deployment.newnode.stdout, "newnode")["failed"] == 0
     assert "localhost" not in {m.group("host") for m in RECAP.finditer(deployment.newnode.stdout)}
-    admitted = etc / "authorized_agents/newnode.key"
-    assert admitted.read_bytes() == (new / "keys/ingerod.key").read_bytes()
-    after = tree(deployment.root)
-    assert {k for k in set(after) | set(deployment.before_newnode)
-            if after.get(k) != deployment.before_newnode.get(k)} == {
+    authorized = deployment.authorized_after_newnode      # as the run left it
+    assert (authorized / "newnode.key").read_bytes() == (new / "keys/ingerod.key").read_bytes()
+    before, after = deployment.before_newnode, deployment.after_newnode
+    assert {k for k in set(after) | set(before) if after.get(k) != before.get(k)} == {
         "etc/ingero/authorized_agents/newnode.key"}
-    assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
+    assert curve_admits(authorized, etc / "keys/fleetd.key_secret",
                         new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 2, \
         "fleetd's socket refused the new node's key"
     # its slurm.conf named ingero's hook itself: no second copy of it as the site's
     slurm = deployment.tmp / "newnode/etc/slurm"
     assert sorted(p.name for p in (slurm / "prolog.d").iterdir()) == ["50-ingero"]
     assert os.readlink(slurm / "epilog.d/00-site") == "/bin/true"
+
+
+def test_the_package_is_the_wheel_built_from_the_checkout(deployment):
+    """By default the hosts get the controller's build of ingero_common_source_dir, installed by
+    path; a later build of the same version replaces it (pip alone would keep it). The build
+    leaves the checkout as it was."""
+    python = deployment.root / "opt/ingero/venv/bin/python"
+    done = subprocess.run([str(python), "-c", "import ingero, ingero.shards; "
+                           "print(ingero.__version__, ingero.shards.__file__)"],
+                          cwd=deployment.tmp, capture_output=True, text=True, check=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    version, shards = done.stdout.split()
+    source = (deployment.source / "ingero/shards.py").read_text()
+    assert source.endswith("# a later build of the same version\n")
+    assert Path(shards).read_text() == source
+    assert "changed: [localhost]" in _block(deployment.add_head2.stdout,
+                                            "Replace the ingero package with the new build")
+    wheels = deployment.root / "opt/ingero/wheels"
+    assert [p.name for p in wheels.iterdir()] == [f"ingero-{version}-py3-none-any.whl"]
+    assert not [p.name for p in deployment.source.iterdir()
+                if p.name == "build" or p.name.endswith(".egg-info")]
+
+
+def test_a_head_node_gets_the_head_extra_where_the_same_version_lacks_it(deployment):
+    """head2's venv held the same version of ingero without the head extra (as a compute node
+    has it): the run added echod's dependencies."""
+    head2 = deployment.head2
+    assert not head2.had_flask
+    assert "changed: [head2]" in _block(deployment.add_head2.stdout,
+                                        "Install the ingero package and what it needs")
+    assert flask_imports(head2.venv)
+
+
+def test_head_nodes_share_one_fleetd_key_pair(deployment):
+    """ingerod takes one fleetd public key for all its endpoints (fleetd's shards): head2 gets
+    the fleetd key pair of the first head node, each head node's public key is fetched apart,
+    and head2's fleetd lets localhost's agent through over real CURVE."""
+    etc, etc2 = deployment.etc, deployment.head2.etc
+    for name, mode in (("fleetd.key", 0o644), ("fleetd.key_secret", 0o640)):
+        assert (etc2 / "keys" / name).read_bytes() == (etc / "keys" / name).read_bytes()
+        info = (etc2 / "keys" / name).stat()
+        assert (stat.S_IMODE(info.st_mode), pwd.getpwuid(info.st_uid).pw_name,
+                grp.getgrgid(info.st_gid).gr_name) == (mode, "root", DAEMON_GROUP), name
+    # echod's pair is each head node's own
+    assert (etc2 / "keys/echod.key").read_bytes() != (etc / "keys/echod.key").read_bytes()
+    assert (etc2 / "authorized_fleetd/fleetd.key").read_bytes() == \
+        (etc / "keys/fleetd.key").read_bytes()
+    fetched = deployment.tmp / "fetched-keys/fleetd"
+    assert sorted(p.name for p in fetched.iterdir()) == ["head2.key", "localhost.key"]
+    for head in ("head2", "localhost"):
+        assert (fetched / f"{head}.key").read_bytes() == (etc / "keys/fleetd.key").read_bytes()
+    assert curve_admits(etc2 / "authorized_agents", etc2 / "keys/fleetd.key_secret",
+                        etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") == 1, \
+        "head2's fleetd refused the agent"
+    # on localhost, the run changed the package (a new build) and newnode's admission only
+    assert _changed_task_names(deployment.add_head2.stdout, "localhost") == {
+        "ingero_common : Copy the wheel to the host",
+        "ingero_common : Replace the ingero package with the new build",
+        "ingero_head : Remove the keys of revoked agents and of compute nodes no longer in the "
+        "inventory"}
+
+
+def test_a_head_node_with_a_fleetd_key_pair_of_its_own_is_refused(deployment):
+    """One fleet cannot have two fleetd key pairs (ingerod knows one fleetd public key): head3,
+    which has its own, stops the play there, saying what to do, and keeps its pair."""
+    output = deployment.add_head3.stdout
+    assert recap(output, "head3")["failed"] == 1
+    failed = "\n".join(_failed_tasks(output))
+    assert "Check that this head node can take the fleetd key pair" in failed, failed
+    assert "head3 has a fleetd key pair of its own, not the one of localhost" in failed, failed
+    keys = deployment.tmp / "head3/etc/ingero/keys"
+    assert (keys / "fleetd.key_secret").read_bytes() != \
+        (deployment.etc / "keys/fleetd.key_secret").read_bytes()
+    assert not (deployment.tmp / "fetched-keys/fleetd/head3.key").exists()
+
+
+def test_a_node_removed_from_the_inventory_is_taken_out_of_fleetd(deployment):
+    """newnode left the inventory: the head's run removed its key from fleetd's authorized
+    agents and restarts fleetd (a SIGHUP would refuse its next handshake only); head2, new,
+    did not admit it."""
+    assert deployment.authorized_after_head2 == {"localhost": ["localhost.key"],
+                                                 "head2": ["localhost.key"]}
+    output = deployment.add_head2.stdout
+    assert "changed: [localhost] => (item=newnode)" in _block(
+        output, "Remove the keys of revoked agents and of compute nodes no longer in")
+    assert "skipping: [localhost]" in _block(output, "HANDLER [ingero_head : Restart fleetd]")
+
+
+def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(deployment):
+    """ingero_common_revoked_agents: newnode, in the inventory and admitted, is taken out by the
+    head's run, and fleetd over real CURVE refuses its key; a check-mode run of every host then
+    changes nothing: neither the head nor newnode's own run (which admits it otherwise) puts
+    it back, and check mode of a deployment that is in place says so."""
+    etc, new = deployment.etc, deployment.tmp / "newnode/etc/ingero"
+    assert "changed: [localhost] => (item=newnode)" in _block(
+        deployment.revoke.stdout,
+        "Remove the keys of revoked agents and of compute nodes no longer in")
+    # the only change on the head, which restarts fleetd (skipped here, without systemd)
+    assert _changed_task_names(deployment.revoke.stdout, "localhost") == {
+        "ingero_head : Remove the keys of revoked agents and of compute nodes no longer in the "
+        "inventory"}
+    assert "skipping: [localhost]" in _block(deployment.revoke.stdout,
+                                             "HANDLER [ingero_head : Restart fleetd]")
+    assert not (etc / "authorized_agents/newnode.key").exists()
+    assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
+                        new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 0, \
+        "fleetd's socket let the revoked node's key through"
+    assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
+                        etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") == 1
+    for host in ("localhost", "newnode"):
+        counts = recap(deployment.recheck.stdout, host)
+        assert counts["changed"] == 0 and counts["failed"] == 0, \
+            f"{host} {counts}\n" + "\n".join(_changed_tasks(deployment.recheck.stdout))
 
 
 def test_token_made_once_stored_hashed_and_never_printed(deployment):
@@ -448,11 +664,12 @@ def test_token_made_once_stored_hashed_and_never_printed(deployment):
     tokens = yaml.safe_load((etc / "echod-tokens.yaml").read_text())["tokens"]
     assert [(t["name"], t["sha256"]) for t in tokens] == \
         [("ingero-cli", hashlib.sha256(token.encode()).hexdigest())]
-    for run in (deployment.check, deployment.first, deployment.second):
+    for run in runs(deployment):
         assert token not in run.stdout + run.stderr
     secret = (etc / "keys/fleetd.key_secret").read_text()
     secret_line = next(line for line in secret.splitlines() if "secret-key" in line)
-    assert secret_line.split('"')[1] not in deployment.first.stdout
+    for run in runs(deployment):      # head2's run copies it there
+        assert secret_line.split('"')[1] not in run.stdout + run.stderr
 
 
 def test_daemon_user_reads_its_files_and_nothing_else(deployment):
