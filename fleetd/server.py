@@ -174,12 +174,19 @@ class FleetServer:
         the handling of the pushes ahead of it (half of that would go into its node's clock
         offset)."""
         waiting = []
-        while len(waiting) < most:
+        for _ in range(most):
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            waiting.append((frames, time.time()))
+            recv_at = time.time()
+            if not self.router.admits(frames[-1]):
+                self.metrics.rejected.labels("revoked").inc()
+                self.bad_frames.warning("revoked", "dropped a message from an agent whose key "
+                                        "is no longer in %s (revoked, then SIGHUP)",
+                                        self.cfg.authorized_keys)
+                continue
+            waiting.append(([frame.bytes for frame in frames], recv_at))
         for frames, recv_at in waiting:
             self.handle(frames[0], frames[1:], recv_at)
         return len(waiting)

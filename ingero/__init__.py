@@ -4,4 +4,4 @@ This package holds what the daemons share (the wire protocol, settings, key hand
 notification) and the ``ingero`` command line.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

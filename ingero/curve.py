@@ -77,6 +77,12 @@ class FleetAuthenticator(ThreadAuthenticator):
         self.configure_curve(domain="*", location=str(directory))
         return len(keys)
 
+    def admits(self, user_id: str | None) -> bool:
+        """Whether the peer a message came from (its ZAP User-Id: its public key in Z85) is
+        still authorised: a key taken out of the directory ends the say of the connection it
+        already has, not only its next handshake."""
+        return user_id is not None and user_id.encode() in self.certs.get("*", {})
+
     def _send_zap_reply(self, request_id, status_code, status_text, user_id="anonymous"):
         if status_code != b"200" and self.on_refused is not None:
             self.on_refused(status_text.decode("utf-8", "replace"))

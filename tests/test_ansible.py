@@ -620,14 +620,14 @@ def test_a_head_node_with_a_fleetd_key_pair_of_its_own_is_refused(deployment):
 
 def test_a_node_removed_from_the_inventory_is_taken_out_of_fleetd(deployment):
     """newnode left the inventory: the head's run removed its key from fleetd's authorized
-    agents and restarts fleetd (a SIGHUP would refuse its next handshake only); head2, new,
+    agents and reloads fleetd (test_curve shows a reload cuts its connection off); head2, new,
     did not admit it."""
     assert deployment.authorized_after_head2 == {"localhost": ["localhost.key"],
                                                  "head2": ["localhost.key"]}
     output = deployment.add_head2.stdout
     assert "changed: [localhost] => (item=newnode)" in _block(
         output, "Remove the keys of revoked agents and of compute nodes no longer in")
-    assert "skipping: [localhost]" in _block(output, "HANDLER [ingero_head : Restart fleetd]")
+    assert "skipping: [localhost]" in _block(output, "HANDLER [ingero_head : Reload fleetd]")
 
 
 def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(deployment):
@@ -639,12 +639,12 @@ def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(deployment):
     assert "changed: [localhost] => (item=newnode)" in _block(
         deployment.revoke.stdout,
         "Remove the keys of revoked agents and of compute nodes no longer in")
-    # the only change on the head, which restarts fleetd (skipped here, without systemd)
+    # the only change on the head, which reloads fleetd (skipped here, without systemd)
     assert _changed_task_names(deployment.revoke.stdout, "localhost") == {
         "ingero_head : Remove the keys of revoked agents and of compute nodes no longer in the "
         "inventory"}
     assert "skipping: [localhost]" in _block(deployment.revoke.stdout,
-                                             "HANDLER [ingero_head : Restart fleetd]")
+                                             "HANDLER [ingero_head : Reload fleetd]")
     assert not (etc / "authorized_agents/newnode.key").exists()
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
                         new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 0, \

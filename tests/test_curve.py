@@ -92,3 +92,18 @@ def test_sighup_rereads_the_authorised_keys(spawn, keys, endpoint, tmp_path):
     server.process.send_signal(signal.SIGHUP)
     assert wait_for(lambda: metric(late_port, "ingero_agent_fleet_reachable") == 1, 20), late.log()
     assert "SIGHUP: 2 authorised agent key(s) loaded" in server.log()
+
+    # revoked: its key out of the directory and SIGHUP, the connection it has goes unheard
+    # (and its next handshake is refused), while an agent still authorised goes on
+    good_port = free_port()
+    agent(spawn, "good", endpoint, good_port, *keys.ingerod_flags())
+    assert wait_for(lambda: metric(good_port, "ingero_agent_fleet_reachable") == 1, 20)
+    refused = metric(fleet_port, "ingero_fleet_auth_refused_total")
+    (keys.authorized / "late.key").unlink()
+    server.process.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: metric(fleet_port, "ingero_fleet_frames_rejected_total",
+                                   reason="revoked") >= 1, 20), server.log()
+    assert wait_for(lambda: metric(late_port, "ingero_agent_fleet_reachable") == 0, 30), late.log()
+    assert wait_for(lambda: metric(fleet_port, "ingero_fleet_auth_refused_total") > refused, 30)
+    assert "no longer in" in server.log()
+    assert metric(good_port, "ingero_agent_fleet_reachable") == 1      # heard all along
