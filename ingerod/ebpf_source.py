@@ -76,6 +76,7 @@ class EbpfSource:
         self.tracer = Tracer(self._on_event)
         self.processes: dict[int, TracedProcess] = {}
         self.departed: dict[int, tuple[TracedProcess, float]] = {}  # exited, events may remain
+        self.told_roles: dict[int, str] = {}   # the role each traced process was last said to have
         self.buffered: deque[dict] = deque(maxlen=MAX_BUFFERED)
         self.dropped = 0
         self.collectives = 0
@@ -128,6 +129,7 @@ class EbpfSource:
                 for library in process.libraries:
                     self.tracer.attach(library)
         self.processes = found
+        self._say_roles()
         self.follow()
         self.next_rescan = now + self.cfg.rescan_interval
 
@@ -145,6 +147,7 @@ class EbpfSource:
             known = self.processes[pid] = identify(self.proc, pid)
             roles(self.processes, self.proc)
             self._say_tracing(known)
+            self._say_roles()
             if not self.wanted(known):
                 self.follow()
         return known
@@ -153,6 +156,18 @@ class EbpfSource:
         if self.wanted(p):
             log.info("tracing pid %d (%s) job %s rank %s, %s%s", p.pid, p.comm, p.job, p.rank,
                      p.role, f" of pid {p.owner}" if p.owner else "")
+            self.told_roles[p.pid] = p.role
+
+    def _say_roles(self) -> None:
+        """Say which role a traced process changed: a launcher seen before it spawned its
+        workers looked like a rank until then."""
+        for pid, told in list(self.told_roles.items()):
+            p = self.processes.get(pid)
+            if p is None:
+                del self.told_roles[pid]
+            elif p.role != told:
+                log.info("pid %d (%s) job %s: now %s, was %s", pid, p.comm, p.job, p.role, told)
+                self.told_roles[pid] = p.role
 
     def tags(self, process: TracedProcess) -> dict:
         owner = None if process.owner is None else self.process(process.owner)
