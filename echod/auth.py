@@ -122,8 +122,7 @@ class Principal:
 
     def require(self, capability: str) -> None:
         if not self.may(capability):
-            whose = f"{self.user!r} (a MUNGE user: read only; SQL needs a token)" if self.user \
-                else f"token {self.name!r}"
+            whose = f"{self.user!r} (a MUNGE user)" if self.user else f"token {self.name!r}"
             raise NotAllowed(f"{whose} may not use {capability}",
                              token_sha256=self.token_sha256, token=self.name)
 
@@ -518,7 +517,7 @@ class MungeUsers:
                                headers=_MUNGE_CHALLENGE) from None
         name = entry.pw_name
         return Principal(f"munge:{name}", token_hash(f"munge:{who.uid}"), Scope(None),
-                         frozenset({"read"}), user=name, every_user=self.admin(entry))
+                         frozenset({"read", "sql"}), user=name, every_user=self.admin(entry))
 
     def admin(self, entry: pwd.struct_passwd) -> bool:
         if entry.pw_uid == 0:

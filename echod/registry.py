@@ -19,9 +19,16 @@ CAPABILITIES = ("read", "sql", "admin")
 
 @dataclass(frozen=True)
 class Scope:
-    """The clusters a caller may see: a set of names, or None for every cluster."""
+    """The clusters a caller may see: a set of names, or None for every cluster; and, for SQL
+    by a user proven by MUNGE, the user whose jobs alone it reads (row-level security)."""
 
     clusters: frozenset[str] | None = None
+    user: str | None = None
+
+    @property
+    def restricted(self) -> bool:
+        """Whether the caller sees less than the whole store."""
+        return self.clusters is not None or self.user is not None
 
     def allows(self, cluster: str) -> bool:
         return self.clusters is None or cluster in self.clusters

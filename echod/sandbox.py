@@ -156,8 +156,9 @@ class Sandbox:
                     connection.rollback()
 
     def _sign(self, scope: Scope, pid: int, started: str) -> str:
-        """``<signature>.<json>`` as ingero_scope() checks it (migration 0002)."""
-        body = json.dumps({"clusters": scope.describe(), "pid": pid, "t": started},
+        """``<signature>.<json>`` as ingero_claim() checks it (migrations 0002, 0012)."""
+        body = json.dumps({"clusters": scope.describe(), "pid": pid, "t": started,
+                           **({"user": scope.user} if scope.user else {})},
                           separators=(",", ":"))
         signature = hashlib.sha256(f"{self.key}.{body}".encode()).hexdigest()
         return f"{signature}.{body}"
@@ -166,12 +167,12 @@ class Sandbox:
             row_cap: int | None = None) -> SqlResult:
         """Check ``sql``, run it in ``scope`` and return at most ``row_cap`` rows. A caller may
         ask for less than the operator's row cap and timeout, never more."""
-        if scope.clusters is not None and not self.scoped:
+        if scope.restricted and not self.scoped:
             raise SqlScopedUnavailable(
                 "SQL is not served to tenant-scoped tokens here: echod's database role is no "
                 "superuser, so the catalog stays open to tenants (an operator may accept that "
                 "with --sql-scoped-without-closed-catalog); the tools still answer")
-        statement = check_sql(sql, scoped=scope.clusters is not None)
+        statement = check_sql(sql, scoped=scope.restricted)
         cap = min(row_cap or self.row_cap, self.row_cap)
         limit = min(timeout_ms or self.timeout_ms, self.timeout_ms)
         started = time.perf_counter()

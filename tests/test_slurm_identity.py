@@ -6,7 +6,8 @@ An array job whose tasks run traced sim ranks, a heterogeneous job, a job of two
 job requeued once, one cancelled and one killed by its time limit: ``ingero jobs`` shows each
 with the id and state sacct shows, compared side by side; ``ingero report`` takes the ids in
 every form sacct's -j does. Two Unix users each run a job and ask with their MUNGE
-credential, no token: each sees their own job only, every user's jobs only root does; a forged,
+credential, no token: each sees their own job only, in reports and in SQL (row-level security),
+every user's jobs only root does; a forged,
 expired or replayed credential is refused with one line.
 """
 
@@ -257,8 +258,18 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
         every = as_user(stack, user, "jobs", "-a")
         assert every.returncode == 1 and len(every.stderr.strip().splitlines()) == 1, every
         assert "own jobs only" in every.stderr, every.stderr
-        sql = as_user(stack, user, "sql", "SELECT 1")
-        assert sql.returncode == 1 and "SQL needs a token" in sql.stderr, sql.stderr
+        # SQL: their own jobs' rows only (row-level security by user), no node's
+        def sql(statement: str) -> list[str]:
+            done = as_user(stack, user, "sql", "--csv", statement)
+            assert done.returncode == 0, done.stderr
+            return done.stdout.split()[1:]
+
+        assert sql("SELECT DISTINCT job FROM events ORDER BY 1") == [jobs[user]]
+        assert sql('SELECT DISTINCT "user" FROM jobs') == [user]
+        assert sql("SELECT count(*) FROM nodes") == sql("SELECT count(*) FROM thresholds") \
+            == ["0"]
+        assert int(sql("SELECT count(*) FROM peer_lag")[0]) > 0
+        assert sql(f"SELECT count(*) FROM peer_lag WHERE job = '{other}'") == ["0"]
 
     # root (an admin by MUNGE, no token): everyone's
     admin = as_user(stack, "root", "jobs", "-a", "-n", "-P", "-o", "JobID,User")
@@ -278,6 +289,8 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
     status, body = refusal(stack, f"MUNGE {mine}", "event_history", {"job": jobs[alice]})
     assert status == 200 and body["events"], body
     assert {e["cluster"] for e in body["events"]} == {"sim"}, body
+    assert as_user(stack, alice, "sql", "--csv", "SELECT DISTINCT cluster FROM events ORDER "
+                   "BY 1").stdout.split() == ["cluster", "sim"]
 
     # forged, expired, replayed, or minted for something else: 401 and one line
     expired = munge.credential(ttl=1)

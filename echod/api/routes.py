@@ -130,9 +130,14 @@ def run_tool(name: str, args: dict) -> dict:
     cluster = args.get("cluster")
     if isinstance(cluster, str):
         g.principal.require_cluster(cluster)
-    context = ToolContext(state().sandbox, g.principal.scope, time.time())
+    scope = g.principal.scope
+    if name == "run_analysis" and g.principal.own_jobs_only():
+        # SQL over their own jobs: the store's row-level security keeps the rest out
+        scope = Scope(scope.clusters, user=g.principal.user)
+    context = ToolContext(state().sandbox, scope, time.time())
     started = time.monotonic()
-    if "job" in args or "jobs" in args or g.principal.own_jobs_only():
+    if name != "run_analysis" and ("job" in args or "jobs" in args
+                                   or g.principal.own_jobs_only()):
         mine = g.principal.user if g.principal.own_jobs_only() else None
         with context.read() as conn:
             args = raw_job_args(conn, args, mine)
