@@ -172,24 +172,29 @@ class FleetServer:
         """Handle what is waiting, at most ``most`` messages, without blocking. All are
         read first, each stamped as it leaves the socket: a push's receive time must not include
         the handling of the pushes ahead of it (half of that would go into its node's clock
-        offset)."""
-        waiting = []
-        for _ in range(most):
+        offset). Once a key has been revoked, each message's sender is checked (its frames
+        then read as zmq.Frame, which costs twice the copy); returns how many were read."""
+        waiting, read = [], 0
+        checking = self.router.revoked
+        while read < most:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=not checking)
             except zmq.Again:
                 break
+            read += 1
             recv_at = time.time()
-            if not self.router.admits(frames[-1]):
-                self.metrics.rejected.labels("revoked").inc()
-                self.bad_frames.warning("revoked", "dropped a message from an agent whose key "
-                                        "is no longer in %s (revoked, then SIGHUP)",
-                                        self.cfg.authorized_keys)
-                continue
-            waiting.append(([frame.bytes for frame in frames], recv_at))
+            if checking:
+                if not self.router.admits(frames[-1]):
+                    self.metrics.rejected.labels("revoked").inc()
+                    self.bad_frames.warning(
+                        "revoked", "dropped a message from an agent whose key is no longer in "
+                        "%s (revoked, then SIGHUP)", self.cfg.authorized_keys)
+                    continue
+                frames = [frame.bytes for frame in frames]
+            waiting.append((frames, recv_at))
         for frames, recv_at in waiting:
             self.handle(frames[0], frames[1:], recv_at)
-        return len(waiting)
+        return read
 
     def handle(self, identity: bytes, frames: list[bytes], recv_at: float) -> None:
         self.metrics.frames.inc()

@@ -77,6 +77,10 @@ class FleetAuthenticator(ThreadAuthenticator):
         self.configure_curve(domain="*", location=str(directory))
         return len(keys)
 
+    def admitted(self) -> set[bytes]:
+        """The authorised public keys loaded, in Z85."""
+        return set(self.certs.get("*", {}))
+
     def admits(self, user_id: str | None) -> bool:
         """Whether the peer a message came from (its ZAP User-Id: its public key in Z85) is
         still authorised: a key taken out of the directory ends the say of the connection it

@@ -25,6 +25,7 @@ class SecureRouter:
         self.log = log
         self.auth = None
         self.socket = None
+        self.revoked = False        # a key was taken out since start: senders are checked
 
     def open(self, bind: str) -> str:
         """Bind; returns the endpoint bound. Key and bind errors stop the daemon at start."""
@@ -54,7 +55,9 @@ class SecureRouter:
         if self.auth is None:
             return
         try:
+            before = self.auth.admitted()
             count = self.auth.load(self.cfg.authorized_keys)
+            self.revoked |= bool(before - self.auth.admitted())
             self.log.info("SIGHUP: %d authorised %s key(s) loaded", count, self.peers)
         except IngeroError as exc:
             self.log.error("SIGHUP: could not reload authorised keys: %s", exc)

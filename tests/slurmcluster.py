@@ -355,17 +355,21 @@ def stack_beside(cluster: SlurmCluster, **kw):
     return stack
 
 
-def ingero_cli(stack, *args: str, env: dict | None = None) -> str:
-    """``ingero ARGS`` as a user runs it against the stack's echod (its token, its CA);
-    its output, the command having succeeded."""
+def ingero_run(stack, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``ingero ARGS`` as a user runs it against the stack's echod (its token, its CA)."""
     token = stack.root / "token"
     token.write_text(stack.token + "\n")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("INGERO_", "SLURM_"))}
-    done = subprocess.run([sys.executable, "-m", "ingero", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ingero", *args], capture_output=True,
                           text=True, timeout=120, cwd=stack.root,
                           env={**clean, "HOME": str(stack.root), "INGERO_URL": stack.echod.url,
                                "INGERO_TOKEN_FILE": str(token),
                                "INGERO_CA_CERT": str(stack.echod.cert), **(env or {})})
+
+
+def ingero_cli(stack, *args: str, env: dict | None = None) -> str:
+    """``ingero_run``'s output, the command having succeeded."""
+    done = ingero_run(stack, *args, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

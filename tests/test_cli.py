@@ -159,14 +159,17 @@ def test_every_command_takes_a_list_of_jobs_and_of_clusters(stack):
     assert "no straggler verdict" in ok(ingero(stack, "stragglers", "-M", "elsewhere"))
     explained = ok(ingero(stack, "explain", "-j", f"{JOB},9999"))
     assert f"job {JOB} rank {LATE} on node1" in explained.splitlines()[0]
-    assert "job 9999: fleetd named no rank" in explained
+    assert "job 9999: echod knows no such job" in explained
     answer = json.loads(ok(ingero(stack, "explain", "-j", JOB, "--json")))
     assert [e["rank"] for e in answer["explanations"]] == [LATE] and "meta" in answer
-    # export: one file per job, named by %j as sbatch -o names its files
-    one_file = ingero(stack, "export", "-j", f"{JOB},9999", "-o", str(stack.root / "t.json"))
-    assert one_file.returncode == 2 and "%j" in one_file.stderr
-    each = ingero(stack, "export", "-j", f"{JOB},9999", "-o", str(stack.root / "t-%j.json"))
-    assert each.returncode == 1 and "9999" in each.stderr        # that job echod knows not
+    # export: a job echod knows not is refused before anything is written; one file per job,
+    # named by %j as sbatch -o names its files
+    unknown = ingero(stack, "export", "-j", f"{JOB},9999", "-o", str(stack.root / "t-%j.json"))
+    assert unknown.returncode == 1 and "9999" in unknown.stderr, unknown.stderr
+    assert not list(stack.root.glob("t-*.json"))
+    each = ingero(stack, "export", "-j", JOB, "-M", job["cluster"], "-o",
+                  str(stack.root / "t-%j.json"))
+    assert each.returncode == 0, each.stderr
     assert json.loads((stack.root / f"t-{JOB}.json").read_text())["traceEvents"]
 
 

@@ -29,7 +29,7 @@ from ingero import munge, wire
 from ingero.stack.launch import wait_for
 from ingero.stack.local import Stack
 from tests.slurmcluster import (REPO, SlurmCluster, cluster_for_module, ingero_cli,
-                               needs_slurm, stack_beside)
+                               ingero_run, needs_slurm, stack_beside)
 from tests.support import forward, needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf, needs_slurm]
@@ -166,6 +166,12 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
         p.read_text() for p in work.glob("*.out"))
     assert sorted(report.split()) == sorted(f"{array}_{t}|{r}" for t in range(3)
                                             for r in range(2)), report
+    # export: the array's id is its three tasks, a file each, named by %j as sbatch names
+    one = ingero_run(stack, "export", "-j", array, "-o", str(work / "t.json"))
+    assert one.returncode == 2 and "3 jobs" in one.stderr, one.stderr
+    ingero_cli(stack, "export", "-j", array, "-o", str(work / "trace-%j.json"))
+    assert sorted(p.name for p in work.glob("trace-*.json")) == [
+        f"trace-{array}_{t}.json" for t in range(3)]
 
 
 # -- users by MUNGE ----------------------------------------------------------------------------

@@ -87,6 +87,8 @@ JOB_OUT = closed({
           "user": described(NAME, "Only this user's jobs."),
           "accounts": described(array(NAME) | {"maxItems": 1000},
                                 "Only jobs charged to these Slurm accounts."),
+          "partitions": described(array(NAME) | {"maxItems": 1000},
+                                  "Only jobs run in these Slurm partitions."),
           "states": described(array({"type": "string", "enum": list(STATES)})
                               | {"maxItems": 32},
                               "Only jobs whose latest run ended in these states (Slurm's, "
@@ -129,6 +131,9 @@ def seen_jobs(conn: Connection, sel: Selection, args: dict) -> list[dict]:
     user = Where().equal('j."user"', "user", args.get("user"))
     if "accounts" in args:
         user.add("j.account = ANY (CAST(:accounts AS text[]))", accounts=list(args["accounts"]))
+    if "partitions" in args:
+        user.add("j.partition = ANY (CAST(:partitions AS text[]))",
+                 partitions=list(args["partitions"]))
     if "states" in args:          # RUNNING: started, not ended
         user.add("(coalesce(j.slurm_state, j.state) = ANY (CAST(:states AS text[])) OR "
                  "('RUNNING' = ANY (CAST(:states AS text[])) AND j.start IS NOT NULL "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import ssl
 import urllib.error
@@ -71,7 +72,8 @@ def settings(config: str | None, flags: dict, environ=None, site: Path = SITE_CO
     explicit one, which must exist, else the default where it exists), then INGERO_*
     variables, then flags."""
     mine = Path(config) if config else user.expanduser()
-    files = [site] if site.exists() and site != mine else []
+    # a site file this user may not read is not for them (a site keeps its token there)
+    files = [site] if os.access(site, os.R_OK) and site != mine else []
     files += [mine] if config or mine.exists() else []
     given = {s.name: flags.get(s.name) for s in SETTINGS}
     return load(SETTINGS, "INGERO", files, given, environ)

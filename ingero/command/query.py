@@ -162,11 +162,28 @@ def whose(command):
 def listed_jobs(echod, jobs, since, until, clusters, partitions, user, accounts, allusers,
                 states) -> list[dict]:
     """The job rows that -j, the window and whose's options select."""
-    rows = each_cluster(clusters, lambda where: job_rows(
+    return each_cluster(clusters, lambda where: job_rows(
         echod, job_list(jobs), since, until, user, job_list(accounts), allusers,
-        sacct.parse_states(states) if states else None, **where))
-    wanted = job_list(partitions)
-    return [row for row in rows if row.get("partition") in wanted] if wanted else rows
+        sacct.parse_states(states) if states else None, partitions=job_list(partitions),
+        **where))
+
+
+def named_jobs(echod, jobs: str | None, clusters: str | None) -> tuple[list[dict], list[str]]:
+    """-j's names as the jobs each names (an array's id: each of its tasks), in -M's
+    clusters: list_jobs's rows, in the order named, and the names that name none."""
+    rows: dict[tuple[str, str], dict] = {}
+    unknown = []
+    for name in job_list(jobs) or []:
+        found = each_cluster(clusters, lambda where: job_rows(echod, [name], None, None,
+                                                               **where))
+        unknown += [] if found else [name]
+        rows.update(((row["cluster"], row["job"]), row) for row in found)
+    return list(rows.values()), unknown
+
+
+def job_where(row: dict) -> dict:
+    """A tool's arguments for one job of list_jobs: its raw id, pinned to its cluster."""
+    return {"job": row["job"], "cluster": row["cluster"]}
 
 
 @api_command(commands, "report")
@@ -198,10 +215,12 @@ def report_command(echod, jobs, allocations, partitions, user, accounts, states,
     if not allocations:
         ranks = report_rows(echod, rows, since, until)
         if as_json:     # each job with its ranks, as sacct --json nests a job's steps
+            per_job: dict[tuple[str, str], list[dict]] = {}
+            for rank in ranks:
+                per_job.setdefault((rank["cluster"], rank["job"]), []).append(
+                    {k: v for k, v in rank.items() if k not in ("cluster", "job", "job_id")})
             for job in rows:
-                job["per_rank"] = [{k: v for k, v in rank.items()
-                                 if k not in ("cluster", "job", "job_id")} for rank in ranks
-                                if (rank["cluster"], rank["job"]) == (job["cluster"], job["job"])]
+                job["per_rank"] = per_job.get((job["cluster"], job["job"]), [])
         else:
             rows = ranks
     if as_json:
@@ -302,7 +321,7 @@ def nodes_command(echod, clusters, causes, starttime, endtime, fmt, helpformat, 
 @api_command(commands, "stragglers")
 @clusters_option
 @click.option("-j", "--jobs", "--job", "jobs", metavar="JOBID[,JOBID...]",
-              help="Only these jobs, as sacct -j takes them")
+              help="Only these jobs, as sacct -j takes them (an array's id: its tasks)")
 @click.option("-S", "--starttime", metavar="TIME", help="Window start [default: now-1hour]")
 @click.option("-E", "--endtime", metavar="TIME", help="Window end [default: now]")
 @click.option("--json", "as_json", is_flag=True,
@@ -315,10 +334,13 @@ def stragglers_command(echod, clusters, jobs, starttime, endtime, as_json) -> No
     """
     since, until = parse_window(starttime, endtime, None if jobs else "now-1hour")
     window = window_args(since, until)
-    verdicts = [verdict for job in job_list(jobs) or [None]
-                for verdict in each_cluster(clusters, lambda where: echod.call(
-                    "find_stragglers", {**window, **where, **({"job": job} if job else {})}
-                )["verdicts"])]
+    if jobs:
+        verdicts = [verdict for row in named_jobs(echod, jobs, clusters)[0]
+                    for verdict in echod.call("find_stragglers",
+                                              {**window, **job_where(row)})["verdicts"]]
+    else:
+        verdicts = each_cluster(clusters, lambda where: echod.call(
+            "find_stragglers", {**window, **where})["verdicts"])
     if as_json:
         click.echo(json.dumps(document("verdicts", verdicts, since, until), indent=2))
         return
@@ -333,20 +355,21 @@ def stragglers_command(echod, clusters, jobs, starttime, endtime, as_json) -> No
 
 @api_command(commands, "explain")
 @click.option("-j", "--jobs", "--job", "jobs", required=True, metavar="JOBID[,JOBID...]",
-              help="The jobs, as sacct -j takes them")
+              help="The jobs, as sacct -j takes them (an array's id: its tasks)")
 @click.option("--rank", type=int, default=None, metavar="R",
               help="This rank [default: every rank fleetd named in each job]")
-@click.option("-M", "--cluster", metavar="NAME", help="The jobs' cluster, when ids repeat")
+@clusters_option
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: meta and explain's answers")
-def explain_command(echod, jobs, rank, cluster, as_json) -> None:
+def explain_command(echod, jobs, rank, clusters, as_json) -> None:
     """Why a rank is slow: severity first, then the evidence in plain words, then what to do.
 
     Example: ingero explain -j 4242 --rank 5
     """
+    rows, unknown = named_jobs(echod, jobs, clusters)
     answers = []
-    for job in job_list(jobs) or []:
-        where = {"job": job, **({"cluster": cluster} if cluster else {})}
+    for row in rows:
+        where, job = job_where(row), row["job_id"]
         verdicts = echod.call("find_stragglers", where)["verdicts"]
         ranks = [rank] if rank is not None else sorted({v["rank"] for v in verdicts})
         found = [echod.call("explain", {**where, "rank": r}) for r in ranks]
@@ -359,6 +382,8 @@ def explain_command(echod, jobs, rank, cluster, as_json) -> None:
         for answer in found:
             click.echo(explanation(answer, [v for v in verdicts
                                             if v["rank"] == answer["rank"]]))
+    for name in unknown if not as_json else []:
+        click.echo(f"job {name}: echod knows no such job (in the clusters you may see)")
     if as_json:
         click.echo(json.dumps(document("explanations", answers, None, None), indent=2))
 
@@ -422,8 +447,9 @@ def sql_table(columns: list[str], rows: list[list]) -> str:
 
 @api_command(commands, "export")
 @click.option("-j", "--jobs", "--job", "jobs", required=True, metavar="JOBID[,JOBID...]",
-              help="The jobs, as sacct -j takes them; several need %j in --output")
-@click.option("-M", "--cluster", metavar="NAME", help="The jobs' cluster, when ids repeat")
+              help="The jobs, as sacct -j takes them (an array's id: its tasks); several "
+                   "need %j in --output")
+@clusters_option
 @click.option("--format", "fmt", type=click.Choice(["perfetto"]), default="perfetto",
               help="perfetto: Chrome trace-event JSON, which ui.perfetto.dev opens "
                    "[default: perfetto]")
@@ -432,24 +458,26 @@ def sql_table(columns: list[str], rows: list[list]) -> str:
                    "as in sbatch -o")
 @click.option("-S", "--starttime", metavar="TIME", help="Window start [default: the job's]")
 @click.option("-E", "--endtime", metavar="TIME", help="Window end [default: the job's]")
-def export_command(echod, jobs, cluster, fmt, output, starttime, endtime) -> None:
+def export_command(echod, jobs, clusters, fmt, output, starttime, endtime) -> None:
     """A job's collectives, waits and verdicts as a trace: a process per node, a track per
     rank, each node's clock corrected.
 
     Example: ingero export -j 4242,4243 --format perfetto -o job-%j.json
     """
-    named = job_list(jobs) or []
-    if len(named) > 1 and "%j" not in str(output):
-        raise click.UsageError(f"{len(named)} jobs need one file each: put %j in --output "
-                               "(job-%j.json), as sbatch -o does")
     since, until = parse_window(starttime, endtime, None)
-    for job in named:
-        args = {"job": job, **({"cluster": cluster} if cluster else {}),
-                **window_args(since, until)}
-        trace = json.dumps(perfetto.to_trace(echod.call("job_timeline", args)))
+    rows, unknown = named_jobs(echod, jobs, clusters)
+    if unknown:
+        raise IngeroError(f"echod knows no job {', '.join(unknown)} (in the clusters you may "
+                          "see): nothing written")
+    if len(rows) > 1 and "%j" not in str(output):
+        raise click.UsageError(f"-j names {len(rows)} jobs, which need one file each: put %j "
+                               "in --output (job-%j.json), as sbatch -o does")
+    for row in rows:
+        trace = json.dumps(perfetto.to_trace(echod.call(
+            "job_timeline", {**job_where(row), **window_args(since, until)})))
         if str(output) == "-":
             click.echo(trace)
             continue
-        path = Path(str(output).replace("%j", job))
+        path = Path(str(output).replace("%j", row["job_id"]))
         path.write_text(trace)
         click.echo(f"wrote {path}: open it in ui.perfetto.dev", err=True)

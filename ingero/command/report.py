@@ -136,11 +136,14 @@ def report_rows(client, jobs: list[dict], since: datetime | None,
 def job_rows(client, jobs: list[str] | None, since: datetime | None,
              until: datetime | None, user: str | None = None,
              accounts: list[str] | None = None, all_users: bool = False,
-             states: list[str] | None = None, cluster: str | None = None) -> list[dict]:
+             states: list[str] | None = None, cluster: str | None = None,
+             partitions: list[str] | None = None) -> list[dict]:
     """One row per job seen in the window (or per job named): a user's, these accounts',
-    these states', or every user's (as sacct's -u, -A, -s and -a), in one cluster or all."""
+    partitions' and states', or every user's (as sacct's -u, -A, -r, -s and -a), in one
+    cluster or all."""
     args = {**window_args(since, until), **({"jobs": jobs} if jobs else {}),
             **({"cluster": cluster} if cluster else {}),
+            **({"partitions": partitions} if partitions else {}),
             **({"user": user} if user else {}), **({"accounts": accounts} if accounts else {}),
             **({"states": states} if states else {}),
             **({"all_users": True} if all_users else {})}
