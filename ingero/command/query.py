@@ -182,8 +182,9 @@ def named_jobs(echod, jobs: str | None, clusters: str | None) -> tuple[list[dict
 
 
 def job_where(row: dict) -> dict:
-    """A tool's arguments for one job of list_jobs: its raw id, pinned to its cluster."""
-    return {"job": row["job"], "cluster": row["cluster"]}
+    """A tool's arguments for one job of list_jobs: its id as Slurm prints it (an array's raw
+    id is also its last task's, so the raw id could name the whole array), in its cluster."""
+    return {"job": row["job_id"], "cluster": row["cluster"]}
 
 
 @api_command(commands, "report")
