@@ -90,20 +90,25 @@ def table_options(fields: dict, default: str):
     return decorate
 
 
-def document(key: str, rows: list[dict], since: datetime | None,
-             until: datetime | None) -> dict:
+def print_document(key: str, rows: list[dict], since: datetime | None,
+                   until: datetime | None) -> None:
     """What --json prints, shaped as sacct's: ``meta`` says what asked and over which
     window, ``key`` holds the rows."""
-    return {"meta": {"command": ["ingero", *sys.argv[1:]],
+    click.echo(json.dumps({"meta": {"command": ["ingero", *sys.argv[1:]],
                      "ingero": {"version": __version__},
                      "window": {"start": since.isoformat() if since else None,
                                 "end": until.isoformat() if until else None},
                      "generated": datetime.now().astimezone().isoformat(timespec="seconds")},
-            key: rows}
+        key: rows}, indent=2))
 
 
-def print_rows(rows: list[dict], fields: dict, fmt: str, *, parsable: bool, parsable2: bool,
-               noheader: bool, delimiter: str = "|") -> None:
+def print_rows(rows: list[dict], fields: dict, fmt: str, *, key: str, window: tuple,
+               as_json: bool, parsable: bool, parsable2: bool, noheader: bool,
+               delimiter: str = "|") -> None:
+    """The rows in sacct's layouts, or with --json as one document under ``key``."""
+    if as_json:
+        print_document(key, rows, *window)
+        return
     columns = sacct.parse_format(fmt, fields)
     text = sacct.render(columns, rows, parsable=parsable, parsable2=parsable2,
                         noheader=noheader, delimiter=delimiter)
@@ -224,11 +229,9 @@ def report_command(echod, jobs, allocations, partitions, user, accounts, states,
                 job["per_rank"] = per_job.get((job["cluster"], job["job"]), [])
         else:
             rows = ranks
-    if as_json:
-        click.echo(json.dumps(document("jobs", rows, since, until), indent=2))
-        return
-    print_rows(rows, fields, fmt or default, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, delimiter=delimiter)
+    print_rows(rows, fields, fmt or default, key="jobs", window=(since, until),
+               as_json=as_json, parsable=parsable, parsable2=parsable2, noheader=noheader,
+               delimiter=delimiter)
 
 
 @api_command(commands, "jobs")
@@ -251,11 +254,9 @@ def jobs_command(echod, jobs, partitions, user, accounts, states, allusers, clus
     since, until = parse_window(starttime, endtime, None if jobs else "midnight")
     rows = listed_jobs(echod, jobs, since, until, clusters, partitions, user, accounts,
                        allusers, states)
-    if as_json:
-        click.echo(json.dumps(document("jobs", rows, since, until), indent=2))
-        return
-    print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, delimiter=delimiter)
+    print_rows(rows, JOB_FIELDS, fmt or JOB_DEFAULT, key="jobs", window=(since, until),
+               as_json=as_json, parsable=parsable, parsable2=parsable2, noheader=noheader,
+               delimiter=delimiter)
 
 
 HARDWARE_CAUSES = "slow_gpu,hang,died"
@@ -312,11 +313,9 @@ def nodes_command(echod, clusters, causes, starttime, endtime, fmt, helpformat, 
     for row in rows:
         since_reason = None if drained is None else drained.get(row["node"])
         row["drained_since"], row["reason"] = since_reason or (None, None)
-    if as_json:
-        click.echo(json.dumps(document("nodes", rows, since, until), indent=2))
-        return
-    print_rows(rows, NODE_FIELDS, fmt or NODE_DEFAULT, parsable=parsable, parsable2=parsable2,
-               noheader=noheader, delimiter=delimiter)
+    print_rows(rows, NODE_FIELDS, fmt or NODE_DEFAULT, key="nodes", window=(since, until),
+               as_json=as_json, parsable=parsable, parsable2=parsable2, noheader=noheader,
+               delimiter=delimiter)
 
 
 @api_command(commands, "stragglers")
@@ -343,7 +342,7 @@ def stragglers_command(echod, clusters, jobs, starttime, endtime, as_json) -> No
         verdicts = each_cluster(clusters, lambda where: echod.call(
             "find_stragglers", {**window, **where})["verdicts"])
     if as_json:
-        click.echo(json.dumps(document("verdicts", verdicts, since, until), indent=2))
+        print_document("verdicts", verdicts, since, until)
         return
     for v in verdicts:
         state = "cleared" if v.get("cleared") else "LIVE"
@@ -386,7 +385,7 @@ def explain_command(echod, jobs, rank, clusters, as_json) -> None:
     for name in unknown if not as_json else []:
         click.echo(f"job {name}: echod knows no such job (in the clusters you may see)")
     if as_json:
-        click.echo(json.dumps(document("explanations", answers, None, None), indent=2))
+        print_document("explanations", answers, None, None)
 
 
 def explanation(answer: dict, verdicts: list[dict]) -> str:
