@@ -779,3 +779,36 @@ def test_a_weighted_quantile_counts_each_run_as_many_times_as_it_has_instances()
     assert weighted_quantile(values, weights, 0.5) == 0.0     # unweighted, the runs say 60
     assert weighted_quantile(values, weights, 0.99) == 60.0
     assert weighted_quantile(np.array([3.0]), np.array([7]), 0.5) == 3.0
+
+
+@pytest.mark.parametrize("instances,per_run", [(180, 20), (20_000, 20), (20_000, 200)])
+def test_a_tail_pooled_from_runs_is_the_tail_of_their_instances(instances, per_run):
+    """fleetd summarises each run of instances by its quantiles; a rank's 95th and 99th
+    percentile from those is the one its instances have, on a short job (a run of 20 has its
+    maximum for its 99th percentile) as on a long one: no bias over many draws, and no draw
+    far off. The quantile of the runs' quantiles read 4-9% high on average here, up to 19%."""
+    from echod.tools.lag import pooled_quantile
+    rng = np.random.default_rng(instances + per_run)
+    errors = {0.95: [], 0.99: []}
+    for _ in range(50):
+        # on time (jitter 0.5 ms) for a third of the job, then 40 ms late give or take a tail
+        lag = np.r_[rng.normal(0, 0.0005, instances // 3),
+                    0.040 + rng.exponential(0.002, instances - instances // 3)]
+        runs = np.array_split(lag, instances // per_run)
+        known = np.array([np.quantile(run, [0.5, 0.95, 0.99, 1.0]) for run in runs])
+        weights = np.array([len(run) for run in runs])
+        for q, found in errors.items():
+            found.append(pooled_quantile(known, weights, q) / np.quantile(lag, q) - 1)
+    for q, found in errors.items():
+        assert abs(np.mean(found)) < 0.025, (q, np.mean(found))
+        assert np.max(np.abs(found)) < 0.08, (q, found)
+
+
+def test_a_pooled_quantile_of_runs_each_of_one_instance_is_theirs():
+    from echod.tools.lag import pooled_quantile
+    values = np.array([5.0, 1.0, 3.0, 2.0, 4.0])
+    known = np.repeat(values[:, None], 4, axis=1)           # every quantile of one instance
+    weights = np.ones(5, int)
+    assert pooled_quantile(known, weights, 0.5) == 3.0
+    assert pooled_quantile(known, weights, 0.99) == 5.0
+    assert pooled_quantile(known[:1], weights[:1], 0.99) == 5.0

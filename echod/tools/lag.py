@@ -18,10 +18,11 @@ From summaries. Where the window holds more entries than the caller lets it read
 collectives were thinned by retention, the survey answers from fleetd's lag summaries
 (``peer_lag``: per rank, per run of collectives fleetd settled, on its clock, the lag's
 median, 95th and 99th percentiles and maximum, the instances the rank entered last, the wait
-it caused and its own wait). A rank's q-quantile is then the q-quantile of its runs'
-q-quantiles, each run weighted by its instances (a tail of a few instances reads high: a
-run's 99th percentile is about its maximum), its maximum the largest, its
-counts and waits the sums (who came last and who waited over the runs where fleetd knew every
+it caused and its own wait). A rank's median is then the median of its runs' medians, each
+run weighted by its instances; its 95th and 99th percentiles those of its runs pooled, each
+run's distribution taken as linear between its known quantiles (``pooled_quantile``: the
+quantile of the runs' quantiles would read high, as a run of a few instances has its maximum
+for its 99th percentile); its maximum the largest, its counts and waits the sums (who came last and who waited over the runs where fleetd knew every
 rank's node clock: ``compared``); the job's step time is each communicator's time over its
 sequence span. ``coverage.source`` says which: ``events`` or ``summaries``. A fleetd from
 before the summaries carried waits leaves them 0 there.
@@ -150,20 +151,23 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
 
 # -- from fleetd's summaries -------------------------------------------------------------------
 
-# Per rank: its runs' instances and q-quantiles (for ``weighted_quantile``) packed in one
-# bytea as RUN lays them out, and its sums.
+# Per rank: its runs' instances and quantiles (for ``weighted_quantile`` and
+# ``pooled_quantile``) packed in one bytea as RUN lays them out, and its sums.
 RANK_SUMMARIES = """
 SELECT p.cluster, p.job, p.rank, min(p.node),
        string_agg(int8send(CAST(p.samples AS bigint)) || int8send(p.lag_median_ns)
                   || int8send(coalesce(p.lag_p95_ns, p.lag_median_ns))
-                  || int8send(coalesce(p.lag_p99_ns, p.lag_p95_ns, p.lag_median_ns)), ''::bytea),
+                  || int8send(coalesce(p.lag_p99_ns, p.lag_p95_ns, p.lag_median_ns))
+                  || int8send(coalesce(p.lag_max_ns, p.lag_p99_ns, p.lag_p95_ns,
+                                       p.lag_median_ns)), ''::bytea),
        max(p.lag_max_ns), coalesce(sum(p.last_arrivals), 0), coalesce(sum(p.idle_caused_ns), 0),
        coalesce(sum(p.waited_ns), 0),
        coalesce(sum(p.samples) FILTER (WHERE p.last_arrivals IS NOT NULL), 0)
 FROM peer_lag p WHERE {where} AND p.lag_median_ns IS NOT NULL
 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
 """
-RUN = np.dtype([("samples", ">i8"), ("p50", ">i8"), ("p95", ">i8"), ("p99", ">i8")])
+RUN = np.dtype([("samples", ">i8"), ("p50", ">i8"), ("p95", ">i8"), ("p99", ">i8"),
+                ("max", ">i8")])
 COMM_SUMMARIES = """
 SELECT p.cluster, p.job, p.comm_hash, min(p.seq_first), max(p.seq_last),
        max(p.seq_last) - min(p.seq_last), extract(epoch FROM max(p.t) - min(p.t)),
@@ -185,8 +189,9 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
     for cluster, job, rank, node, packed, largest, last, caused, waited, compared in found:
         runs = np.frombuffer(packed, RUN)
         weights = runs["samples"].astype(np.int64)
-        p50, p95, p99 = (weighted_quantile(runs[name].astype(np.float64), weights, q) / 1e9
-                         for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)))
+        p50 = weighted_quantile(runs["p50"].astype(np.float64), weights, 0.5) / 1e9
+        known = np.stack([runs[name] for name in RUN.names[1:]], axis=1).astype(np.float64)
+        p95, p99 = (pooled_quantile(known, weights, q) / 1e9 for q in (0.95, 0.99))
         ranks.append(RankLag(cluster, job, rank, node, int(weights.sum()), p50, p95,
                              largest / 1e9, int(last), int(caused) / 1e9, int(waited) / 1e9,
                              lag_p99=p99, compared=int(compared)))
@@ -206,6 +211,35 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
                            and r.lag_median - r.slack > bars[(r.cluster, r.job)].bar)
     # Every instance fleetd settled is in a run (a run holds them all, whatever ranks it has)
     return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries")
+
+
+# The levels of a run's known quantiles (RUN's p50, p95, p99 and max): for a tail, all of the
+# run under its median may stand at its median.
+KNOWN_LEVELS = np.array([0.0, 0.5, 0.95, 0.99, 1.0])
+
+
+def pooled_quantile(known: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-quantile (q ≥ 0.5) of runs pooled: ``known`` holds each run's quantiles at
+    KNOWN_LEVELS[1:], its distribution taken as linear between them (its lower half at its
+    median), and each counts as many times as it has instances (``weights``). It is where the
+    runs' distribution functions, so weighted, add up to q of their weight: found in one sweep
+    over the runs' quantiles, between which that sum is linear."""
+    knots = np.concatenate([known[:, :1], known], axis=1)       # from its median, its half
+    lo, hi = knots[:, :-1].ravel(), knots[:, 1:].ravel()
+    mass = (weights[:, None] * np.diff(KNOWN_LEVELS)).ravel().astype(np.float64)
+    point = hi <= lo                         # all of it at one value: a step, not a slope
+    slope = np.where(point, 0.0, mass / np.where(point, 1.0, hi - lo))
+    xs, at = np.unique(np.concatenate([lo, hi]), return_inverse=True)
+    starts, ends = at[:len(lo)], at[len(lo):]
+    slopes = np.cumsum(np.bincount(starts, slope, len(xs)) - np.bincount(ends, slope, len(xs)))
+    steps = np.bincount(starts, np.where(point, mass, 0.0), len(xs))
+    ramps = np.concatenate([[0.0], np.cumsum(slopes[:-1] * np.diff(xs))])
+    upto = ramps + np.cumsum(steps)          # the weight at or under each value
+    target = q * float(weights.sum())
+    k = min(int(np.searchsorted(upto, target)), len(xs) - 1)
+    if k == 0 or upto[k] - steps[k] < target:
+        return float(xs[k])                  # reached at xs[k] itself (a step there)
+    return float(xs[k - 1] + (target - upto[k - 1]) / slopes[k - 1])
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
