@@ -666,9 +666,13 @@ class RankAnalysis:
 
     def _clock_slack(self, job: JobState, ranks: list[int], entries: np.ndarray) -> np.ndarray:
         """Per column, how far its node's clock estimate may be off at the latest entries (0
-        where none is known: then the column is compared with its own node's only)."""
+        where none is known: then the column is compared with its own node's only; and 0 for
+        all where all are on one node: a clock compares with itself)."""
+        nodes = [job.facts[rank].node for rank in ranks]
+        if len(set(nodes)) == 1:
+            return np.zeros(len(ranks))
         t = float(np.nanmax(entries)) if np.isfinite(entries).any() else 0.0
-        fits = (self.clocks.at(job.facts[rank].node) for rank in ranks)
+        fits = (self.clocks.at(node) for node in nodes)
         return np.array([float(f.uncertainty_at(t)) if f else 0.0 for f in fits])
 
     def _clock_caveat(self, verdict: Verdict) -> None:

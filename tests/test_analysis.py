@@ -134,6 +134,20 @@ def test_a_lag_within_its_clocks_uncertainty_names_no_one():
     assert kinds(judge(entries, slack=slack)) == {6: "persistent", 7: "persistent"}
 
 
+def test_a_lag_within_the_peers_clocks_uncertainty_names_no_one():
+    """Two nodes of four ranks: node1's clock, known to ±4 ms, put 3.5 ms early. Its ranks
+    look early and node0's late by as much (against peers' medians among node1's ranks),
+    tightly as a group: node0's own clock, known to ±0.3 ms, cannot explain that, node1's
+    can. Seen in CI on the first job of a fresh stack, its clocks known from few exchanges."""
+    entries = job(40, 8)
+    entries[:, 4:] -= 0.0035
+    slack = np.r_[np.full(4, 0.0003), np.full(4, 0.004)]
+    assert set(kinds(judge(entries, slack=np.zeros(8)))) == {0, 1, 2, 3}
+    assert judge(entries, slack=slack).findings == []
+    entries[:, 2] += 0.02       # a rank of node0 20 ms late is late whatever the clocks
+    assert kinds(judge(entries, slack=slack)) == {2: "persistent"}
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(5, 32), st.floats(0.0, 0.4), st.integers(0, 2**32 - 1),
        st.floats(0.005, 2.0))

@@ -65,7 +65,7 @@ class RankLag:
     waited: float               # GPU-seconds it waited itself
     straggler: bool = False
     lag_p99: float | None = None
-    slack: float = 0.0          # its node's clock uncertainty, seconds
+    slack: float = 0.0          # its node's clock uncertainty, seconds (0: the job's one node)
     compared: int | None = None  # instances its arrivals count over, where not all samples
 
     @property
@@ -139,11 +139,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
                            np.array([c.ranks for c in comms], np.int64))
         steps = job_steps(comms, comm, seq, rank, t)
     ranks = rank_lag_rows(stats, comms, nodes) if stats else []
-    bars = job_bars(ranks, steps)
-    for r in ranks:
-        r.slack = clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
-        r.straggler = bool(r.samples >= POLICY.min_instances
-                           and r.lag_median - r.slack > bars[(r.cluster, r.job)].bar)
+    bars = judge_ranks(ranks, steps, clocks)
     return Survey(ranks, bars, len(comms), sum(c.instances for c in comms),
                   stats.instances if stats else 0, stride,
                   int(stats.samples.sum()) if stats else 0)
@@ -203,12 +199,8 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
             steps[(cluster, job)].append(float(seconds) / span)
         instances += hi - lo + 1
         entries += int(samples)
-    bars = job_bars(ranks, {job: float(np.median(v)) for job, v in steps.items()})
-    clocks = node_offsets(conn, sel, {(r.cluster, r.node) for r in ranks})
-    for r in ranks:
-        r.slack = clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
-        r.straggler = bool(r.samples >= POLICY.min_instances
-                           and r.lag_median - r.slack > bars[(r.cluster, r.job)].bar)
+    bars = judge_ranks(ranks, {job: float(np.median(v)) for job, v in steps.items()},
+                       node_offsets(conn, sel, {(r.cluster, r.node) for r in ranks}))
     # Every instance fleetd settled is in a run (a run holds them all, whatever ranks it has)
     return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries")
 
@@ -345,6 +337,28 @@ def job_bars(ranks: list[RankLag], steps: dict[tuple[str, str], float]
         medians[(r.cluster, r.job)].append(r.lag_median)
     return {key: lag_bar(np.array(values), steps.get(key), POLICY)
             for key, values in medians.items()}
+
+
+def judge_ranks(ranks: list[RankLag], steps: dict[tuple[str, str], float],
+                clocks: dict[tuple[str, str], tuple[float, float]]) -> dict[tuple[str, str], Bar]:
+    """Per job, the bar over its ranks' median lags (``job_bars``); each rank a straggler whose
+    median lag is over it by more than the clocks could explain, as fleetd judges
+    (``least_lag``): its node's uncertainty and its peers' (the median of theirs), none where
+    the job ran on one node."""
+    bars = job_bars(ranks, steps)
+    jobs: dict[tuple[str, str], list[RankLag]] = defaultdict(list)
+    for r in ranks:
+        jobs[(r.cluster, r.job)].append(r)
+    for key, members in jobs.items():
+        one_node = len({r.node for r in members}) == 1
+        for r in members:
+            r.slack = 0.0 if one_node else clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
+        slack = np.array([r.slack for r in members])
+        for at, r in enumerate(members):
+            peers = float(np.median(np.delete(slack, at))) if len(members) > 1 else 0.0
+            r.straggler = bool(r.samples >= POLICY.min_instances
+                               and r.lag_median - r.slack - peers > bars[key].bar)
+    return bars
 
 
 def ordered(ranks: list[RankLag]) -> list[RankLag]:

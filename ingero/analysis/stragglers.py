@@ -155,8 +155,8 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     """Every straggler among the columns of ``entries``, by the rules above; ``named`` are the
     columns already under a persistent verdict. ``slack`` (seconds, per column) is how far a
     column's times may be off, its node's clock uncertainty: an instance counts as late only
-    when its lag is over the bar by more than that, so a lag its clock could explain names no
-    one."""
+    when its least lag the clocks allow (``least_lag``) is over the bar, so a lag the clocks
+    could explain, its own or its peers', names no one."""
     entries = np.atleast_2d(np.asarray(entries, float))
     lag = peer_lag(entries)
     step = step_interval(entries)
@@ -168,7 +168,7 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     if len(entries) < policy.min_instances or known.sum() < 2:
         return Judgement([], np.inf, step, median_lag)
     bar = lag_bar(median_lag, step, policy).bar
-    late = lag - (0.0 if slack is None else np.asarray(slack, float)) > bar
+    late = (lag if slack is None else least_lag(entries, slack)) > bar
     idle, last = idle_caused(entries), last_share(entries)
     recent = recent_instances(entries, policy)
     findings = []
@@ -183,6 +183,15 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
                 float(last[column]), start, every, int(late[:, column].sum()),
                 float(idle[column])))
     return Judgement(findings, float(bar), step, median_lag)
+
+
+def least_lag(entries: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """The least lag each entry may have when each column's times may be off by its ``slack``
+    either way: its own clock ahead by all of it, each peer's behind by all of its (the peers'
+    median is then the latest it can be). A node whose clock is known only loosely so makes
+    neither its own ranks nor the ranks it is compared with late."""
+    slack = np.asarray(slack, float)
+    return peer_lag(entries + slack) - 2 * slack
 
 
 def lag_bar(median_lag: np.ndarray, step_s: float | None,
