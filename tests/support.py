@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ingero.command.words import verdict_summary
 from ingero.stack.local import Echod
 
 
@@ -202,3 +203,16 @@ def assert_same_lags(report: dict, raw: dict) -> None:
                                                                rel=0.05, abs=0.5)
     assert [s["rank"] for s in report["top_stragglers"]] == \
         [s["rank"] for s in raw["top_stragglers"]]
+
+
+def said(verdicts) -> list[str]:
+    """Each verdict (a list, or a dict by rank) as the product says it, with what a failed
+    assertion needs to be read: the step it began at, the clock its node's times were put on
+    fleetd's through, the bar, and its first finding."""
+    lines = []
+    for v in (verdicts.values() if isinstance(verdicts, dict) else verdicts):
+        e = v.get("evidence") or {}
+        lines.append(f"{verdict_summary(v)}; from step {v.get('step')}, clock "
+                     f"{e.get('clock_offset_ms')} ± {e.get('clock_uncertainty_ms')} ms, bar "
+                     f"{e.get('bar_ms')} ms: {(v.get('findings') or [''])[0]}")
+    return lines

@@ -27,7 +27,7 @@ from ingerod.queue import PUSH
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 
-from .support import Producer, metric, needs_ebpf
+from .support import Producer, metric, needs_ebpf, said
 
 PUSH_S = 1.0
 
@@ -103,7 +103,8 @@ def test_two_shards_each_judge_their_own_jobs_and_echod_has_every_event(tmp_path
         time.sleep(3 * PUSH_S + 2)
         for k, job in enumerate(jobs):
             verdicts = stack.tool("find_stragglers", job=job)["verdicts"]
-            assert {v["rank"] for v in verdicts} == {jobs[job]}, (job, verdicts, stack.logs())
+            assert {v["rank"] for v in verdicts} == {jobs[job]}, \
+                    (job, said(verdicts), stack.logs())
             assert verdicts[0]["cause"] == "host_work", verdicts[0]
             # every collective of the job stored, though its nodes pushed to two fleetds
             assert stack.tool("job_report", job=job)["collectives"] == 30 * 8, stack.logs()
