@@ -76,7 +76,9 @@ class EbpfSource:
         self.tracer = Tracer(self._on_event)
         self.processes: dict[int, TracedProcess] = {}
         self.departed: dict[int, tuple[TracedProcess, float]] = {}  # exited, events may remain
-        self.told_roles: dict[int, str] = {}   # the role each traced process was last said to have
+        # the role each traced process was last said to have, with its start (a pid reused
+        # between two rescans is another process, not a role changed)
+        self.told_roles: dict[int, tuple[int | None, str]] = {}
         self.buffered: deque[dict] = deque(maxlen=MAX_BUFFERED)
         self.dropped = 0
         self.collectives = 0
@@ -156,18 +158,18 @@ class EbpfSource:
         if self.wanted(p):
             log.info("tracing pid %d (%s) job %s rank %s, %s%s", p.pid, p.comm, p.job, p.rank,
                      p.role, f" of pid {p.owner}" if p.owner else "")
-            self.told_roles[p.pid] = p.role
+            self.told_roles[p.pid] = (p.started, p.role)
 
     def _say_roles(self) -> None:
         """Say which role a traced process changed: a launcher seen before it spawned its
         workers looked like a rank until then."""
-        for pid, told in list(self.told_roles.items()):
+        for pid, (started, told) in list(self.told_roles.items()):
             p = self.processes.get(pid)
-            if p is None:
+            if p is None or p.started != started:
                 del self.told_roles[pid]
             elif p.role != told:
                 log.info("pid %d (%s) job %s: now %s, was %s", pid, p.comm, p.job, p.role, told)
-                self.told_roles[pid] = p.role
+                self.told_roles[pid] = (started, p.role)
 
     def tags(self, process: TracedProcess) -> dict:
         owner = None if process.owner is None else self.process(process.owner)
