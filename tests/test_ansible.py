@@ -6,7 +6,8 @@ with a fleetd key pair of its own (refused), the compute node revoked by name, a
 run that finds nothing to change.
 
 localhost is both the head and a compute node; newnode, head2 and head3 are this machine again,
-under roots of their own. The package is the wheel the roles build from a snapshot of the
+under roots of their own, and so is slurmctl, the controller of newnode's configless Slurm: it
+holds the slurm.conf newnode's run changes. The package is the wheel the roles build from a snapshot of the
 checkout. Every path the roles write to points into a temporary root; the daemons' user is the
 existing nobody:nogroup, so no account is made; the Debian packages are already installed, so
 apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
@@ -121,8 +122,8 @@ def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
     hosts = {
         "localhost": None,
         # a compute node added later (--limit newnode): this machine again, under a root of its
-        # own, sharing the venv
-        "newnode": host_root(tmp / "newnode"),
+        # own, sharing the venv; its Slurm is configless, slurm.conf on slurmctl
+        "newnode": {**host_root(tmp / "newnode"), "ingero_compute_slurm_conf_host": "slurmctl"},
         # a second head node (a second fleetd shard) added later, with a venv of its own
         "head2": {**host_root(tmp / "head2"),
                   "ingero_common_venv": str(tmp / "head2/opt/ingero/venv"),
@@ -134,7 +135,8 @@ def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
                   "ingero_common_man_dir": str(tmp / "head3/usr/local/share/man"),
                   "ingero_head_logrotate_dir": str(tmp / "head3/etc/logrotate.d")},
     }
-    document = {"all": {"vars": settings, "children": {
+    document = {"all": {"vars": settings, "hosts": {"slurmctl": host_root(tmp / "slurmctl")},
+                        "children": {
         "head": {"hosts": {h: hosts[h] for h in heads}},
         "compute": {"hosts": {h: hosts[h] for h in computes}}}}}
     path = tmp / name
@@ -190,8 +192,10 @@ def deploy(tmp: Path) -> SimpleNamespace:
     playbook("second", "--limit", "localhost")
     for directory in SKELETON:
         (tmp / "newnode" / directory).mkdir(parents=True)
-    # an upgrade from hooks named in slurm.conf itself, and a site epilog with a comment
-    (tmp / "newnode/etc/slurm/slurm.conf").write_text(
+    # newnode has no slurm.conf (configless), slurmctl has: an upgrade from hooks named in
+    # slurm.conf itself, and a site epilog with a comment
+    (tmp / "slurmctl/etc/slurm").mkdir(parents=True)
+    (tmp / "slurmctl/etc/slurm/slurm.conf").write_text(
         SLURM_CONF.format(nhc=tmp / "newnode/etc/slurm/ingero/prolog")
         + "Epilog=/bin/true  # the site's cleanup\n")
     before_newnode = tree(root)
@@ -538,10 +542,18 @@ def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_
     assert curve_admits(authorized, etc / "keys/fleetd.key_secret",
                         new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 2, \
         "fleetd's socket refused the new node's key"
-    # its slurm.conf named ingero's hook itself: no second copy of it as the site's
+    # configless: the controller's slurm.conf was changed, once, and names newnode's drop-ins;
+    # newnode has none. It named ingero's hook itself: no second copy of it as the site's
     slurm = deployment.tmp / "newnode/etc/slurm"
+    assert not (slurm / "slurm.conf").exists()
+    conf = (deployment.tmp / "slurmctl/etc/slurm/slurm.conf").read_text().splitlines()
+    assert [line for line in conf if line.lower().startswith(("prolog", "epilog"))] == [
+        "PrologFlags=Contain,Alloc", f"Prolog={slurm}/prolog.d/*", f"Epilog={slurm}/epilog.d/*"]
     assert sorted(p.name for p in (slurm / "prolog.d").iterdir()) == ["50-ingero"]
     assert os.readlink(slurm / "epilog.d/00-site") == "/bin/true"
+    changed = [m.group(0) for m in re.finditer(r"^changed: \[newnode -> slurmctl\].*$",
+                                               deployment.newnode.stdout, re.MULTILINE)]
+    assert len(changed) == 3, changed      # Prolog, Epilog and PrologFlags, on the controller
 
 
 def test_the_package_is_the_wheel_built_from_the_checkout(deployment):
