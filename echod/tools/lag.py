@@ -22,8 +22,9 @@ it caused and its own wait). A rank's median is then the median of its runs' med
 run weighted by its instances; its 95th and 99th percentiles those of its runs pooled, each
 run's distribution taken as linear between its known quantiles (``pooled_quantile``: the
 quantile of the runs' quantiles would read high, as a run of a few instances has its maximum
-for its 99th percentile); its maximum the largest, its counts and waits the sums (who came last and who waited over the runs where fleetd knew every
-rank's node clock: ``compared``); the job's step time is each communicator's time over its
+for its 99th percentile); its maximum the largest, its counts and waits the sums (who came
+last and who waited over the runs where fleetd knew every rank's node clock: ``compared``);
+the job's step time is each communicator's time over its
 sequence span. ``coverage.source`` says which: ``events`` or ``summaries``. A fleetd from
 before the summaries carried waits leaves them 0 there.
 """
