@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import zmq
 
 from ingero import __version__, columns, shards, wire
-from ingero.errors import IngeroError
+from ingero.errors import ConfigError, IngeroError
 from ingero.runtime import SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
@@ -104,10 +104,23 @@ def named(heard: list[list[tuple]]) -> list[tuple[str | None, int]]:
     return sorted(set().union(*heard), key=lambda jr: (str(jr[0]), jr[1]))
 
 
+def fleet_keys(cfg: SimpleNamespace) -> list[Path]:
+    """fleetd's public key file for each fleet endpoint: one for all, or one each."""
+    keys, endpoints = [Path(key) for key in cfg.fleet_public_key], cfg.fleet
+    if len(keys) == 1:
+        return keys * len(endpoints)
+    if len(keys) != len(endpoints):
+        raise ConfigError(f"fleet_public_key names {len(keys)} files for {len(endpoints)} "
+                          "fleet endpoints: give one for all of them, or one per endpoint in "
+                          "the same order")
+    return keys
+
+
 class Agent:
     def __init__(self, cfg: SimpleNamespace, flags: SignalFlags | None = None,
                  notifier: Notifier | None = None, clock=time.monotonic):
         self.cfg = cfg
+        keys = fleet_keys(cfg)
         self.flags = flags or SignalFlags()
         self.notifier = notifier or Notifier()
         self.watchdog = Watchdog(self.notifier)
@@ -140,11 +153,12 @@ class Agent:
         n = len(cfg.fleet)
         self.home = shards.owner(cfg.cluster, cfg.job, n) if cfg.job else shards.home(cfg.node, n)
         self.links = [   # the home link heartbeats; the others wait for work
-            FleetLink(cfg, endpoint, hello, self.metrics, queue, unacked,
+            FleetLink(cfg, endpoint, key, hello, self.metrics, queue, unacked,
                       max(i["seq"] if same_stream(i, self.boot_id) else 0,
                           max(unacked, default=-1) + 1),
                       clock, self.context, self.poller, on_demand=k != self.home)
-            for k, (endpoint, queue, (i, unacked)) in enumerate(zip(cfg.fleet, queues, restored))]
+            for k, (endpoint, key, queue, (i, unacked))
+            in enumerate(zip(cfg.fleet, keys, queues, restored))]
         self.metrics.queue_depth.set_function(lambda: sum(len(l.unacked) for l in self.links))
         self.event_seq = max((i["event_seq"] for i in stream), default=0)
         self.restarted_from = max((i["t"] for i in stream if "t" in i), default=None)

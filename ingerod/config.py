@@ -95,8 +95,10 @@ SETTINGS = [
             "The bar in local-baseline mode, when no fleet threshold is usable.", "SCORE"),
     Setting("secret_key", "/etc/ingero/keys/ingerod.key_secret", path,
             "This agent's CURVE secret key file (create it with 'ingerod keygen').", "FILE"),
-    Setting("fleet_public_key", "/etc/ingero/keys/fleetd.key", path,
-            "fleetd's public key file.", "FILE"),
+    Setting("fleet_public_key", "/etc/ingero/keys/fleetd.key", path_list,
+            "fleetd's public key file. With several fleet endpoints (shards), one file for "
+            "all of them (the shards share a key pair), or one per endpoint, comma-separated "
+            "in the same order (each shard its own pair).", "FILE[,...]"),
     Setting("insecure_plaintext_zmq", False, boolean,
             "Talk to fleetd without CURVE: no encryption, and fleetd cannot tell who pushes.",
             is_flag=True),

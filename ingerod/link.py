@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from pathlib import Path
 from types import SimpleNamespace
 
 import zmq
@@ -36,7 +37,8 @@ MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 
 class FleetLink:
-    def __init__(self, cfg: SimpleNamespace, endpoint: str, hello: wire.Hello, metrics,
+    def __init__(self, cfg: SimpleNamespace, endpoint: str, server_key: Path,
+                 hello: wire.Hello, metrics,
                  queue: PushQueue, unacked: OrderedDict[int, list[bytes]], seq: int,
                  clock, context: zmq.Context, poller: zmq.Poller, on_demand: bool):
         self.cfg = cfg
@@ -52,7 +54,7 @@ class FleetLink:
         self.context = context       # the agent's, shared by its links, as is the poller
         self.keys = None
         if not cfg.insecure_plaintext_zmq:
-            self.keys = (curve.load_keypair(cfg.secret_key), curve.load_public(cfg.fleet_public_key))
+            self.keys = (curve.load_keypair(cfg.secret_key), curve.load_public(server_key))
         self.unacked = unacked       # what the last run left comes first
         self.socket = None
         self.monitor = None

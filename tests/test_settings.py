@@ -57,6 +57,12 @@ def test_daemons_turn_config_errors_into_one_line(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("Error: quorum")
     missing = run("ingerod", "--config", str(tmp_path / "none.yaml"))
     assert missing.returncode == 1 and "cannot read config file" in missing.stderr
+    keys = run("ingerod", "--config", "/dev/null", "--fleet", "tcp://a:1,tcp://b:1,tcp://c:1",
+               "--fleet-public-key", "/k/0.key,/k/1.key")
+    assert keys.returncode == 1, keys.stderr
+    assert keys.stderr.strip().splitlines()[-1] == (
+        "Error: fleet_public_key names 2 files for 3 fleet endpoints: give one for all of them, "
+        "or one per endpoint in the same order")
     bad.write_text("retention_days: 0\n")
     result = run("echod", "--config", str(bad))
     assert result.returncode == 1

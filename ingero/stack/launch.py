@@ -32,7 +32,8 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
 
 @dataclass
 class KeyRing:
-    """A fleetd key pair, an agents' key pair and the directory that authorises agents."""
+    """A fleetd key pair (one per shard: ``shards``, the first the pair of shard 0 and of an
+    unsharded fleetd), an agents' key pair and the directory that authorises agents."""
 
     fleet_secret: Path
     fleet_public: Path
@@ -42,18 +43,23 @@ class KeyRing:
     echod_secret: Path
     echod_public: Path
     authorized_fleetd: Path
+    shards: list[tuple[Path, Path]]      # (public, secret) of each shard's fleetd
 
     @classmethod
-    def create(cls, root: Path) -> "KeyRing":
-        fleet_public, fleet_secret = curve.generate(root / "fleet", "fleetd")
+    def create(cls, root: Path, shards: int = 1) -> "KeyRing":
+        pairs = [curve.generate(root / "fleet", "fleetd" if k == 0 else f"fleetd-shard{k}")
+                 for k in range(shards)]
         agent_public, agent_secret = curve.generate(root / "agent", "agent")
         echod_public, echod_secret = curve.generate(root / "echod", "echod")
         authorized, authorized_fleetd = root / "authorized", root / "authorized_fleetd"
-        for directory, public in ((authorized, agent_public), (authorized_fleetd, fleet_public)):
+        for directory, publics in ((authorized, [agent_public]),
+                                   (authorized_fleetd, [public for public, _ in pairs])):
             directory.mkdir(exist_ok=True)
-            (directory / public.name).write_bytes(public.read_bytes())
+            for public in publics:
+                (directory / public.name).write_bytes(public.read_bytes())
+        (fleet_public, fleet_secret) = pairs[0]
         return cls(fleet_secret, fleet_public, agent_secret, agent_public, authorized,
-                   echod_secret, echod_public, authorized_fleetd)
+                   echod_secret, echod_public, authorized_fleetd, pairs)
 
     def echod_flags(self) -> list[str]:
         return ["--secret-key", str(self.echod_secret),
@@ -64,12 +70,14 @@ class KeyRing:
         return ["--echod", endpoint, "--echod-public-key", str(self.echod_public),
                 "--spool-dir", str(spool)]
 
-    def fleetd_flags(self) -> list[str]:
-        return ["--secret-key", str(self.fleet_secret), "--authorized-keys", str(self.authorized)]
+    def fleetd_flags(self, shard: int = 0) -> list[str]:
+        return ["--secret-key", str(self.shards[shard][1]),
+                "--authorized-keys", str(self.authorized)]
 
     def ingerod_flags(self) -> list[str]:
+        """An agent's: each shard's fleetd public key, in the shards' order."""
         return ["--secret-key", str(self.agent_secret),
-                "--fleet-public-key", str(self.fleet_public)]
+                "--fleet-public-key", ",".join(str(public) for public, _ in self.shards)]
 
     def client_keys(self):
         return curve.load_keypair(self.agent_secret), curve.load_public(self.fleet_public)

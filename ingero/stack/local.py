@@ -118,7 +118,7 @@ class Stack:
         self.sim_hosts, self.journal = sim_hosts, journal
         self.agent_prefix = agent_prefix or {}
         self.node_flags = node_flags or {}
-        self.keys = KeyRing.create(root / "keys")
+        self.keys = KeyRing.create(root / "keys", shards)    # each shard its own pair
         self.daemons: list[Daemon] = []
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
         self.echod = Echod(echod_root or root / "echod", self.keys, *echod_flags,
@@ -135,7 +135,7 @@ class Stack:
                     "--metrics-addr", f"127.0.0.1:{port}",
                     "--hang-timeout", str(hang_timeout_s), "--recompute-interval", "0.5",
                     "--gpu-model", gpu[0], "--gpu-provider", gpu[1],
-                    *self.keys.fleetd_flags(),
+                    *self.keys.fleetd_flags(k),
                     *self.keys.forwarding_flags(self.echod.ingest, root / f"{name}-spool"),
                     *fleet_flags], fleet_env))
             self.endpoint, self.fleet_port, self.fleetd = \
