@@ -1,9 +1,9 @@
 """The Ansible roles (ansible/): lint, syntax, a check-mode run, a real run on this machine into a
 temporary root, and a second real run that changes nothing; then a compute node added with
---limit, a second head node added (a fleetd shard, which takes the first one's fleetd key pair)
-while that compute node leaves the inventory (and is taken out of fleetd), a third head node
-with a fleetd key pair of its own (refused), the compute node revoked by name, and a check-mode
-run that finds nothing to change.
+--limit, a second head node added (a fleetd shard with a key pair of its own, localhost's agent
+pushing to both) while that compute node leaves the inventory (and is taken out of fleetd), a
+third head node with a fleetd key pair made before the roles ran (kept), the compute node
+revoked by name, and a check-mode run that finds nothing to change.
 
 localhost is both the head and a compute node; newnode, head2 and head3 are this machine again,
 under roots of their own, and so is slurmctl, the controller of newnode's configless Slurm: it
@@ -99,7 +99,9 @@ def host_root(root: Path) -> dict:
 
 
 def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
-              heads=("localhost",), computes=("localhost", "newnode")) -> Path:
+              heads=("localhost",), computes=("localhost", "newnode"),
+              fleet: str | None = None) -> Path:
+    """``fleet``: the agents' fleetd endpoints, one per head node (default: the first's)."""
     settings = {
         "ingero_common_source_dir": str(source),
         "ansible_connection": "local",
@@ -118,6 +120,7 @@ def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
         "ingero_head_echod_tls_selfsigned": True,
         "ingero_head_logrotate_dir": str(root / "etc/logrotate.d"),
         "ingero_compute_ingerod_cpus": "0-1",
+        **({"ingero_compute_fleet_endpoint": fleet} if fleet else {}),
     }
     hosts = {
         "localhost": None,
@@ -140,7 +143,7 @@ def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
         "head": {"hosts": {h: hosts[h] for h in heads}},
         "compute": {"hosts": {h: hosts[h] for h in computes}}}}}
     path = tmp / name
-    # in this order: the first head node's fleetd key pair is every head node's
+    # in this order: the head nodes in shard order
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
@@ -207,18 +210,22 @@ def deploy(tmp: Path) -> SimpleNamespace:
     # A new build of the same version: the checkout changed, its version number did not.
     with open(source / "ingero/shards.py", "a") as shards:
         shards.write("# a later build of the same version\n")
-    # head2 joins the head nodes; newnode leaves the inventory
+    # head2 joins the head nodes, a second shard localhost's agent pushes to; newnode leaves
+    # the inventory
     playbook("add_head2", "--limit", "localhost,head2", inventory_file=inventory(
         tmp, root, source, "inventory-head2.yml", heads=("localhost", "head2"),
-        computes=("localhost",)))
+        computes=("localhost",), fleet="tcp://localhost:7470,tcp://head2:7470"))
+    agent_with_head2 = yaml.safe_load((root / "etc/ingero/ingerod.yaml").read_text())
     authorized_after_head2 = {
         host: sorted(p.name for p in (top / "etc/ingero/authorized_agents").iterdir())
         for host, top in (("localhost", root), ("head2", tmp / "head2"))}
-    # head3 comes with a fleetd key pair of its own: the play refuses to run fleetd there
+    # head3 comes with a fleetd key pair made before: it keeps it
     for directory in (*SKELETON, "etc/ingero/keys"):
         (tmp / "head3" / directory).mkdir(parents=True)
     zmq.auth.create_certificates(str(tmp / "head3/etc/ingero/keys"), "fleetd")
-    playbook("add_head3", "--limit", "head3", succeeds=False, inventory_file=inventory(
+    head3_pair = {name: (tmp / "head3/etc/ingero/keys" / name).read_bytes()
+                  for name in ("fleetd.key", "fleetd.key_secret")}
+    playbook("add_head3", "--limit", "head3", inventory_file=inventory(
         tmp, root, source, "inventory-head3.yml", heads=("localhost", "head2", "head3"),
         computes=("localhost",)))
     # newnode back in the inventory, admitted as its own run left it, then revoked by name
@@ -232,7 +239,8 @@ def deploy(tmp: Path) -> SimpleNamespace:
                            after_check=after_check, fetched_after_check=fetched_after_check,
                            before_newnode=before_newnode, after_newnode=after_newnode,
                            authorized_after_newnode=authorized_after_newnode, head2=head2,
-                           authorized_after_head2=authorized_after_head2, **runs)
+                           authorized_after_head2=authorized_after_head2,
+                           agent_with_head2=agent_with_head2, head3_pair=head3_pair, **runs)
 
 
 def prepare_head2(tmp: Path, timings: dict) -> SimpleNamespace:
@@ -371,6 +379,7 @@ MODES = {
     "etc/ingero/keys/ingerod.key": (0o644, "root", "root"),
     "etc/ingero/keys/fleetd.key_secret": (0o640, "root", DAEMON_GROUP),
     "etc/ingero/keys/fleetd.key": (0o644, "root", DAEMON_GROUP),
+    "etc/ingero/keys/fleetd-localhost.key": (0o644, "root", DAEMON_GROUP),
     "etc/ingero/keys/echod.key_secret": (0o640, "root", DAEMON_GROUP),
     "etc/ingero/keys/echod.key": (0o644, "root", DAEMON_GROUP),
     "etc/ingero/authorized_agents/localhost.key": (0o644, "root", DAEMON_GROUP),
@@ -522,7 +531,7 @@ def test_key_exchange_lets_the_agent_through_fleetd_curve(deployment):
     """The agent's deployed key pair and fleetd's, as the configs name them, over real CURVE."""
     etc = deployment.etc
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
-                        etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") >= 1, \
+                        etc / "keys/ingerod.key_secret", etc / "keys/fleetd-localhost.key") >= 1, \
         "fleetd's socket refused the deployed agent key"
 
 
@@ -540,7 +549,7 @@ def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_
     assert {k for k in set(after) | set(before) if after.get(k) != before.get(k)} == {
         "etc/ingero/authorized_agents/newnode.key"}
     assert curve_admits(authorized, etc / "keys/fleetd.key_secret",
-                        new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 2, \
+                        new / "keys/ingerod.key_secret", new / "keys/fleetd-localhost.key") == 2, \
         "fleetd's socket refused the new node's key"
     # configless: the controller's slurm.conf was changed, once, and names newnode's drop-ins;
     # newnode has none. It named ingero's hook itself: no second copy of it as the site's
@@ -587,47 +596,53 @@ def test_a_head_node_gets_the_head_extra_where_the_same_version_lacks_it(deploym
     assert flask_imports(head2.venv)
 
 
-def test_head_nodes_share_one_fleetd_key_pair(deployment):
-    """ingerod takes one fleetd public key for all its endpoints (fleetd's shards): head2 gets
-    the fleetd key pair of the first head node, each head node's public key is fetched apart,
-    and head2's fleetd lets localhost's agent through over real CURVE."""
+def test_each_head_node_has_its_own_fleetd_key_pair_and_the_agent_knows_each(deployment):
+    """head2, a second shard, makes its own fleetd key pair (no secret key leaves its host);
+    localhost's agent, pushing to both, installs each one's fetched public key and names them
+    in its endpoints' order; each fleetd lets it through over real CURVE with the key it
+    names for that endpoint."""
     etc, etc2 = deployment.etc, deployment.head2.etc
+    assert (etc2 / "keys/fleetd.key_secret").read_bytes() != \
+        (etc / "keys/fleetd.key_secret").read_bytes()
     for name, mode in (("fleetd.key", 0o644), ("fleetd.key_secret", 0o640)):
-        assert (etc2 / "keys" / name).read_bytes() == (etc / "keys" / name).read_bytes()
         info = (etc2 / "keys" / name).stat()
         assert (stat.S_IMODE(info.st_mode), pwd.getpwuid(info.st_uid).pw_name,
                 grp.getgrgid(info.st_gid).gr_name) == (mode, "root", DAEMON_GROUP), name
-    # echod's pair is each head node's own
-    assert (etc2 / "keys/echod.key").read_bytes() != (etc / "keys/echod.key").read_bytes()
     assert (etc2 / "authorized_fleetd/fleetd.key").read_bytes() == \
-        (etc / "keys/fleetd.key").read_bytes()
+        (etc2 / "keys/fleetd.key").read_bytes()
     fetched = deployment.tmp / "fetched-keys/fleetd"
-    assert sorted(p.name for p in fetched.iterdir()) == ["head2.key", "localhost.key"]
-    for head in ("head2", "localhost"):
-        assert (fetched / f"{head}.key").read_bytes() == (etc / "keys/fleetd.key").read_bytes()
-    assert curve_admits(etc2 / "authorized_agents", etc2 / "keys/fleetd.key_secret",
-                        etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") == 1, \
-        "head2's fleetd refused the agent"
-    # on localhost, the run changed the package (a new build) and newnode's admission only
+    assert sorted(p.name for p in fetched.iterdir()) == ["head2.key", "head3.key", "localhost.key"]
+    config = deployment.agent_with_head2          # as that run left it
+    assert config["fleet"] == "tcp://localhost:7470,tcp://head2:7470"
+    assert config["fleet_public_key"] == [str(etc / "keys/fleetd-localhost.key"),
+                                          str(etc / "keys/fleetd-head2.key")]
+    for head, top in (("localhost", etc), ("head2", etc2)):
+        installed = etc / f"keys/fleetd-{head}.key"
+        assert installed.read_bytes() == (fetched / f"{head}.key").read_bytes() == \
+            (top / "keys/fleetd.key").read_bytes()
+        assert curve_admits(top / "authorized_agents", top / "keys/fleetd.key_secret",
+                            etc / "keys/ingerod.key_secret", installed) >= 1, \
+            f"{head}'s fleetd refused the agent"
+    # on localhost, the run changed the package (a new build), the agent's keys and endpoints
+    # and newnode's admission only
     assert _changed_task_names(deployment.add_head2.stdout, "localhost") == {
         "ingero_common : Copy the wheel to the host",
         "ingero_common : Replace the ingero package with the new build",
+        "ingero_compute : Write ingerod's configuration",
+        "ingero_compute : Install each fleet endpoint's fleetd public key",
         "ingero_head : Remove the keys of revoked agents and of compute nodes no longer in the "
         "inventory"}
 
 
-def test_a_head_node_with_a_fleetd_key_pair_of_its_own_is_refused(deployment):
-    """One fleet cannot have two fleetd key pairs (ingerod knows one fleetd public key): head3,
-    which has its own, stops the play there, saying what to do, and keeps its pair."""
-    output = deployment.add_head3.stdout
-    assert recap(output, "head3")["failed"] == 1
-    failed = "\n".join(_failed_tasks(output))
-    assert "Check that this head node can take the fleetd key pair" in failed, failed
-    assert "head3 has a fleetd key pair of its own, not the one of localhost" in failed, failed
+def test_a_head_node_keeps_a_fleetd_key_pair_it_had(deployment):
+    """head3 had a fleetd key pair before the roles ran: it keeps it, and its public key is
+    what the compute nodes get."""
+    assert recap(deployment.add_head3.stdout, "head3")["failed"] == 0
     keys = deployment.tmp / "head3/etc/ingero/keys"
-    assert (keys / "fleetd.key_secret").read_bytes() != \
-        (deployment.etc / "keys/fleetd.key_secret").read_bytes()
-    assert not (deployment.tmp / "fetched-keys/fleetd/head3.key").exists()
+    assert {name: (keys / name).read_bytes() for name in deployment.head3_pair} == \
+        deployment.head3_pair
+    assert (deployment.tmp / "fetched-keys/fleetd/head3.key").read_bytes() == \
+        deployment.head3_pair["fleetd.key"]
 
 
 def test_a_node_removed_from_the_inventory_is_taken_out_of_fleetd(deployment):
@@ -651,15 +666,16 @@ def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(deployment):
     assert "changed: [localhost] => (item=newnode)" in _block(
         deployment.revoke.stdout,
         "Remove the keys of revoked agents and of compute nodes no longer in")
-    # the only change on the head, which reloads fleetd (skipped here, without systemd)
+    # the only change on the head, which reloads fleetd (skipped here, without systemd); and
+    # the agent's endpoints, back to one (this inventory's head group is localhost alone)
     assert _changed_task_names(deployment.revoke.stdout, "localhost") == {
         "ingero_head : Remove the keys of revoked agents and of compute nodes no longer in the "
-        "inventory"}
+        "inventory", "ingero_compute : Write ingerod's configuration"}
     assert "skipping: [localhost]" in _block(deployment.revoke.stdout,
                                              "HANDLER [ingero_head : Reload fleetd]")
     assert not (etc / "authorized_agents/newnode.key").exists()
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
-                        new / "keys/ingerod.key_secret", new / "keys/fleetd.key") == 0, \
+                        new / "keys/ingerod.key_secret", new / "keys/fleetd-localhost.key") == 0, \
         "fleetd's socket let the revoked node's key through"
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
                         etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") == 1
@@ -680,7 +696,7 @@ def test_token_made_once_stored_hashed_and_never_printed(deployment):
         assert token not in run.stdout + run.stderr
     secret = (etc / "keys/fleetd.key_secret").read_text()
     secret_line = next(line for line in secret.splitlines() if "secret-key" in line)
-    for run in runs(deployment):      # head2's run copies it there
+    for run in runs(deployment):
         assert secret_line.split('"')[1] not in run.stdout + run.stderr
 
 
