@@ -32,18 +32,24 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
 
 @dataclass
 class KeyRing:
-    """A fleetd key pair (one per shard: ``shards``, the first the pair of shard 0 and of an
-    unsharded fleetd), an agents' key pair and the directory that authorises agents."""
+    """fleetd's key pairs (one per shard, the first an unsharded fleetd's), an agents' key
+    pair and the directory that authorises agents."""
 
-    fleet_secret: Path
-    fleet_public: Path
+    shards: list[tuple[Path, Path]]      # (public, secret) of each shard's fleetd
     agent_secret: Path
     agent_public: Path
     authorized: Path
     echod_secret: Path
     echod_public: Path
     authorized_fleetd: Path
-    shards: list[tuple[Path, Path]]      # (public, secret) of each shard's fleetd
+
+    @property
+    def fleet_public(self) -> Path:
+        return self.shards[0][0]
+
+    @property
+    def fleet_secret(self) -> Path:
+        return self.shards[0][1]
 
     @classmethod
     def create(cls, root: Path, shards: int = 1) -> "KeyRing":
@@ -57,9 +63,8 @@ class KeyRing:
             directory.mkdir(exist_ok=True)
             for public in publics:
                 (directory / public.name).write_bytes(public.read_bytes())
-        (fleet_public, fleet_secret) = pairs[0]
-        return cls(fleet_secret, fleet_public, agent_secret, agent_public, authorized,
-                   echod_secret, echod_public, authorized_fleetd, pairs)
+        return cls(pairs, agent_secret, agent_public, authorized, echod_secret, echod_public,
+                   authorized_fleetd)
 
     def echod_flags(self) -> list[str]:
         return ["--secret-key", str(self.echod_secret),
