@@ -14,6 +14,7 @@ read from pg_locks, other writes are made, or its backend is ended as a killed e
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
@@ -215,6 +216,34 @@ def test_inserts_go_on_while_the_index_is_built(store, watch):
     with store.begin() as connection:
         assert partition_name(later) in assert_index_whole(connection)
         assert failed_calls(connection) == 3 * 100 + 4 * 5 + 2
+
+
+def test_a_write_open_on_the_parent_holds_up_the_index_but_not_the_other_writes(store, watch):
+    """A write transaction is open on events when the migration begins its index there: ON
+    ONLY waits for it, but a second at a time, so the writes that come meanwhile are not queued
+    behind it for long; one commits under a 3 s lock_timeout while the transaction is still
+    open (it would wait for that transaction, and fail, behind a request that did not give
+    up). The index is built once the transaction ends."""
+    with write_in_flight(store, "events"):
+        migrator = Migrator(store, "echod-migrating")
+        migrator.start()
+        stopped = wait_for(lambda: waiting(watch, migrator), WAIT_S)
+        assert stopped and f"{INDEX} ON ONLY events " in stopped.query, (stopped, migrator.error)
+        began = time.monotonic()
+        with store.connect() as writer:
+            writer.execute(text("SET LOCAL lock_timeout = '3s'"))
+            writer.execute(INSERT_0006, [
+                {"t": datetime(day.year, day.month, day.day, 18, i, tzinfo=UTC),
+                 "id": f"n1:boot:queued{day}:{i}", "attrs": '{"result": 2}'}
+                for day in DAYS for i in range(2)])
+            writer.commit()
+        assert migrator.is_alive() and watch.scalar(VALID, {"index": INDEX}) is None, \
+            (time.monotonic() - began, migrator.error)
+    migrator.finish()
+    assert (migrator.error, migrator.revision) == (None, head_revision())
+    with store.begin() as connection:
+        assert failed_calls(connection) == 3 * 100 + 3 * 2
+        assert_index_whole(connection)
 
 
 # -- a start killed midway ---------------------------------------------------------------------

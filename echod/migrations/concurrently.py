@@ -18,22 +18,34 @@ PostgreSQL documents for one:
 Every step can be done again, so a run killed midway is finished by the next: an INVALID index
 that a killed build left is dropped and built again, what was built is kept, what is not yet
 attached is attached. Writes wait for none of it but ``ON ONLY``, which takes the parent's
-SHARE lock for an instant (after the write transactions in flight there, new ones behind it);
-an attach locks only the partition's new index, and a unique constraint is made from its
-finished index (``create_unique_constraint``) under an instant ACCESS EXCLUSIVE lock.
+SHARE lock for an instant, once the write transactions in flight there have ended; the writes
+that come meanwhile queue behind it. So it asks for the lock for at most ON_ONLY_WAIT_S at a
+time, letting the queue go between two tries, for up to ON_ONLY_PATIENCE_S: a long write
+transaction holds up the migration, not every writer. An attach locks only the partition's new
+index, and a unique constraint is made from its finished index (``create_unique_constraint``)
+under an instant ACCESS EXCLUSIVE lock.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import DBAPIError, PendingRollbackError
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from echod.errors import StorageError
+
+log = logging.getLogger("echod")
+
+ON_ONLY_WAIT_S = 1.0          # how long one try of ON ONLY may keep the writes queued
+ON_ONLY_PAUSE_S = 0.5         # between two tries: the queued writes go on
+ON_ONLY_PATIENCE_S = 600.0    # all tries together, before the migration gives up
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
 
 # The indexes of a partition that can stand for the parent's index ``:parent``: the same
 # definition after "USING" (method, keys, opclasses, INCLUDE, WHERE), as unique, and attached
@@ -140,8 +152,7 @@ def build_plain(connection: Connection, index: Index) -> None:
 def build_partitioned(connection: Connection, index: Index) -> None:
     """The parent's index ON ONLY the parent, each partition's built concurrently and attached;
     the parent's is valid once all are."""
-    connection.execute(text(
-        f"{index.create} IF NOT EXISTS {index.name} ON ONLY {index.table} {index.keys}"))
+    create_on_only(connection, index)
     if connection.scalar(VALIDITY, {"name": index.name}):
         return
     for partition in connection.scalars(PARTITIONS, {"table": index.table}).all():
@@ -153,6 +164,36 @@ def build_partitioned(connection: Connection, index: Index) -> None:
     if not connection.scalar(VALIDITY, {"name": index.name}):
         raise StorageError(f"index {index.name} on {index.table} is still invalid with an index "
                            "attached on every partition; drop it and start echod again")
+
+
+def create_on_only(connection: Connection, index: Index, wait_s: float = ON_ONLY_WAIT_S,
+                   pause_s: float = ON_ONLY_PAUSE_S,
+                   patience_s: float = ON_ONLY_PATIENCE_S) -> None:
+    """``CREATE INDEX … ON ONLY`` the parent, its SHARE lock asked for ``wait_s`` at a time
+    (the writes queued behind the request go on when it gives up), until ``patience_s`` ran
+    out."""
+    statement = text(f"{index.create} IF NOT EXISTS {index.name} ON ONLY {index.table} "
+                     f"{index.keys}")
+    deadline = time.monotonic() + patience_s
+    connection.execute(text(f"SET lock_timeout = '{round(wait_s * 1000)}ms'"))
+    try:
+        while True:
+            try:
+                connection.execute(statement)
+                return
+            except OperationalError as exc:
+                if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StorageError(
+                        f"index {index.name}: {index.table} had write transactions in flight "
+                        f"for {patience_s:.0f} s, and its index cannot begin until they end; "
+                        "end them and start echod again") from None
+                log.info("index %s waits for the write transactions in flight on %s",
+                         index.name, index.table)
+                time.sleep(pause_s)
+    finally:
+        connection.execute(text("RESET lock_timeout"))
 
 
 def partition_index(connection: Connection, index: Index, partition: str) -> str:
