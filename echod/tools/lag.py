@@ -39,6 +39,7 @@ import numpy as np
 from sqlalchemy import Connection
 
 from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
+from ingero.analysis.lag import median_of_others
 
 from ..retention import thinned_of
 from .collectives import (Communicator, communicators, rank_nodes, read_entries,
@@ -355,10 +356,13 @@ def judge_ranks(ranks: list[RankLag], steps: dict[tuple[str, str], float],
         for r in members:
             r.slack = 0.0 if one_node else clocks.get((r.cluster, r.node), (0.0, 0.0))[1]
         slack = np.array([r.slack for r in members])
-        for at, r in enumerate(members):
-            peers = float(np.median(np.delete(slack, at))) if len(members) > 1 else 0.0
+        order = np.argsort(slack, kind="stable")
+        peers = np.zeros(len(members))
+        peers[order] = np.nan_to_num(median_of_others(
+            slack[order], np.array([0]), np.array([len(members)])))
+        for r, theirs in zip(members, peers):
             r.straggler = bool(r.samples >= POLICY.min_instances
-                               and r.lag_median - r.slack - peers > bars[key].bar)
+                               and r.lag_median - r.slack - theirs > bars[key].bar)
     return bars
 
 

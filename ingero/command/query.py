@@ -94,12 +94,11 @@ def print_document(key: str, rows: list[dict], since: datetime | None,
                    until: datetime | None) -> None:
     """What --json prints, shaped as sacct's: ``meta`` says what asked and over which
     window, ``key`` holds the rows."""
-    click.echo(json.dumps({"meta": {"command": ["ingero", *sys.argv[1:]],
-                     "ingero": {"version": __version__},
-                     "window": {"start": since.isoformat() if since else None,
-                                "end": until.isoformat() if until else None},
-                     "generated": datetime.now().astimezone().isoformat(timespec="seconds")},
-        key: rows}, indent=2))
+    meta = {"command": ["ingero", *sys.argv[1:]], "ingero": {"version": __version__},
+            "window": {"start": since.isoformat() if since else None,
+                       "end": until.isoformat() if until else None},
+            "generated": datetime.now().astimezone().isoformat(timespec="seconds")}
+    click.echo(json.dumps({"meta": meta, key: rows}, indent=2))
 
 
 def print_rows(rows: list[dict], fields: dict, fmt: str, *, key: str, window: tuple,
