@@ -143,14 +143,15 @@ class ColumnIntake:
         timed = which & (duration >= 0)
         comm, comms = cols.codes("comm_hash")
         names = np.array(list(comms) + [None], dtype=object)
-        peer_wait = cols.flags("peer_wait")
+        peer_wait, seq = cols.flags("peer_wait"), cols.ints("seq")
         for facts, mine in _per_rank(states, run, rank, timed & cols.of_kind("sync")):
             waited, spent, when = peer_wait[mine], duration[mine], t[mine]
+            on = names[np.where(waited & (comm[mine] >= 0), comm[mine], len(comms))]
             facts.sync_end.extend((when + spent / 1e9).tolist())
-            facts.sync_on.extend(names[np.where(waited & (comm[mine] >= 0), comm[mine],
-                                                len(comms))].tolist())
+            facts.sync_on.extend(on.tolist())
             facts.peer_wait_ns.extend(spent[waited].tolist())
             facts.peer_wait_t.extend(when[waited].tolist())
+            facts.peer_wait_on.extend(zip(on[waited].tolist(), seq[mine][waited].tolist()))
             facts.self_work_ns.extend(spent[~waited].tolist())
         for facts, mine in _per_rank(states, run, rank, timed & cols.of_kind("alloc")):
             facts.allocation_ns.extend(duration[mine].tolist())

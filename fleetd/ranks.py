@@ -52,8 +52,7 @@ PASSED_DOWN = ("host_work", "network_or_peer")   # causes a lateness passed down
 COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits at collectives
                                      # grew by this share of it at its onset
 COST_ERRORS = 2.0                    # and by this many standard errors of that growth
-AHEAD_WAITS = 6                      # syncs a peer since the onset before it is weighed,
-                                     # where hosts run ahead of their GPUs (2 where not)
+ONSET_WAITS = 2                      # syncs a peer since the onset before it is weighed
 HARMLESS_GROWTH = 1.5                # a lateness shown to cost nobody is weighed again once
                                      # its lag has grown this many times
 WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
@@ -70,34 +69,57 @@ def foreign(preempted: dict, job: str | None) -> bool:
     return not preempted.get("preemptor_own") and (other_job is None or other_job != job)
 
 
-def waits_grew(before: list[int], after: list[int], lag_s: float, floor_s: float,
-               later_s: float = 0.0, enough: int = 2) -> bool | None:
-    """Whether the peers' syncs on collectives (their waits, ns) grew at a rank's onset by a
-    share of its lag, on average (a host that syncs on a blocking read and at its step's end
-    waits long at one and briefly at the other: a median of both flips between them): the
-    proof that its lateness costs. A rank late on the host but still
-    ahead of its GPU queue delays no collective, and its peers wait no longer than before.
-    What a rank later than it (by ``later_s`` more) made them wait is not its own: the
-    GPU queues absorbed that much less of the later rank's lag. The growth must also stand
-    out from the waits' own spread (``COST_ERRORS`` standard errors of the difference of the
-    means): waits at syncs every few steps vary by tens of ms under CPU contention, and a few
-    ms more on average is what chance gives. Too few syncs before: it costs; fewer than
-    ``enough`` since its onset: None, not known yet. The answer is given once (a lateness
-    shown harmless stays so, one shown to cost is named). Where hosts run ahead of their
-    GPUs, ``enough`` is a few syncs of each peer (``AHEAD_WAITS``): a host that syncs every
-    ten steps, at a blocking read and at the tenth step's end, waits briefly at one and for
-    ten steps of GPU work at the other, and with only the first two since the onset, its
-    waits look spread as widely as that, which no growth stands out of (so weighed, a rank
-    behind its GPU queue was shown harmless and never named). Where they sync every step,
-    two a peer: more, and the waits' own drift over a busy job reads as growth."""
+def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: float,
+               later_s: float = 0.0, enough: int = ONSET_WAITS) -> bool | None:
+    """Whether the peers' syncs on collectives (their waits: (stratum, ns), see
+    ``growth``) grew at a rank's onset by a share of its lag, on average (a host that syncs on
+    a blocking read and at its step's end waits long at one and briefly at the other: a
+    median of both flips between them): the proof that its lateness costs. A rank late on the
+    host but still ahead of its GPU queue delays no collective, and its peers wait no longer
+    than before. What a rank later than it (by ``later_s`` more) made them wait is not its
+    own: the GPU queues absorbed that much less of the later rank's lag. The growth must also
+    stand out from the waits' own spread (``COST_ERRORS`` standard errors of the growth):
+    waits at syncs every few steps vary by tens of ms under CPU contention, and a few ms more
+    on average is what chance gives. Too few syncs before: it costs; fewer than ``enough``
+    since its onset: None, not known yet. The answer is given once (a lateness shown harmless
+    stays so, one shown to cost is named)."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
         return None
-    grew = (statistics.fmean(after) - statistics.fmean(before)) / 1e9 - max(0.0, later_s)
-    error = math.sqrt(statistics.variance(before) / len(before)
-                      + statistics.variance(after) / len(after)) / 1e9
-    return grew >= max(floor_s, COST_SHARE * lag_s, COST_ERRORS * error)
+    grew, error = growth(before, after)
+    return grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_SHARE * lag_s,
+                                                 COST_ERRORS * error / 1e9)
+
+
+def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
+    """How much the waits grew from ``before`` to ``after`` (each a list of (stratum, ns)),
+    and the standard error of that: the growth of each stratum's mean, weighted by its share
+    of the waits. A stratum is the communicator and the number of its collectives a wait
+    covered since the peer's wait before it: a host that syncs every ten steps, at a blocking
+    read and at the tenth step's end, waits for nine steps of GPU work at one and for one at
+    the other. Pooled, the waits' spread is that of the two kinds, and a growth of 50 ms
+    stood out of it or not by chance (a rank behind its GPU queue shown harmless: CI, 1 run
+    in 3 with two syncs a peer since the onset, then again with six); within a kind, the
+    spread is the noise alone, and two syncs a peer are enough. Strata seen fewer than twice on either side are left out, unless no stratum is seen
+    on both (then all are pooled as one)."""
+    sides = []
+    for waits in (before, after):
+        kinds = defaultdict(list)
+        for stratum, ns in waits:
+            kinds[stratum].append(ns)
+        sides.append(kinds)
+    common = [k for k, ns in sides[0].items() if len(ns) >= 2 and len(sides[1].get(k, ())) >= 2]
+    strata = ([(sides[0][k], sides[1][k]) for k in common] if common
+              else [([ns for _, ns in before], [ns for _, ns in after])])
+    total = sum(len(b) + len(a) for b, a in strata)
+    grew = variance = 0.0
+    for b, a in strata:
+        weight = (len(b) + len(a)) / total
+        grew += weight * (statistics.fmean(a) - statistics.fmean(b))
+        variance += weight ** 2 * (statistics.variance(b) / len(b)
+                                   + statistics.variance(a) / len(a))
+    return grew, math.sqrt(variance)
 
 
 def runs_ahead(job: JobState, ranks: list[int], column: int,
@@ -302,6 +324,7 @@ class RankAnalysis:
             if a.get("peer_wait"):
                 facts.peer_wait_ns.append(a["duration_ns"])
                 facts.peer_wait_t.append(t)
+                facts.peer_wait_on.append((a.get("comm_hash"), a.get("seq", -1)))
             else:
                 facts.self_work_ns.append(a["duration_ns"])
         elif kind == "alloc" and a.get("duration_ns") is not None:
@@ -381,7 +404,7 @@ class RankAnalysis:
         """Settle and judge one job's communicators; the verdicts that changed."""
         job.peers = None
         found: dict[tuple[int, str], Verdict] = {}
-        judged = set()
+        judged, retired = set(), set()
         for comm, window in list(job.comms.items()):
             job.changed |= self._settle(job, comm, window, now)
             if job.changed:
@@ -390,6 +413,7 @@ class RankAnalysis:
             found.update(self._judge_missing(job, comm, window, now))
             if self._retired(window, now):
                 del job.comms[comm]      # judged to its last instance: what it found stands
+                retired.add(comm)
         if job.changed:
             found.update(self._judge_work(job, now, {rank for rank, _ in found}))
             judged.add(None)
@@ -399,8 +423,12 @@ class RankAnalysis:
         held = {key for key, v in job.verdicts.items()
                 if key[1] == "lag" and v.cleared is None and key not in found
                 and v.comm_hash not in judged}
+        # What a verdict on a retired communicator cost is all charged: stored now, not up
+        # to 10 s later (a job that ends just after a rank is named).
+        final = {key for key, v in job.verdicts.items()
+                 if key[1] == "lag" and v.cleared is None and v.comm_hash in retired}
         job.changed = False
-        return self._merge(job, found, now, held)
+        return self._merge(job, found, now, held, final)
 
     def _retired(self, window: CommWindow, now: float) -> bool:
         """A communicator the job destroyed, or has not used for WINDOW_IDLE_S, with nothing
@@ -596,23 +624,26 @@ class RankAnalysis:
         where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
         once its lag stands out of the swing of its peers' (``stands_out``), and until then
         it is not known yet."""
-        ahead = runs_ahead(job, ranks, f.column, entries)
         if f.onset < self.policy.min_instances:
-            return None if ahead is not False and not stands_out(lag, f.column, f.lag_p50_s,
-                                                                 self.policy.k) else True
+            return None if runs_ahead(job, ranks, f.column, entries) is not False \
+                and not stands_out(lag, f.column, f.lag_p50_s, self.policy.k) else True
         before, after, peers = [], [], 0
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
             if column == f.column or facts is None or not facts.peer_wait_ns:
                 continue
             peers += 1
-            for t, ns in zip(facts.peer_wait_t, facts.peer_wait_ns):
-                (after if t >= onset else before).append(ns)
+            last = {}
+            for t, ns, (comm, seq) in zip(facts.peer_wait_t, facts.peer_wait_ns,
+                                          facts.peer_wait_on):
+                covered = seq - last[comm] if 0 <= last.get(comm, -1) < seq else None
+                last[comm] = seq
+                (after if t >= onset else before).append(((comm, covered), ns))
         with quiet():
             since = np.nanmedian(lag[f.onset:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
         return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later,
-                          enough=(AHEAD_WAITS if ahead is True else 2) * peers)
+                          enough=ONSET_WAITS * peers)
 
     def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,
                    f) -> bool:
@@ -893,11 +924,12 @@ class RankAnalysis:
 
     # -- verdict lifecycle ---------------------------------------------------------------------
 
-    def _merge(self, job: JobState, found: dict, now: float, held: set = frozenset()
-               ) -> list[Verdict]:
+    def _merge(self, job: JobState, found: dict, now: float, held: set = frozenset(),
+               final: set = frozenset()) -> list[Verdict]:
         """Raise what is new, update what goes on, clear what was not found for
         ``clear_ticks`` judgements in a row (``held``: verdicts on communicators not judged
-        this tick, which count neither way)."""
+        this tick, which count neither way; ``final``: verdicts whose communicator was
+        retired, stored with what they cost to its end)."""
         changed = []
         for key, fresh in found.items():
             if any(value is not None for value in job.run):
@@ -913,10 +945,12 @@ class RankAnalysis:
                 continue
             if self._update(current, fresh, job, now):
                 changed.append(current)
-        for key in held:                # what it cost since (charged as instances settle)
+        for key in held | final:        # what it cost since (charged as instances settle)
             current = job.verdicts[key]
+            if any(current is v for v in changed):
+                continue
             current.cost_usd = self._usd(current.cost_gpu_s)
-            if self._restamp(current, now, False):
+            if self._restamp(current, now, key in final):
                 changed.append(current)
         for key, current in job.verdicts.items():
             if key not in found and key not in held and current.cleared is None:

@@ -26,6 +26,8 @@ class RankFacts:
     self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_t: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))   # when
+    # and the collective each covered: (communicator, sequence number), -1 where not known
+    peer_wait_on: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # returns
     sync_on: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))   # and what
     # each waited on: the communicator of the collective it covered (None: its own kernels)

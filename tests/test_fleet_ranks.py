@@ -16,7 +16,7 @@ import pytest
 from fleetd.alignment import CommWindow, Entries
 from fleetd.clocks import ClockBook
 from fleetd.config import SETTINGS
-from fleetd.ranks import RankAnalysis
+from fleetd.ranks import RankAnalysis, waits_grew
 from ingero import columns, wire
 
 T0 = 1_800_000_000.0
@@ -129,6 +129,21 @@ def test_a_verdict_held_between_pushes_still_stores_what_it_cost_since():
     assert ra.tick(quiet + 11) == [verdict] and verdict.cleared is None
     rows, _ = ra.take_rows()
     assert rows[-1]["cost_gpu_s"] == verdict.cost_gpu_s >= stored
+
+
+def test_a_verdict_on_a_communicator_the_job_destroyed_is_stored_with_all_it_cost():
+    """A job that ends soon after a rank is named: what its lateness cost to the
+    communicator's last instance reaches echod as the communicator retires, not 10 s on
+    (right after the job, a user read the cost as it was when the rank was named)."""
+    ra = analysis()
+    feed(ra, late=lambda r, s: 0.05 if r == 5 else 0.0)
+    (verdict,) = ra.active()
+    stored = [row["cost_gpu_s"] for row in ra.take_rows()[0] if row["rank"] == 5]
+    assert verdict.cost_gpu_s > stored[-1], "charged since it was stored"
+    ra.observe(push("n0", destroys(range(8), T0 + 3.1)), T0 + 3.2)
+    ra.tick(T0 + 3.3)
+    assert [row["cost_gpu_s"] for row in ra.take_rows()[0] if row["rank"] == 5] == [
+        verdict.cost_gpu_s] and verdict.cleared is None
 
 
 def test_a_late_rank_is_raised_once_updated_and_cleared_when_it_recovers():
@@ -733,26 +748,51 @@ def test_peers_waits_that_grew_by_less_than_their_spread_prove_no_cost(after_ms,
     assert bool([v for v in ra.active() if v.rank == 5]) == named
 
 
-def test_peers_that_wait_briefly_at_one_sync_and_long_at_another_are_weighed_over_steps():
-    """The peers sync twice every ten steps: briefly at a blocking read (15 ms) and long at
-    the tenth step's end (175 ms). From step 30 rank 5's host falls 120 ms behind its GPU
-    queue, and both grow (33 and 275 ms). One push after its onset, the peers' two waits
-    since are as far apart as their mean could grow: not known yet, neither named nor noted
-    harmless (noted, it would never be named). With six waits a peer since, it is named."""
+def test_peers_that_wait_long_at_one_sync_and_briefly_at_another_are_weighed_by_kind():
+    """The peers sync twice every ten steps: long at a blocking read, which covers the nine
+    collectives since their last sync (175 ms), and briefly at the tenth step's end, which
+    covers one more (15 ms). From step 30 rank 5's host falls 120 ms behind its GPU queue,
+    and both grow (275 and 33 ms). Pooled, the two kinds of wait spread as widely as their
+    mean grew, and with the first two since the onset the rank was shown harmless, for good;
+    weighed kind by kind, those two are proof enough: named one push after its onset."""
     others = [r for r in range(8) if r != 5]
     def peer_waits(first: int) -> list[dict]:
-        return [{"id": f"n:pw{r}:{s}", "t": T0 + s * STEP + 0.01, "kind": "sync", "attrs": {
-            "duration_ns": int(((15.0, 175.0) if s < 30 else (33.0, 275.0))[s % 10 == 9] * 1e6),
-            "peer_wait": True, "rank": r, "job": "42", "pid": 1000 + r}}
-            for r in others for s in range(first, first + 10) if s % 5 == 4]
+        return [{"id": f"n:pw{r}:{s}:{kind}", "t": T0 + s * STEP + 0.005 * (kind + 1),
+                 "kind": "sync", "attrs": {
+                     "duration_ns": int(((175.0, 15.0) if s < 30 else (275.0, 33.0))[kind] * 1e6),
+                     "peer_wait": True, "comm_hash": COMM, "seq": s - 1 + kind, "rank": r,
+                     "job": "42", "pid": 1000 + r}}
+                for r in others for s in range(first, first + 10) if s % 10 == 9
+                for kind in (0, 1)]
     late = lambda r, s: 0.12 if r == 5 and s >= 30 else 0.0  # noqa: E731
     ra = analysis()
-    feed(ra, late=late, until=40, also=peer_waits)
-    assert [v for v in ra.active() if v.rank == 5] == [] and ra.take_rows()[0] == []
-    feed(ra, late=late, start=40, until=50, also=peer_waits)
-    assert [v for v in ra.active() if v.rank == 5] == [] and ra.take_rows()[0] == []
-    feed(ra, late=late, start=50, until=60, also=peer_waits)
+    feed(ra, late=late, until=30, also=peer_waits)
+    assert ra.active() == [] and ra.take_rows()[0] == []
+    feed(ra, late=late, start=30, until=40, also=peer_waits)
     assert [v.rank for v in ra.active()] == [5]
+
+
+@pytest.mark.parametrize("grew_ms", [0.0, 50.0])
+def test_waits_of_two_kinds_are_weighed_kind_by_kind(grew_ms):
+    """Seven peers' waits, four ten-step runs before a rank's onset and two since, each run a
+    long wait covering nine collectives (180 ms, give or take 15) and a brief one covering
+    one (20, give or take 5). Their growth at the long kind is told from none on every draw;
+    pooled, a growth of 50 ms (its share of the mean, 25 ms) hides in the two kinds' spread
+    on some. The rank is 60 ms late: a quarter of that is 15 ms."""
+    rng = np.random.default_rng(7)
+    def drawn(runs: int, more_ms: float) -> list[tuple]:
+        return [((COMM, covered), (mean + more_ms * (covered == 9)
+                                   + rng.normal(0.0, sd)) * 1e6)
+                for _ in range(7 * runs) for covered, mean, sd in ((9, 180, 15), (1, 20, 5))]
+    told, pooled = [], []
+    for _ in range(200):
+        before, after = drawn(4, 0.0), drawn(2, grew_ms)
+        told.append(waits_grew(before, after, 0.06, 0.002))
+        pooled.append(waits_grew([(None, ns) for _, ns in before],
+                                 [(None, ns) for _, ns in after], 0.06, 0.002))
+    assert told == [bool(grew_ms)] * 200
+    if grew_ms:
+        assert not all(pooled)
 
 
 def swing(rank: int, step: int) -> float:
