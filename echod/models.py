@@ -167,6 +167,7 @@ class PeerLag(Base):
     last_arrivals: Mapped[int | None] = mapped_column(BigInteger)
     idle_caused_ns: Mapped[int | None] = mapped_column(BigInteger)
     waited_ns: Mapped[int | None] = mapped_column(BigInteger)
+    step: Mapped[str | None] = mapped_column(Text)      # the Slurm step of the run judged
 
 
 class CallStats(Base):

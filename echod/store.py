@@ -297,7 +297,7 @@ def check_evidence(evidence: Any, findings: Any) -> str:
 def check_peer_lag(row: dict, now: float) -> tuple:
     """(t, cluster, job, comm_hash, seq_first, seq_last, rank, node, samples, lag median, p95,
     max, p99 in ns, last arrivals, idle caused and waited in ns; the last four from fleetd
-    since echod 0009, else NULL)"""
+    since echod 0009, else NULL; the Slurm step of the run, since 0013)"""
     return (check_time(row, now), check_text(row, "cluster"),
             check_text(row, "job", optional=True), check_text(row, "comm_hash"),
             check_integer("seq_first", row.get("seq_first"), UINT63),
@@ -307,7 +307,8 @@ def check_peer_lag(row: dict, now: float) -> tuple:
             *(check_integer(k, row.get(k), (-2**63, 2**63 - 1), optional=True)
               for k in ("lag_median_ns", "lag_p95_ns", "lag_max_ns", "lag_p99_ns")),
             *(check_integer(k, row.get(k), UINT63, optional=True)
-              for k in ("last_arrivals", "idle_caused_ns", "waited_ns")))
+              for k in ("last_arrivals", "idle_caused_ns", "waited_ns")),
+            check_text(row, "step", optional=True))
 
 
 # -- where each section goes -------------------------------------------------------------------
@@ -357,7 +358,7 @@ SINKS = (
         ("seq_first", "int8"), ("seq_last", "int8"), ("rank", "int4"), ("node", "text"),
         ("samples", "int4"), ("lag_median_ns", "int8"), ("lag_p95_ns", "int8"),
         ("lag_max_ns", "int8"), ("lag_p99_ns", "int8"), ("last_arrivals", "int8"),
-        ("idle_caused_ns", "int8"), ("waited_ns", "int8")), check_peer_lag),
+        ("idle_caused_ns", "int8"), ("waited_ns", "int8"), ("step", "text")), check_peer_lag),
     # A verdict is revised while it lasts: the newest revision wins, a replay changes nothing.
     Sink("verdicts", "straggler_verdicts", "cluster, vid", VERDICT_COLUMNS := (
         ("vid", "text"), ("revision", "int4"), ("t", "timestamptz"), ("cluster", "text"),

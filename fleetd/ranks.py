@@ -508,7 +508,8 @@ class RankAnalysis:
                 "t": t, "cluster": job.cluster, "job": job.job, "comm_hash": comm,
                 "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
                 "node": job.facts[ranks[column]].node or None,
-                "samples": len(seq), "lag_median_ns": median, "lag_p95_ns": p95,
+                "step": job.run[0], "samples": len(seq), "lag_median_ns": median,
+                "lag_p95_ns": p95,
                 "lag_p99_ns": p99, "lag_max_ns": largest,
                 **({} if waits is None else {
                     "last_arrivals": int(waits[0][column]),

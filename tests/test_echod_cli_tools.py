@@ -77,8 +77,7 @@ def job_rows(b: Batch, t0: float) -> None:
     for step in range(STEPS):
         for rank in range(RANKS):
             at = t0 + step + clock(rank)
-            # rank 3's first three collectives belong to an earlier Slurm step
-            slurm_step = "0" if rank < 3 or step < 3 else "1"
+            slurm_step = "1"              # the job's second srun step
             b.event(node_of(rank), at + entry_ms(rank, step) * MS, "collective", JOB, rank,
                     op="ncclAllReduce", comm_hash=COMM, seq=step, bytes=4 * 2**20,
                     duration_ns=25_000, step=slurm_step, world_size=RANKS)
@@ -205,7 +204,7 @@ def test_job_report_rows_carry_what_sacct_prints_worked_out_by_hand(world):
     assert late["cost_gpu_seconds"] == pytest.approx(3.15, abs=0.002)
     assert late["cost_usd"] == pytest.approx(3.15, abs=0.01)
     assert rows[2]["cost_gpu_seconds"] == pytest.approx(0.225, abs=0.002)
-    assert rows[0]["cost_gpu_seconds"] == 0 and rows[0]["step"] == "0"
+    assert rows[0]["cost_gpu_seconds"] == 0 and rows[0]["step"] == "1"
     # the live verdict, at its newest revision; rank 2's was cleared but is in the whole job
     assert (late["verdict"], late["cause"]) == ("persistent", "host_preemption")
     assert (rows[2]["verdict"], rows[2]["cause"]) == ("periodic", "io")

@@ -292,9 +292,10 @@ def test_a_node_whose_agent_never_ran_is_reported_uncovered_and_never_named(stac
 def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_their_own(stack):
     """Job 2601 runs two srun steps, rank 1 late in both; then it is requeued, rank 3 late;
     then a bare-metal torchrun (no Slurm) on the same nodes, rank 5 late. Each run is judged
-    apart: its own verdicts, each with its own cost, none inheriting another's."""
+    apart: its own verdicts, each with its own cost, none inheriting another's. The job's
+    report has a row for each rank of each step."""
     late = lambda rank: [{"rank": rank, "kind": "host_delay", "delay_ms": 40}]  # noqa: E731
-    run(stack, "2601", "srun", late(1), nodes=2, steps=30, steps_in_job=2)
+    run(stack, "2601", "srun", late(1), nodes=2, steps=70, steps_in_job=2)
     run(stack, "2601", "srun", late(3), nodes=2, steps=30, env={"SLURM_RESTART_COUNT": "1"},
         workdir="job-2601-requeued")
     run(stack, "exp-2601", "bare", late(5), nodes=2, steps=30)
@@ -307,6 +308,17 @@ def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_thei
     assert all(0 < cost < 1.5 * min(steps) for cost in steps), ("no run carries another's cost", found)
     bare = stack.tool("find_stragglers", job="exp-2601")["verdicts"]
     assert [(v["rank"], v["evidence"].get("run")) for v in bare] == [(5, {"restart": 0})]
+    # job_report: a row per rank of each step, each with its own step's verdict, from the raw
+    # collectives and from fleetd's summaries alike (the requeued run's step 0 is step 0)
+    raw = stack.tool("job_report", job="2601")
+    summed = stack.tool("job_report", job="2601", max_entries=1000)    # of 1,360
+    assert (raw["coverage"]["source"], summed["coverage"]["source"]) == ("events", "summaries")
+    for report in (raw, summed):
+        rows = {(r["step"], r["rank"]): r["verdict"] for r in report["per_rank"]}
+        assert set(rows) == {(step, rank) for step in "01" for rank in range(8)}, rows
+        assert {key for key, verdict in rows.items() if verdict} == {
+            ("0", 1), ("1", 1), ("0", 3)}, rows
+        assert report["ranks"] == 8
 
 
 PARALLEL = {"parallel": {"tp": 2, "pp": 2}, "stage_work": [30, 15], "nodes": 2, "steps": 40}

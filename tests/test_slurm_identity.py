@@ -2,11 +2,12 @@
 slurmctld, a slurmd for each of two nodes on this host), the hooks telling a node-wide ingerod
 of a real stack (fleetd, echod).
 
-An array job whose tasks run traced sim ranks, a heterogeneous job, a job of two srun steps, a
-job requeued once, one cancelled and one killed by its time limit: ``ingero jobs`` shows each
-with the id and state sacct shows, compared side by side; ``ingero report`` takes the ids in
-every form sacct's -j does. Two Unix users each run a job and ask with their MUNGE
-credential, no token: each sees their own job only, in reports and in SQL (row-level security),
+An array job whose tasks run traced sim ranks, a heterogeneous job, a job of two srun steps of
+traced sim ranks (ranked from 0 in each, rank 1 late in the second only), a job requeued once,
+one cancelled and one killed by its time limit: ``ingero jobs`` shows each with the id and
+state sacct shows, compared side by side; ``ingero report`` takes the ids in every form
+sacct's -j does, and shows each step's ranks apart. Two Unix users each run a job and ask with
+their MUNGE credential, no token: each sees their own job only, in reports and in SQL (row-level security),
 every user's jobs only root does; a forged,
 expired or replayed credential is refused with one line.
 """
@@ -94,7 +95,16 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
     array = sbatch(cluster, "--array=0-2", "-n", "2", "--chdir", str(work), "-o", "%a.out",
                    "--wrap", f"srun -n 2 {rank}")
     het = sbatch(cluster, "-n1", ":", "-n1", "--wrap", "srun --het-group=0,1 sleep 1")
-    steps = sbatch(cluster, "--wrap", "srun sleep 1; srun sleep 1")
+    # two srun steps of four traced ranks each, ranked from 0 in each; step 1's rank 1 late.
+    # After the array: ten ranks at once on two CPUs would make noise of their own.
+    late = '[ "$SLURM_STEP_ID.$SLURM_PROCID" = 1.1 ] && set -- --delay ms=80,from=10'
+    step = (f"{sim.bin_dir() / 'ingero-sim-rank'} --steps 150 --step-ms 20 "
+            f"--unique-id-file {work}/uid.step$SLURM_STEP_ID "
+            f"--record {work}/ranks.step$SLURM_STEP_ID.jsonl")
+    script = work / "two-steps.sh"
+    script.write_text("#!/bin/sh\n" + f"srun -n 4 sh -c '{late}; exec {step} \"$@\"'\n" * 2)
+    steps = sbatch(cluster, "-n", "4", "--chdir", str(work), f"--dependency=afterany:{array}",
+                   str(script))
     requeued = sbatch(cluster, "--requeue", "--wrap", "sleep 4")
     cancelled = sbatch(cluster, "--wrap", "sleep 300")
     timed_out = sbatch(cluster, "-t", "1", "--wrap", "sleep 300")
@@ -166,6 +176,18 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
         p.read_text() for p in work.glob("*.out"))
     assert sorted(report.split()) == sorted(f"{array}_{t}|{r}" for t in range(3)
                                             for r in range(2)), report
+    # report: the two steps' ranks apart (step 1's rank 1 is not step 0's), and a step alone
+    def by_step(name: str) -> dict[tuple[str, str], str]:
+        out = ingero_cli(stack, "report", "-j", name, "-n", "-P", "-o", "Step,Rank,Verdict")
+        return {(s, r): v for s, r, v in (line.split("|") for line in out.splitlines())}
+
+    whole = wait_for(lambda: len(found := by_step(steps)) == 8 and found, 60)
+    assert whole and set(whole) == {(s, str(r)) for s in "01" for r in range(4)}, (
+        by_step(steps), ingero_cli(stack, "report", "-j", steps))
+    assert {key for key, verdict in whole.items() if verdict} == {("1", "1")}, whole
+    assert by_step(f"{steps}.1") == {key: v for key, v in whole.items() if key[0] == "1"}
+    assert by_step(f"{steps}.0") == {key: "" for key in whole if key[0] == "0"}
+
     # export: the array's id is its three tasks, a file each, named by %j as sbatch names
     one = ingero_run(stack, "export", "-j", array, "-o", str(work / "t.json"))
     assert one.returncode == 2 and "3 jobs" in one.stderr, one.stderr

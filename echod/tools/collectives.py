@@ -36,6 +36,7 @@ class Communicator:
     lo: int
     hi: int
     ranks: int
+    step: str | None = None     # the Slurm step its ranks ran in (a step's are its own)
 
     @property
     def instances(self) -> int:
@@ -89,7 +90,8 @@ WITH RECURSIVE
     )
 SELECT r.cluster, r.job, r.comm_hash, r.lo, r.hi,
        greatest((SELECT count(*) FROM events e WHERE {same} AND e.seq = r.lo),
-                (SELECT count(*) FROM events e WHERE {same} AND e.seq = r.hi)) AS ranks
+                (SELECT count(*) FROM events e WHERE {same} AND e.seq = r.hi)) AS ranks,
+       (SELECT e.attrs ->> 'step' FROM events e WHERE {same} AND e.seq = r.lo LIMIT 1) AS step
 FROM ranged r WHERE r.lo IS NOT NULL AND r.hi IS NOT NULL AND r.lo <= r.hi
 ORDER BY r.cluster, r.job, r.comm_hash
 """
@@ -147,15 +149,15 @@ EVERY_STRIDE = "generate_series(c.lo, c.hi, CAST(:stride AS bigint))"
 # Python.
 ENTRY = np.dtype([("comm", ">i4"), ("seq", ">i8"), ("rank", ">i4"), ("t", ">i8")])
 RANK_NODES = """
-SELECT DISTINCT ON (c.cluster, c.job, e.rank) c.cluster, c.job, e.rank, e.node
+SELECT DISTINCT ON (c.cluster, c.job, c.step, e.rank) c.cluster, c.job, c.step, e.rank, e.node
 FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]),
-            CAST(:seqs AS bigint[])) AS c(cluster, job, comm_hash, seq)
+            CAST(:seqs AS bigint[]), CAST(:steps AS text[])) AS c(cluster, job, comm_hash, seq, step)
 CROSS JOIN LATERAL (
     SELECT e.rank, e.node, e.t FROM events e
     WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
       AND e.comm_hash = c.comm_hash AND e.seq = c.seq AND e.rank IS NOT NULL
     OFFSET 0) e
-ORDER BY c.cluster, c.job, e.rank, e.t DESC
+ORDER BY c.cluster, c.job, c.step, e.rank, e.t DESC
 """
 
 
@@ -228,12 +230,14 @@ def comm_arrays(comms: list[Communicator]) -> dict[str, list]:
 
 
 def rank_nodes(conn: Connection, comms: list[Communicator]) -> dict[tuple, str]:
-    """Each rank's node, from the first and last instance of every communicator."""
+    """Each rank's node in each step, (cluster, job, step, rank) → node, from the first and
+    last instance of every communicator."""
     ends = [(c, seq) for c in comms for seq in (c.lo, c.hi)]
     params = {"clusters": [c.cluster for c, _ in ends], "jobs": [c.job for c, _ in ends],
-              "comms": [c.comm_hash for c, _ in ends], "seqs": [seq for _, seq in ends]}
-    return {(cluster, job, rank): node
-            for cluster, job, rank, node in rows(conn, RANK_NODES, params)}
+              "comms": [c.comm_hash for c, _ in ends], "seqs": [seq for _, seq in ends],
+              "steps": [c.step for c, _ in ends]}
+    return {(cluster, job, step, rank): node
+            for cluster, job, step, rank, node in rows(conn, RANK_NODES, params)}
 
 
 # -- call statistics ---------------------------------------------------------------------------

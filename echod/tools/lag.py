@@ -14,6 +14,12 @@ pipeline's receive waits on its send by design), as fleetd judges none: a commun
 made only those (so the call summaries say) is not surveyed, and one that made collectives
 too is read without them.
 
+Steps. Each srun step of a job runs processes of its own, ranked from 0, in communicators of
+their own: a rank is one of a step (``RankLag.step``; None outside Slurm), its lag measured
+against its own step's ranks. The raw survey takes a communicator's step from its first
+instance, the summaries from the step fleetd wrote beside them (none before echod 0013). The
+bar is the job's, over every step's ranks.
+
 From summaries. Where the window holds more entries than the caller lets it read, or its raw
 collectives were thinned by retention, the survey answers from fleetd's lag summaries
 (``peer_lag``: per rank, per run of collectives fleetd settled, on its clock, the lag's
@@ -69,6 +75,7 @@ class RankLag:
     lag_p99: float | None = None
     slack: float = 0.0          # its node's clock uncertainty, seconds (0: the job's one node)
     compared: int | None = None  # instances its arrivals count over, where not all samples
+    step: str | None = None     # the Slurm step it ran in: a step's ranks are its own
 
     @property
     def last_share(self) -> float | None:
@@ -105,9 +112,12 @@ class Survey:
                 "instances_examined": self.instances_examined, "stride": self.stride,
                 "entries_examined": self.entries_examined, "source": self.source}
 
-    def rank(self, cluster: str, job: str, rank: int) -> RankLag | None:
-        return next((r for r in self.ranks if (r.cluster, r.job, r.rank) == (cluster, job, rank)),
-                    None)
+    def rank(self, cluster: str, job: str, rank: int, step: str | None = None
+             ) -> RankLag | None:
+        """The rank in ``step``; with none named, in the step where it entered the most."""
+        found = [r for r in self.ranks if (r.cluster, r.job, r.rank) == (cluster, job, rank)
+                 and (step is None or r.step == step)]
+        return max(found, key=lambda r: r.samples, default=None)
 
 
 COVERAGE_OUT = closed({"communicators": INT, "instances_total": INT, "instances_examined": INT,
@@ -128,14 +138,15 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
         if found is not None and (entries > max_entries or found.entries_examined > entries):
             return found
     stride = max(1, math.ceil(entries / max_entries))
-    jobs = {key: i for i, key in enumerate(dict.fromkeys((c.cluster, c.job) for c in comms))}
-    job_of = np.array([jobs[(c.cluster, c.job)] for c in comms], np.int64)
+    # a job's ranks are told apart by step: each step's rank 0 is a process of its own
+    runs = {key: i for i, key in enumerate(dict.fromkeys((c.cluster, c.job, c.step)
+                                                         for c in comms))}
+    job_of = np.array([runs[(c.cluster, c.job, c.step)] for c in comms], np.int64)
     nodes = rank_nodes(conn, comms) if comms else {}
     stats, steps, clocks = None, {}, {}
     if comms:
         comm, seq, rank, t = read_entries(conn, sel, comms, stride, mixed)
-        clocks = node_offsets(conn, sel, {(cluster, node)
-                                          for (cluster, _job, _rank), node in nodes.items()})
+        clocks = node_offsets(conn, sel, {(key[0], node) for key, node in nodes.items()})
         t = t - clock_offsets_us(comms, nodes, clocks, comm, rank)
         stats = entry_lags(comm, seq, rank, t, job_of,
                            np.array([c.ranks for c in comms], np.int64))
@@ -152,7 +163,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
 # Per rank: its runs' instances and quantiles (for ``weighted_quantile`` and
 # ``pooled_quantile``) packed in one bytea as RUN lays them out, and its sums.
 RANK_SUMMARIES = """
-SELECT p.cluster, p.job, p.rank, min(p.node),
+SELECT p.cluster, p.job, p.step, p.rank, min(p.node),
        string_agg(int8send(CAST(p.samples AS bigint)) || int8send(p.lag_median_ns)
                   || int8send(coalesce(p.lag_p95_ns, p.lag_median_ns))
                   || int8send(coalesce(p.lag_p99_ns, p.lag_p95_ns, p.lag_median_ns))
@@ -162,7 +173,7 @@ SELECT p.cluster, p.job, p.rank, min(p.node),
        coalesce(sum(p.waited_ns), 0),
        coalesce(sum(p.samples) FILTER (WHERE p.last_arrivals IS NOT NULL), 0)
 FROM peer_lag p WHERE {where} AND p.lag_median_ns IS NOT NULL
-GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
 """
 RUN = np.dtype([("samples", ">i8"), ("p50", ">i8"), ("p95", ">i8"), ("p99", ">i8"),
                 ("max", ">i8")])
@@ -184,7 +195,8 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
     if not found:
         return None
     ranks = []
-    for cluster, job, rank, node, packed, largest, last, caused, waited, compared in found:
+    for cluster, job, step, rank, node, packed, largest, last, caused, waited, compared \
+            in found:
         runs = np.frombuffer(packed, RUN)
         weights = runs["samples"].astype(np.int64)
         p50 = weighted_quantile(runs["p50"].astype(np.float64), weights, 0.5) / 1e9
@@ -192,7 +204,7 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
         p95, p99 = (pooled_quantile(known, weights, q) / 1e9 for q in (0.95, 0.99))
         ranks.append(RankLag(cluster, job, rank, node, int(weights.sum()), p50, p95,
                              largest / 1e9, int(last), int(caused) / 1e9, int(waited) / 1e9,
-                             lag_p99=p99, compared=int(compared)))
+                             lag_p99=p99, compared=int(compared), step=step))
     steps: dict[tuple[str, str], list[float]] = defaultdict(list)
     instances = entries = 0
     comms = rows(conn, COMM_SUMMARIES.format(where=where.sql()), where.params)
@@ -295,7 +307,7 @@ def clock_offsets_us(comms: list[Communicator], nodes: dict[tuple, str],
         return np.zeros(len(comm), np.int64)
     pairs, where = np.unique(np.stack([comm, rank]), axis=1, return_inverse=True)
     by_pair = np.array([round(offsets.get((comms[c].cluster, nodes.get(
-        (comms[c].cluster, comms[c].job, int(r)))), (0.0, 0.0))[0] * 1e6)
+        (comms[c].cluster, comms[c].job, comms[c].step, int(r)))), (0.0, 0.0))[0] * 1e6)
         for c, r in pairs.T], np.int64)
     return by_pair[where.ravel()]
 
@@ -322,12 +334,13 @@ def rank_lag_rows(stats: LagStats, comms: list[Communicator],
     found = []
     for i, (comm, rank) in enumerate(zip(stats.comm, stats.rank)):
         c = comms[comm]
-        found.append(RankLag(c.cluster, c.job, int(rank), nodes.get((c.cluster, c.job, int(rank))),
+        found.append(RankLag(c.cluster, c.job, int(rank),
+                             nodes.get((c.cluster, c.job, c.step, int(rank))),
                              int(stats.samples[i]), float(stats.lag_p50[i]) / 1e6,
                              float(stats.lag_p95[i]) / 1e6, float(stats.lag_max[i]) / 1e6,
                              int(stats.last_arrivals[i]), float(stats.idle_caused[i]) / 1e6,
                              float(stats.waited[i]) / 1e6,
-                             lag_p99=float(stats.lag_p99[i]) / 1e6))
+                             lag_p99=float(stats.lag_p99[i]) / 1e6, step=c.step))
     return found
 
 

@@ -111,7 +111,8 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
     jobs table's row is measured in that window): who ran it and on how many GPUs, its start
     and end (when the jobs table knows), its nodes, ranks, first and last event, duration,
     collectives and events traced (every one, from the per-minute summaries; events_capped is
-    false, kept for older readers); per rank: its Slurm step (the most common its events carry), node,
+    false, kept for older readers); per rank of each Slurm step (each srun step runs ranks of
+    its own, ranked from 0, each measured against its own step's ranks): its step, node,
     collectives, median and 99th-percentile entry lag (ms, see find_stragglers), last_share
     (the share of its collectives it entered last), self_work_ms (its median sync on its own
     kernels, peer_wait false) against peers_self_work_ms (the median of the other ranks'
@@ -198,15 +199,15 @@ def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLa
              evidence: Evidence, cost: dict, verdicts: list[dict], notes: list[dict]) -> dict:
     user, gpus, job_nodes, start, end = facts["job"] or (None, None, [], None, None)
     count, first, last = facts["events"]
-    lags = {r.rank: r for r in found.ranks}
     nodes = sorted(set(job_nodes or []) | set(facts["nodes"])
                    | {r.node for r in found.ranks if r.node})
-    named = {v["rank"]: v for v in reversed(verdicts)}    # the newest (live first) wins
-    noted = {v["rank"]: v["kind"] for v in reversed(notes)}
-    per_rank = [rank_row(lags[rank], found, facts, named.get(rank), noted.get(rank),
-                         cost["usd_per_gpu_hour"]) for rank in sorted(lags)]
+    per_rank = []
+    for lag in sorted(found.ranks, key=lambda r: (step_order(r.step), r.rank)):
+        note = matching(notes, lag)
+        per_rank.append(rank_row(lag, found, facts, matching(verdicts, lag),
+                                 note and note["kind"], cost["usd_per_gpu_hour"]))
     return {"cluster": sel.cluster, "job": sel.job, "user": user, "gpus": gpus, "nodes": nodes,
-            "ranks": len(lags), "start": iso(start), "end": iso(end),
+            "ranks": len({r.rank for r in found.ranks}), "start": iso(start), "end": iso(end),
             "first_event": iso(first), "last_event": iso(last),
             "duration_s": num((last - first).total_seconds(), 3) if first and last else None,
             "collectives": sum(r.samples for r in found.ranks) * found.stride,
@@ -216,12 +217,34 @@ def job_json(sel: Selection, facts: dict, found: Survey, stragglers: list[RankLa
             "cost": cost, "coverage": found.coverage()}
 
 
+def step_order(step: str | None) -> tuple:
+    """A Slurm step as it sorts: none first, then by number (0, 1, ... 10), then by name
+    (batch, extern)."""
+    if step is None:
+        return (0, 0, "")
+    return (1, int(step), "") if step.isdigit() else (2, 0, step)
+
+
+def matching(verdicts: list[dict], lag: RankLag) -> dict | None:
+    """fleetd's verdict (or note) on this rank of this step: the first of ``verdicts`` (live
+    first, newest first) on the rank in the step of the run fleetd judged (its evidence's
+    run); a verdict or a rank that knows no step (a fleetd before steps were told, a job
+    outside Slurm) matches any."""
+    for verdict in verdicts:
+        step = ((verdict.get("evidence") or {}).get("run") or {}).get("step")
+        if verdict["rank"] == lag.rank and (step is None or lag.step is None
+                                            or str(step) == lag.step):
+            return verdict
+    return None
+
+
 def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None, note: str | None,
              rate: float | None) -> dict:
     work = facts["work"]
     own = work.get(lag.rank)
     caused = lag.idle_caused * found.scale
-    return {"rank": lag.rank, "node": lag.node, "step": facts["steps"].get(lag.rank),
+    return {"rank": lag.rank, "node": lag.node,
+            "step": lag.step if lag.step is not None else facts["steps"].get(lag.rank),
             "collectives": lag.samples * found.stride, "lag_median_ms": ms(lag.lag_median),
             "lag_p99_ms": ms(lag.lag_p99),
             "last_share": num(lag.last_share, 4),

@@ -28,7 +28,8 @@ SCORE_MAD_FLOOR = 0.01                 # fleetd's mad_floor for scores
 JOB_BAR_OUT = closed({"cluster": STR, "job": STR, "ranks": INT, "lag_median_ms": NUM_OR_NULL,
                       "lag_mad_ms": NUM_OR_NULL, "bar_ms": NUM_OR_NULL, "stragglers": INT})
 RANK_OUT = closed({
-    "cluster": STR, "job": STR, "rank": INT, "node": STR_OR_NULL, "samples": INT,
+    "cluster": STR, "job": STR, "step": STR_OR_NULL, "rank": INT, "node": STR_OR_NULL,
+    "samples": INT,
     "lag_median_ms": NUM_OR_NULL, "lag_p95_ms": NUM_OR_NULL, "lag_max_ms": NUM_OR_NULL,
     "last_arrivals": INT, "last_share": NUM_OR_NULL, "idle_caused_gpu_s": NUM_OR_NULL,
     "straggler": BOOL, "evidence": RANK_EVIDENCE_OUT})
@@ -45,7 +46,7 @@ def job_bars_json(found: Survey) -> list[dict]:
 
 
 def rank_json(r: RankLag, found: Survey, evidence: Evidence) -> dict:
-    return {"cluster": r.cluster, "job": r.job, "rank": r.rank, "node": r.node,
+    return {"cluster": r.cluster, "job": r.job, "step": r.step, "rank": r.rank, "node": r.node,
             "samples": r.samples, "lag_median_ms": ms(r.lag_median), "lag_p95_ms": ms(r.lag_p95),
             "lag_max_ms": ms(r.lag_max), "last_arrivals": r.last_arrivals,
             "last_share": num(r.last_share, 4),
@@ -75,7 +76,9 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     the rank that held it up is judged where it was late). ranks is what this
     tool computes from the stored events: for every collective instance that every rank of its
     communicator has entered (same communicator, same sequence number) each rank's entry lag is
-    its entry time minus the median entry of its peers there. Per rank: samples, lag
+    its entry time minus the median entry of its peers there. A job's srun steps run
+    processes of their own, each ranked from 0: a rank is one of a step (step: its Slurm step,
+    null outside Slurm). Per rank: samples, lag
     median/p95/max (ms), last_arrivals (instances it entered last) and idle_caused_gpu_s
     (GPU-seconds its peers waited for it there). Per job, the bar is fleetd's: median +
     3·1.4826·MAD of the ranks' median lags (MAD floored at 1 ms), or where the median lags
@@ -90,7 +93,8 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     clock first (the median offset fleetd reported with its scores in the window). Past
     'max_entries' (instance, rank) entries, or where retention thinned the raw collectives,
     the lags come from fleetd's per-rank summaries, on its clock (coverage.source =
-    'summaries'; a rank's quantiles are its runs' quantiles weighted by their instances),
+    'summaries'; a rank's median is the median of its runs' medians weighted by their
+    instances, its p95 that of its runs pooled),
     or where there are none every k-th collective is read (coverage.stride is k)."""
     sel = select(ctx, args)
     with reading(ctx) as conn:

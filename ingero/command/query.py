@@ -185,6 +185,26 @@ def named_jobs(echod, jobs: str | None, clusters: str | None) -> tuple[list[dict
     return list(rows.values()), unknown
 
 
+def named_steps(jobs: str | None) -> dict[str, set[str]]:
+    """-j's steps (1234.1, 1234_7.batch) by the job each is of; a job also named whole is
+    left out: all its steps are wanted."""
+    steps: dict[str, set[str]] = {}
+    whole = set()
+    for name in job_list(jobs) or []:
+        job, dot, step = name.rpartition(".")
+        if dot:
+            steps.setdefault(job, set()).add(step)
+        else:
+            whole.add(name)
+    return {job: wanted for job, wanted in steps.items() if job not in whole}
+
+
+def in_steps(row: dict, steps: dict[str, set[str]]) -> bool:
+    """Whether a rank's row is of a step -j named, or of a job -j named whole."""
+    wanted = steps.get(row.get("job_id") or row["job"], steps.get(row["job"]))
+    return wanted is None or str(row.get("step")) in wanted
+
+
 def job_where(row: dict) -> dict:
     """A tool's arguments for one job of list_jobs: its id as Slurm prints it (an array's raw
     id is also its last task's, so the raw id could name the whole array), in its cluster."""
@@ -193,8 +213,8 @@ def job_where(row: dict) -> dict:
 
 @api_command(commands, "report")
 @click.option("-j", "--jobs", metavar="JOBID[,JOBID...]",
-              help="These jobs, as sacct -j takes them (1234, 1234_7, 1234+1, 1234.0) "
-                   "[default: every job seen in the window]")
+              help="These jobs, as sacct -j takes them (1234, 1234_7, 1234+1; 1234.0: "
+                   "that step's ranks only) [default: every job seen in the window]")
 @click.option("-X", "--allocations", is_flag=True, help="One line per job, not per rank")
 @whose
 @table_options(REPORT_FIELDS, REPORT_DEFAULT)
@@ -205,7 +225,9 @@ def report_command(echod, jobs, allocations, partitions, user, accounts, states,
     fleetd's verdict, the cause and the cost, in sacct's layouts.
 
     Without -j, every job seen since -S (default: midnight today). With -j, each job over
-    its whole run, or over -S/-E when given. A job echod does not know prints no row.
+    its whole run, or over -S/-E when given; a step (1234.1) shows that step's ranks only
+    (each srun step's ranks are its own, numbered from 0). A job echod does not know prints
+    no row.
 
     Example: ingero report -j 4242 -o JobID,Rank,LagP50%10,Cause -P
     """
@@ -218,7 +240,9 @@ def report_command(echod, jobs, allocations, partitions, user, accounts, states,
     rows = listed_jobs(echod, jobs, since, until, clusters, partitions, user, accounts,
                        allusers, states)
     if not allocations:
-        ranks = report_rows(echod, rows, since, until)
+        steps = named_steps(jobs)
+        ranks = [rank for rank in report_rows(echod, rows, since, until)
+                 if in_steps(rank, steps)]
         if as_json:     # each job with its ranks, as sacct --json nests a job's steps
             per_job: dict[tuple[str, str], list[dict]] = {}
             for rank in ranks:
