@@ -100,10 +100,10 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     covered since the peer's wait before it: a host that syncs every ten steps, at a blocking
     read and at the tenth step's end, waits for nine steps of GPU work at one and for one at
     the other. Pooled, the waits' spread is that of the two kinds, and a growth of 50 ms
-    stood out of it or not by chance (a rank behind its GPU queue shown harmless: CI, 1 run
-    in 3 with two syncs a peer since the onset, then again with six); within a kind, the
-    spread is the noise alone, and two syncs a peer are enough. Strata seen fewer than twice on either side are left out, unless no stratum is seen
-    on both (then all are pooled as one)."""
+    stood out of it or not by chance (a rank behind its GPU queue was shown harmless); within
+    a kind, the spread is the noise alone, and two syncs a peer since the onset are enough.
+    Strata seen fewer than twice on either side are left out, unless no stratum is seen on
+    both (then all are pooled as one)."""
     sides = []
     for waits in (before, after):
         kinds = defaultdict(list)
@@ -509,8 +509,7 @@ class RankAnalysis:
                 "seq_first": int(seq[0]), "seq_last": int(seq[-1]), "rank": ranks[column],
                 "node": job.facts[ranks[column]].node or None,
                 "step": job.run[0], "samples": len(seq), "lag_median_ns": median,
-                "lag_p95_ns": p95,
-                "lag_p99_ns": p99, "lag_max_ns": largest,
+                "lag_p95_ns": p95, "lag_p99_ns": p99, "lag_max_ns": largest,
                 **({} if waits is None else {
                     "last_arrivals": int(waits[0][column]),
                     "idle_caused_ns": round(waits[1][column] * 1e9),

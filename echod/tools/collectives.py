@@ -151,7 +151,8 @@ ENTRY = np.dtype([("comm", ">i4"), ("seq", ">i8"), ("rank", ">i4"), ("t", ">i8")
 RANK_NODES = """
 SELECT DISTINCT ON (c.cluster, c.job, c.step, e.rank) c.cluster, c.job, c.step, e.rank, e.node
 FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:comms AS text[]),
-            CAST(:seqs AS bigint[]), CAST(:steps AS text[])) AS c(cluster, job, comm_hash, seq, step)
+            CAST(:seqs AS bigint[]), CAST(:steps AS text[]))
+     AS c(cluster, job, comm_hash, seq, step)
 CROSS JOIN LATERAL (
     SELECT e.rank, e.node, e.t FROM events e
     WHERE e.kind = 'collective' AND e.cluster = c.cluster AND e.job = c.job
