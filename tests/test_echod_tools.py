@@ -12,10 +12,12 @@ own output schema.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import secrets
 import time
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ from ingero import analysis
 from echod.db import make_engine
 from echod.registry import REGISTRY, Scope, ToolContext, ToolError
 from echod.sandbox import Sandbox, prepare, sandbox_url
+from echod.tools.anomalies import anomaly, newest_first
 from echod.store import write_batch
 
 from .pg import url_of
@@ -512,6 +515,28 @@ def test_anomalies_include_the_preemption_burst_and_the_rest(world):
     assert len(call(world, "anomalies", job=JOB, limit=3)["anomalies"]) == 3
     on_node = call(world, "anomalies", node="a-node3")["anomalies"]
     assert sorted(a["type"] for a in on_node) == ["heavy_blockio", "slow_calls"]
+
+
+def test_anomalies_of_one_time_come_in_one_order_however_the_store_returns_them():
+    """A sample reports every rank of a node, and each process that preempted one, at one
+    time: the answer orders those by what they say, not as the rows happened to come
+    (retention rewrites a day's events, and what it answers before must equal what after)."""
+    t = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+    made = [anomaly(kind, t + timedelta(seconds=s), "alpha", node, JOB, rank, kind, pid=pid)
+            for kind, s, node, rank, pid in [("preemption_burst", 0, "a-node2", 1, 7),
+                                             ("preemption_burst", 0, "a-node1", 3, 7),
+                                             ("heavy_blockio", 0, "a-node2", 0, None),
+                                             ("preemption_burst", 0, "a-node2", 1, 5),
+                                             ("straggler", 1, "a-node1", None, None)]]
+    answers = set()
+    for order in itertools.permutations(made):
+        found = list(order)
+        newest_first(found)
+        answers.add(tuple((a["type"], a["node"], a["rank"], a["detail"]["pid"]) for a in found))
+    assert answers == {(("straggler", "a-node1", None, None), ("heavy_blockio", "a-node2", 0, None),
+                        ("preemption_burst", "a-node1", 3, 7),
+                        ("preemption_burst", "a-node2", 1, 5),
+                        ("preemption_burst", "a-node2", 1, 7))}
 
 
 def test_cluster_summary_shows_the_cohort_and_the_node_under_its_bar(world):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from sqlalchemy import Connection
@@ -26,12 +27,12 @@ EDGES = f"""
 SELECT e.t, e.kind, e.cluster, e.node, e.job, e.rank, {jnum('score')}, {jnum('threshold')},
        e.attrs ->> 'mode'
 FROM events e WHERE e.kind IN ('straggler', 'resolved') AND {{where}}
-ORDER BY e.t DESC LIMIT :limit
+ORDER BY e.t DESC, e.id LIMIT :limit
 """
 THRESHOLD_ALERTS = """
 SELECT th.t, th.cluster, th.cohort, th.panic, th.quorum_met, th.active, th.median, th.threshold
 FROM thresholds th WHERE {where} AND (th.panic OR NOT th.quorum_met)
-ORDER BY th.t DESC LIMIT :limit
+ORDER BY th.t DESC, th.cluster, th.cohort LIMIT :limit
 """
 TIMED_CALLS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
 PREEMPTION_BURSTS = f"""
@@ -39,18 +40,18 @@ SELECT e.t, e.cluster, e.node, e.job, e.rank, {jnum('count')} AS preemptions,
        e.attrs ->> 'preemptor_comm', {jnum('preemptor_pid')}
 FROM events e WHERE e.kind = 'preempted' AND {{where}} AND {jnum('count')} >= :burst
   AND {BY_ANOTHER_PROCESS}
-ORDER BY e.t DESC LIMIT :limit
+ORDER BY e.t DESC, e.id LIMIT :limit
 """
 HEAVY_BLOCKIO = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, {jnum('requests')}, e.bytes
 FROM events e WHERE e.kind = 'blockio' AND {{where}}
   AND (coalesce(e.bytes, 0) >= :heavy_bytes OR coalesce({jnum('requests')}, 0) >= :heavy_requests)
-ORDER BY e.t DESC LIMIT :limit
+ORDER BY e.t DESC, e.id LIMIT :limit
 """
 FAILED_CALLS = f"""
 SELECT e.t, e.cluster, e.node, e.job, e.rank, e.kind, e.op, (e.attrs ->> 'result')::numeric
 FROM {EVENT_ROWS} e WHERE {FAILED_CALL} AND {{where}}
-ORDER BY e.t DESC LIMIT :limit
+ORDER BY e.t DESC, e.id LIMIT :limit
 """
 ANOMALY_OUT = closed({
     "type": {"type": "string", "enum": list(ANOMALY_TYPES)}, "t": TIME, "cluster": STR,
@@ -98,9 +99,19 @@ def anomalies(ctx: ToolContext, args: dict) -> dict:
         found += slow_calls(conn, sel, params)
         found += host_anomalies(conn, where, params)
         found += failed_calls(conn, where, params)
-    found.sort(key=lambda a: a["t"], reverse=True)
+    newest_first(found)
     return {"anomalies": found[:limit], "truncated": len(found) > limit,
             "window": sel.window.to_json()}
+
+
+def newest_first(found: list[dict]) -> None:
+    """Sorts anomalies newest first, and those of one time by what they say: a sample
+    reports every rank of a node, and each process that preempted one, at once; their order
+    is the answer's, not the order the store's rows came in."""
+    found.sort(key=lambda a: (a["type"], a["cluster"], a["node"] or "",
+                              -1 if a["rank"] is None else a["rank"],
+                              json.dumps(a["detail"], sort_keys=True), a["summary"]))
+    found.sort(key=lambda a: a["t"], reverse=True)
 
 
 EDGE_WORDS = {"straggler": "became a straggler", "resolved": "recovered"}
@@ -151,7 +162,7 @@ def slow_calls(conn: Connection, sel: Selection, params: dict) -> list[dict]:
                                f"{num(ratio, 1)}× its p50 over {calls} calls",
                                op=name, calls=calls, p50_us=num(p50 / 1e3, 3),
                                p99_us=num(p99 / 1e3, 3), ratio=num(ratio, 2)))
-    out.sort(key=lambda a: a["t"], reverse=True)
+    newest_first(out)
     return out[:params["limit"]]
 
 
