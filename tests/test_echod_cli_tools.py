@@ -377,6 +377,61 @@ def test_job_timeline_of_an_unknown_or_hidden_job_is_not_found(world):
     assert call(world, "job_timeline", EVERY, job="9")["cluster"] == "beta"
 
 
+# -- a drifting clock --------------------------------------------------------------------------
+
+DRIFT = 200e-6          # c-node1's clock gains 0.2 ms a second on fleetd's: 24 ms over the job
+DRIFT_STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def drifting(migrated_proc):
+    """Job 6200: 120 collectives a second apart on two nodes, ranks 0.1 ms apart and none
+    late. c-node1's clock drifts from fleetd's; fleetd's scores, one a second half a second
+    after each collective (as the push that carried it), say by how much."""
+    now = float(round(time.time()))
+    t0 = now - 200
+    b = Batch("alpha")
+    for step in range(DRIFT_STEPS):
+        for rank in range(RANKS):
+            node = node_of(rank)
+            b.event(node, t0 + step + rank * 1e-4 + (DRIFT * step if node == "c-node1" else 0),
+                    "collective", "6200", rank, op="ncclAllReduce", comm_hash="d" * 16,
+                    seq=step, bytes=2**20, duration_ns=20_000, world_size=RANKS)
+        for node, offset in (("c-node0", 0.0), ("c-node1", DRIFT * (step + 0.5))):
+            b.rows["scores"].append({"t": t0 + step + 0.5, "cluster": "alpha", "node": node,
+                                     "job": "6200", "score": 0.9, "state": "active",
+                                     "signals": {"cpu": 0.9}, "clock_offset": offset,
+                                     "clock_uncertainty": 1e-4})
+    url = url_of(migrated_proc).set(database="echod_clock_drift_tests")
+    with DatabaseJanitor(user=migrated_proc.user, host=migrated_proc.host,
+                         port=migrated_proc.port, password=migrated_proc.password,
+                         dbname=url.database, template_dbname=migrated_proc.template_dbname):
+        engine = make_engine(url)
+        assert write_batch(engine, b.rows, now=now).rejected == []
+        sandbox = Sandbox(sandbox_url(engine.url, ROLE, PASSWORD),
+                          prepare(engine, ROLE, PASSWORD), timeout_ms=20_000, pool_size=2)
+        yield {"t0": t0, "now": now, "sandbox": sandbox}
+        sandbox.dispose()
+        engine.dispose()
+
+
+def test_a_drifting_clock_is_taken_off_as_it_was_at_each_time(drifting):
+    """One offset for the whole job (the median, 12 ms) would leave c-node1's ranks 12 ms
+    early at the start and 12 ms late at the end; its offset at each time leaves them as they
+    were: within the 0.1 ms the clock drifts between a collective and its score."""
+    report = call(drifting, "job_report", job="6200")
+    assert report["coverage"]["source"] == "events"
+    assert [r["rank"] for r in report["per_rank"]] == list(range(RANKS))
+    for r in report["per_rank"]:
+        assert abs(r["lag_median_ms"]) < 0.35 and r["lag_p99_ms"] < 0.35, r
+    assert report["top_stragglers"] == []
+    timeline = call(drifting, "job_timeline", job="6200")
+    assert [n["clock_offset_ms"] for n in timeline["nodes"]] == [0.0, 12.0]
+    for s in timeline["slices"]:
+        assert s["t"] == pytest.approx(drifting["t0"] + s["seq"] + s["rank"] * 1e-4,
+                                       abs=DRIFT * 0.5 + 2e-6), s
+
+
 # -- the declarations --------------------------------------------------------------------------
 
 def bounded_argument(schema: dict, where: str) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from sqlalchemy import Connection
 
 from ingero.analysis.causes import CAUSES
 from ingero.vocabulary import STATE_CODES
 
 from ..registry import ToolContext, obj, tool
-from .lag import node_offsets
+from .lag import node_offsets, offsets_at
 from .schema import (BOOL, CLUSTER_ARG, INT, INT_OR_NULL, JOB_ARG, NAME, NUM, NUM_OR_NULL,
                      SINCE_ARG, STR, STR_OR_NULL, TIME_OR_NULL, UNTIL_ARG, WINDOW_OUT, array,
                      closed, described)
@@ -251,9 +252,10 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
     the window defaults to the whole job): collectives (op, communicator, sequence number,
     bytes), syncs (duration, and peer_wait: it waited on a collective rather than on the
     rank's own kernels), copies and allocations. t is seconds since the Unix epoch on
-    fleetd's clock: each node's offset (clock_offset_ms, the median fleetd reported in the
-    window, else the nearest before or after it; null, and nothing taken off, where it
-    reported none) is taken off its times. With fleetd's verdicts on the job's ranks. 404
+    fleetd's clock: each node's offset at each time, as fleetd reported it with the node's
+    first score at or after it, is taken off (clock_offset_ms is the median fleetd reported
+    in the window, else the nearest before or after it; null, and nothing taken off, where it
+    reported none). With fleetd's verdicts on the job's ranks. 404
     when the job is not in the clusters you may see; 400 when it ran in several of them and
     no 'cluster' says which."""
     with reading(ctx) as conn:
@@ -266,17 +268,21 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
                 "e", node=False, rank=False), window, {"kinds": list(TIMELINE_KINDS)},
             limit + 1, newest_first=False)
         verdicts = read_verdicts(conn, sel)
-        nodes = sorted({row[1] for row in found[:limit]} | {v["node"] for v in verdicts})
-        offsets = {key: offset for key, (offset, _) in
-                   node_offsets(conn, sel, {(cluster, node) for node in nodes}).items()}
-    slices = sorted((slice_json(row, offsets.get((cluster, row[1]), 0.0))
-                     for row in found[:limit]), key=lambda s: s["t"])
+        truncated, found = len(found) > limit, found[:limit]
+        nodes = sorted({row[1] for row in found} | {v["node"] for v in verdicts})
+        clocks = node_offsets(conn, sel, {(cluster, node) for node in nodes})
+        index = {node: i for i, node in enumerate(nodes)}
+        at = offsets_at(conn, [(cluster, node) for node in nodes],
+                        np.array([index[row[1]] for row in found], np.int64),
+                        np.array([row[0].timestamp() for row in found]), clocks)
+    slices = sorted((slice_json(row, offset) for row, offset in zip(found, at)),
+                    key=lambda s: s["t"])
     return {"cluster": cluster, "job": sel.job,
-            "nodes": [{"node": n, "clock_offset_ms": ms(offsets.get((cluster, n)))}
+            "nodes": [{"node": n, "clock_offset_ms": ms(clocks.get((cluster, n), (None,))[0])}
                       for n in nodes],
             "ranks": [{"rank": r, "node": n} for r, n in sorted({(s["rank"], s["node"])
                                                                 for s in slices})],
-            "slices": slices, "truncated": len(found) > limit, "verdicts": verdicts,
+            "slices": slices, "truncated": truncated, "verdicts": verdicts,
             "window": sel.window.to_json()}
 
 

@@ -7,9 +7,9 @@ definition fleetd uses too (``ingero.analysis.lag``): a late rank does not move 
 its peers are measured against, and one early rank does not make everyone late. The same
 per-instance aggregates give the idle time the cost tools report: every rank that arrived
 before the last one waits t_last − t_rank. The stored times are each node's own clock: they
-are put on fleetd's clock first, less the median offset fleetd estimated for the node in the
-window (it comes with the node's health scores; in a window with none, the nearest one before
-or after it; 0 where fleetd reported none). Sends and receives are no instances to lag in (a
+are put on fleetd's clock first, less the node's offset at each time, as fleetd reported it
+with the node's first health score at or after it (``offsets_at``: the estimate fleetd
+corrected that time with too). Sends and receives are no instances to lag in (a
 pipeline's receive waits on its send by design), as fleetd judges none: a communicator that
 made only those (so the call summaries say) is not surveyed, and one that made collectives
 too is read without them.
@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 from sqlalchemy import Connection
@@ -47,6 +48,7 @@ from sqlalchemy import Connection
 from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 from ingero.analysis.lag import median_of_others
 
+from ..chunks import UNIX_AT_PG_EPOCH
 from ..retention import thinned_of
 from .collectives import (Communicator, communicators, rank_nodes, read_entries,
                           without_point_to_point)
@@ -147,7 +149,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     if comms:
         comm, seq, rank, t = read_entries(conn, sel, comms, stride, mixed)
         clocks = node_offsets(conn, sel, {(key[0], node) for key, node in nodes.items()})
-        t = t - clock_offsets_us(comms, nodes, clocks, comm, rank)
+        t = t - entry_offsets_us(conn, comms, nodes, clocks, comm, rank, t)
         stats = entry_lags(comm, seq, rank, t, job_of,
                            np.array([c.ranks for c in comms], np.int64))
         steps = job_steps(comms, comm, seq, rank, t)
@@ -298,18 +300,67 @@ def node_offsets(conn: Connection, sel: Selection, named: set[tuple[str, str | N
                             "nodes": [n for _, n in pairs]}) if offset is not None}
 
 
-def clock_offsets_us(comms: list[Communicator], nodes: dict[tuple, str],
-                     offsets: dict[tuple[str, str], tuple[float, float]], comm: np.ndarray,
-                     rank: np.ndarray) -> np.ndarray:
-    """Per entry, its node's clock offset from fleetd's (µs; see node_offsets, 0 where fleetd
-    reported none), to subtract so that every node's times compare."""
-    if not offsets or not len(comm):
-        return np.zeros(len(comm), np.int64)
+# Per node (its place in the arrays), the offsets fleetd reported with its scores over a span
+# and with its first score past it, oldest first.
+NODE_CLOCKS = """
+SELECT n.i, extract(epoch FROM s.t), s.clock_offset
+FROM unnest(CAST(:clusters AS text[]), CAST(:nodes AS text[]))
+     WITH ORDINALITY AS n(cluster, node, i)
+CROSS JOIN LATERAL (
+    SELECT s.t, s.clock_offset FROM health_scores s
+    WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
+      AND s.t >= :since AND s.t <= :until
+    UNION ALL
+    (SELECT s.t, s.clock_offset FROM health_scores s
+     WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
+       AND s.t > :until ORDER BY s.t LIMIT 1)) s
+ORDER BY 1, 2
+"""
+
+
+def offsets_at(conn: Connection, named: list[tuple[str, str]], node: np.ndarray,
+               t: np.ndarray, window: dict[tuple[str, str], tuple[float, float]]) -> np.ndarray:
+    """Per time ``t`` (seconds on the clock of node ``named[node]``; -1: none), that node's
+    offset from fleetd's clock then (seconds, to subtract): the one fleetd reported with the
+    node's first score at or after it, which is the fit fleetd held when the push carrying
+    that time came in and put it on its own clock with; past the last, the last. Where fleetd
+    reported none from the first time on, the window's (``window``, from ``node_offsets``; 0
+    where none). A clock drifts (20 ppm is 72 ms an hour) and a fit moves as exchanges come
+    in: one offset for a whole window would leave that in the lags."""
+    fallback = np.array([window.get(pair, (0.0, 0.0))[0] for pair in named] + [0.0])
+    at = t - fallback[node]                  # near enough fleetd's clock to find the score
+    offsets = fallback[node]
+    if not len(t) or not named:
+        return offsets
+    clocks: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for i, seen, offset in rows(conn, NODE_CLOCKS, {
+            "clusters": [c for c, _ in named], "nodes": [n for _, n in named],
+            "since": datetime.fromtimestamp(float(at.min()), UTC),
+            "until": datetime.fromtimestamp(float(at.max()), UTC)}):
+        clocks[int(i) - 1].append((float(seen), offset))
+    for i, series in clocks.items():
+        mine = node == i
+        seen, offset = np.array(series).T
+        offsets[mine] = offset[np.minimum(np.searchsorted(seen, at[mine]), len(seen) - 1)]
+    return offsets
+
+
+def entry_offsets_us(conn: Connection, comms: list[Communicator], nodes: dict[tuple, str],
+                     window: dict[tuple[str, str], tuple[float, float]], comm: np.ndarray,
+                     rank: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per entry (times in µs from PostgreSQL's epoch, as ``read_entries`` gives them), its
+    node's clock offset from fleetd's at its time (µs; see ``offsets_at``), to subtract so
+    that every node's times compare."""
+    if not len(comm):
+        return np.zeros(0, np.int64)
     pairs, where = np.unique(np.stack([comm, rank]), axis=1, return_inverse=True)
-    by_pair = np.array([round(offsets.get((comms[c].cluster, nodes.get(
-        (comms[c].cluster, comms[c].job, comms[c].step, int(r)))), (0.0, 0.0))[0] * 1e6)
-        for c, r in pairs.T], np.int64)
-    return by_pair[where.ravel()]
+    of_pair = [(comms[c].cluster, nodes.get((comms[c].cluster, comms[c].job, comms[c].step,
+                                             int(r)))) for c, r in pairs.T]
+    named = sorted({pair for pair in of_pair if pair[1] is not None})
+    index = {pair: i for i, pair in enumerate(named)}
+    node = np.array([index.get(pair, -1) for pair in of_pair], np.int64)[where.ravel()]
+    unix = t / 1e6 + UNIX_AT_PG_EPOCH
+    return np.round(offsets_at(conn, named, node, unix, window) * 1e6).astype(np.int64)
 
 
 def job_steps(comms: list[Communicator], comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,

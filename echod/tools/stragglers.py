@@ -90,7 +90,8 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     low memory = GPU memory pressure), how often fleetd listed its node under the bar, its
     preemptions (and the top preemptor's command) and block I/O. The window defaults to the
     whole job when 'job' is given, else the last hour. Each node's times are put on fleetd's
-    clock first (the median offset fleetd reported with its scores in the window). Past
+    clock first (its offset at each time, as fleetd reported it with the node's first score
+    at or after it). Past
     'max_entries' (instance, rank) entries, or where retention thinned the raw collectives,
     the lags come from fleetd's per-rank summaries, on its clock (coverage.source =
     'summaries'; a rank's median is the median of its runs' medians weighted by their
