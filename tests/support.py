@@ -11,13 +11,16 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingero.command.words import verdict_summary
 from ingero.stack.local import Echod
+from ingero.vocabulary import POINT_TO_POINT
 
 
 def have_bcc() -> bool:
@@ -177,22 +180,63 @@ def build_wheel(repo: Path, out: Path) -> Path:
     return next(out.glob("ingero-*.whl"))
 
 
-def assert_same_lags(report: dict, raw: dict) -> None:
+# How far fleetd's correction of a node's times (the fit it held when it settled them) and the
+# raw survey's (the offset fleetd reported with the node's first score at or after them) may
+# put them apart: run by run of collectives, the two medians came within 0.05 ms here, where
+# the fits themselves moved by up to 1.5 ms from one push to the next.
+CLOCKS_MS = 0.25
+
+
+def lag_quartiles(stack, job: str) -> dict[tuple, tuple[float, float]]:
+    """Per (step, rank) of ``job``: the 25th and 75th percentiles of its entry lags (ms),
+    computed here from its collectives as job_timeline gives them (each node's clock
+    corrected): an instance is a (communicator, seq) that all the communicator's ranks
+    entered, sends and receives none; a rank's lag there is its entry less the median of its
+    peers' entries."""
+    timeline = stack.tool("job_timeline", job=job)
+    assert not timeline["truncated"]
+    found = stack.client().sql(f"SELECT DISTINCT comm_hash, attrs ->> 'step' FROM events "
+                               f"WHERE job = '{job}' AND kind = 'collective'")
+    assert not found["truncated"]
+    step = dict(found["rows"])
+    entries: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for s in timeline["slices"]:
+        if s["kind"] == "collective" and s["op"] not in POINT_TO_POINT:
+            entries[(s["comm_hash"], s["seq"])][s["rank"]] = s["t"] * 1e3
+    width: dict[str, int] = defaultdict(int)
+    for (comm, _), entered in entries.items():
+        width[comm] = max(width[comm], len(entered))
+    lags = defaultdict(list)
+    for (comm, _), entered in entries.items():
+        if len(entered) == width[comm] >= 2:
+            for rank, t in entered.items():
+                others = [u for r, u in entered.items() if r != rank]
+                lags[(step[comm], rank)].append(t - float(np.median(others)))
+    return {key: tuple(np.percentile(values, [25, 75])) for key, values in lags.items()}
+
+
+def assert_same_lags(report: dict, raw: dict, quartiles: dict[tuple, tuple[float, float]]
+                     ) -> None:
     """The per-rank lags of a report from summaries against one from the raw collectives:
-    the same stragglers, the same ranks of the same Slurm steps, counts within 2%. Each corrects the nodes' clocks in
-    its own way (fleetd each push by its fitted offset, the raw survey by the median offset
-    of the window), and on this machine two corrections of one clock differ by up to a
-    millisecond: medians within 1 ms (the bar is several), and which of ranks within
-    microseconds of each other came last is that noise, as are their tails (so the shares of
-    last arrivals are not compared): a late rank's p99 and what it cost within 10% and 5%;
-    the job's idle time within 5% (or half a GPU-second)."""
+    the same stragglers, the same ranks of the same Slurm steps, counts within 2%. A rank's
+    median from summaries (its runs' medians, weighted) lies between the quartiles of its
+    lags (``lag_quartiles``), as the raw median does, both give or take the clocks'
+    corrections (CLOCKS_MS); it need not be near the raw median: here a healthy rank's lags
+    fall in modes half a millisecond apart, its quartiles a millisecond apart, and each
+    median may land in either mode. Which of ranks within microseconds of each other came
+    last is that noise, as are their tails (so the shares of last arrivals are not
+    compared): a late rank's p99 and what it cost within 10% and 5%; the job's idle time
+    within 5% (or half a GPU-second)."""
     got = {(r["step"], r["rank"]): r for r in report["per_rank"]}
     expected = {(r["step"], r["rank"]): r for r in raw["per_rank"]}
-    assert got.keys() == expected.keys(), (report["per_rank"], raw["per_rank"])
+    assert got.keys() == expected.keys() == quartiles.keys(), \
+        (report["per_rank"], raw["per_rank"], quartiles)
     for rank, r in expected.items():
         mine = got[rank]
         assert (mine["straggler"], mine["node"]) == (r["straggler"], r["node"]), (rank, mine, r)
-        assert mine["lag_median_ms"] == pytest.approx(r["lag_median_ms"], abs=1.0), (mine, r)
+        low, high = quartiles[rank]
+        for median in (r["lag_median_ms"], mine["lag_median_ms"]):
+            assert low - CLOCKS_MS <= median <= high + CLOCKS_MS, (rank, low, high, mine, r)
         assert mine["collectives"] == pytest.approx(r["collectives"], rel=0.02), (mine, r)
         if r["verdict"] or r["straggler"]:      # the others' tails are the clocks' noise
             assert mine["lag_p99_ms"] == pytest.approx(r["lag_p99_ms"], rel=0.1), (mine, r)
