@@ -300,16 +300,20 @@ def node_offsets(conn: Connection, sel: Selection, named: set[tuple[str, str | N
                             "nodes": [n for _, n in pairs]}) if offset is not None}
 
 
-# Per node (its place in the arrays), the offsets fleetd reported with its scores over a span
-# and with its first score past it, oldest first.
+# Per node (its place in the arrays), the offsets fleetd reported with its scores over a span,
+# the last of each stretch of it (at most CLOCK_STRETCHES), and with its first score past it,
+# oldest first.
+CLOCK_STRETCHES = 256
 NODE_CLOCKS = """
 SELECT n.i, extract(epoch FROM s.t), s.clock_offset
 FROM unnest(CAST(:clusters AS text[]), CAST(:nodes AS text[]))
      WITH ORDINALITY AS n(cluster, node, i)
 CROSS JOIN LATERAL (
-    SELECT s.t, s.clock_offset FROM health_scores s
-    WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
-      AND s.t >= :since AND s.t <= :until
+    (SELECT DISTINCT ON (floor(extract(epoch FROM s.t) / :stretch)) s.t, s.clock_offset
+     FROM health_scores s
+     WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
+       AND s.t >= :since AND s.t <= :until
+     ORDER BY floor(extract(epoch FROM s.t) / :stretch), s.t DESC)
     UNION ALL
     (SELECT s.t, s.clock_offset FROM health_scores s
      WHERE s.cluster = n.cluster AND s.node = n.node AND s.clock_offset IS NOT NULL
@@ -323,7 +327,9 @@ def offsets_at(conn: Connection, named: list[tuple[str, str]], node: np.ndarray,
     """Per time ``t`` (seconds on the clock of node ``named[node]``; -1: none), that node's
     offset from fleetd's clock then (seconds, to subtract): the one fleetd reported with the
     node's first score at or after it, which is the fit fleetd held when the push carrying
-    that time came in and put it on its own clock with; past the last, the last. Where fleetd
+    that time came in and put it on its own clock with; past the last, the last. Over a long
+    span, the last score of the stretch it falls in (CLOCK_STRETCHES of them: an hour's
+    stretch is 14 s, over which a clock drifts 0.7 ms at most). Where fleetd
     reported none from the first time on, the window's (``window``, from ``node_offsets``; 0
     where none). A clock drifts (20 ppm is 72 ms an hour) and a fit moves as exchanges come
     in: one offset for a whole window would leave that in the lags."""
@@ -336,7 +342,8 @@ def offsets_at(conn: Connection, named: list[tuple[str, str]], node: np.ndarray,
     for i, seen, offset in rows(conn, NODE_CLOCKS, {
             "clusters": [c for c, _ in named], "nodes": [n for _, n in named],
             "since": datetime.fromtimestamp(float(at.min()), UTC),
-            "until": datetime.fromtimestamp(float(at.max()), UTC)}):
+            "until": datetime.fromtimestamp(float(at.max()), UTC),
+            "stretch": max(float(at.max() - at.min()) / CLOCK_STRETCHES, 1e-3)}):
         clocks[int(i) - 1].append((float(seen), offset))
     for i, series in clocks.items():
         mine = node == i
