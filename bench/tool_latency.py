@@ -3,10 +3,11 @@
 A private embedded PostgreSQL (echod's, migrated) is filled with one 64-rank job shaped like a
 real one: each rank's communicator set up once, an AllReduce per rank every 100 ms on it (one rank 15–25 ms late, the
 others within 2 ms), a peer-wait sync and a host-to-device copy per rank every tenth step, the
-late rank's preemptions every 5 s, health scores and thresholds, over a few hours that cross
-midnight (two day partitions). The rows are made in SQL with generate_series into the day
-partitions while they are detached, then attached, so that PostgreSQL builds the indexes in
-bulk as a restore would; the syncs and copies are then kept as chunks, as echod keeps what
+late rank's preemptions every 5 s, health scores (with the clock offsets fleetd reports, so
+that every read of the raw collectives corrects each node's clock as it would) and
+thresholds, over a few hours that cross midnight (two day partitions). The rows are made in
+SQL with generate_series into the day partitions while they are detached, then attached, so
+that PostgreSQL builds the indexes in bulk as a restore would; the syncs and copies are then kept as chunks, as echod keeps what
 agents push of them (``echod/chunks.py``), and the tools read them through the view. After
 ANALYZE, find_stragglers runs as echod runs it (the sandbox role, row-level security, a
 signed scope) for the whole job and for a one-hour window: one
@@ -134,10 +135,11 @@ SELECT to_timestamp(:start + s * :step + 0.05),
 FROM generate_series(:first, :last) s WHERE s % 50 = 0
 """
 SCORES = """
-INSERT INTO health_scores (cluster, node, t, job, score, state, throughput, compute, memory, cpu)
+INSERT INTO health_scores (cluster, node, t, job, score, state, throughput, compute, memory, cpu,
+                           clock_offset, clock_uncertainty)
 SELECT :cluster, format('gpu-%s', lpad(n::text, 2, '0')), to_timestamp(:start + i * 5), :job,
        CASE WHEN n = :late / :per_node THEN 0.62 ELSE 0.93 END, 'active', 0.95, 0.93, 0.9,
-       CASE WHEN n = :late / :per_node THEN 0.55 ELSE 0.96 END
+       CASE WHEN n = :late / :per_node THEN 0.55 ELSE 0.96 END, (n % 3 - 1) * 1e-5, 2e-4
 FROM generate_series(0, :samples - 1) i, generate_series(0, :nodes - 1) n
 """
 THRESHOLDS = """

@@ -272,10 +272,11 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
         nodes = sorted({row[1] for row in found} | {v["node"] for v in verdicts})
         clocks = node_offsets(conn, sel, {(cluster, node) for node in nodes})
         index = {node: i for i, node in enumerate(nodes)}
-        at = offsets_at(conn, [(cluster, node) for node in nodes],
-                        np.array([index[row[1]] for row in found], np.int64),
-                        np.array([row[0].timestamp() for row in found]), clocks)
-    slices = sorted((slice_json(row, offset) for row, offset in zip(found, at)),
+        stamps = np.array([row[0].timestamp() for row in found])
+        stamps -= offsets_at(conn, [(cluster, node) for node in nodes],
+                             np.array([index[row[1]] for row in found], np.int64), stamps,
+                             clocks)
+    slices = sorted((slice_json(row, t) for row, t in zip(found, stamps.round(6).tolist())),
                     key=lambda s: s["t"])
     return {"cluster": cluster, "job": sel.job,
             "nodes": [{"node": n, "clock_offset_ms": ms(clocks.get((cluster, n), (None,))[0])}
@@ -286,9 +287,10 @@ def job_timeline(ctx: ToolContext, args: dict) -> dict:
             "window": sel.window.to_json()}
 
 
-def slice_json(row, offset_s: float) -> dict:
-    t, node, rank, kind, op, comm_hash, seq, nbytes, duration_ns, peer_wait = row
+def slice_json(row, t: float) -> dict:
+    """A slice of the timeline from its row, at ``t`` (seconds, on fleetd's clock)."""
+    _, node, rank, kind, op, comm_hash, seq, nbytes, duration_ns, peer_wait = row
     return {"rank": rank, "node": node, "kind": kind, "op": op, "comm_hash": comm_hash,
-            "seq": seq, "t": round(t.timestamp() - offset_s, 6),
+            "seq": seq, "t": t,
             "duration_ms": None if duration_ns is None else num(duration_ns / 1e6, 6),
             "peer_wait": peer_wait, "bytes": nbytes}

@@ -336,7 +336,7 @@ def offsets_at(conn: Connection, named: list[tuple[str, str]], node: np.ndarray,
     fallback = np.array([window.get(pair, (0.0, 0.0))[0] for pair in named] + [0.0])
     at = t - fallback[node]                  # near enough fleetd's clock to find the score
     offsets = fallback[node]
-    if not len(t) or not named:
+    if not len(t) or not window:
         return offsets
     clocks: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for i, seen, offset in rows(conn, NODE_CLOCKS, {
@@ -358,14 +358,19 @@ def entry_offsets_us(conn: Connection, comms: list[Communicator], nodes: dict[tu
     """Per entry (times in µs from PostgreSQL's epoch, as ``read_entries`` gives them), its
     node's clock offset from fleetd's at its time (µs; see ``offsets_at``), to subtract so
     that every node's times compare."""
-    if not len(comm):
-        return np.zeros(0, np.int64)
-    pairs, where = np.unique(np.stack([comm, rank]), axis=1, return_inverse=True)
-    of_pair = [(comms[c].cluster, nodes.get((comms[c].cluster, comms[c].job, comms[c].step,
-                                             int(r)))) for c, r in pairs.T]
-    named = sorted({pair for pair in of_pair if pair[1] is not None})
+    if not len(comm) or not window:
+        return np.zeros(len(comm), np.int64)
+    named = sorted({(cluster, node) for (cluster, *_), node in nodes.items()})
     index = {pair: i for i, pair in enumerate(named)}
-    node = np.array([index.get(pair, -1) for pair in of_pair], np.int64)[where.ravel()]
+    # (communicator, rank) → its node's place in ``named``; -1 where not known
+    of_run = defaultdict(list)
+    for c, communicator in enumerate(comms):
+        of_run[(communicator.cluster, communicator.job, communicator.step)].append(c)
+    table = np.full((len(comms), int(rank.max()) + 1), -1, np.int64)
+    for (cluster, job, step, r), name in nodes.items():
+        if r < table.shape[1]:
+            table[of_run.get((cluster, job, step), []), r] = index[(cluster, name)]
+    node = table[comm, rank]
     unix = t / 1e6 + UNIX_AT_PG_EPOCH
     return np.round(offsets_at(conn, named, node, unix, window) * 1e6).astype(np.int64)
 
