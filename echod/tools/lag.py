@@ -329,10 +329,10 @@ def offsets_at(conn: Connection, named: list[tuple[str, str]], node: np.ndarray,
     node's first score at or after it, which is the fit fleetd held when the push carrying
     that time came in and put it on its own clock with; past the last, the last. Over a long
     span, the last score of the stretch it falls in (CLOCK_STRETCHES of them: an hour's
-    stretch is 14 s, over which a clock drifts 0.7 ms at most). Where fleetd
-    reported none from the first time on, the window's (``window``, from ``node_offsets``; 0
-    where none). A clock drifts (20 ppm is 72 ms an hour) and a fit moves as exchanges come
-    in: one offset for a whole window would leave that in the lags."""
+    stretch is 14 s, over which a clock drifts 0.7 ms at most). Where fleetd reported none
+    from the first time on, the window's (``window``, from ``node_offsets``; 0 where none).
+    A clock drifts (20 ppm is 72 ms an hour) and a fit moves as exchanges come in: one
+    offset for a whole window would leave that in the lags."""
     fallback = np.array([window.get(pair, (0.0, 0.0))[0] for pair in named] + [0.0])
     at = t - fallback[node]                  # near enough fleetd's clock to find the score
     offsets = fallback[node]
