@@ -130,8 +130,9 @@ class FleetLink:
             self.fell_off.append(seq)
             self.queue.forget(seq)
             self.metrics.dropped.inc()
+        sent_at = time.time()     # before the send: the push leaves no earlier than this
         if self._send(frames):
-            self.first_sent[push.seq] = time.time()
+            self.first_sent[push.seq] = sent_at
         while len(self.first_sent) > self.cfg.max_unacked:
             self.first_sent.pop(next(iter(self.first_sent)))
 
@@ -199,7 +200,12 @@ class FleetLink:
         """The exchange's four times, taken as close to the socket as this side can: the push's
         own send (not when it was built, before its encoding and its queue file), the reply's
         arrival (not when the agent's loop got to it). Each delay left in would be a one-sided
-        leg, and half of it an error in the node's clock offset."""
+        leg, and half of it an error in the node's clock offset. Each time brackets its event:
+        the send is stamped just before the push goes, the arrival just after the reply is
+        read. A send stamped after the push went (the agent preempted once ZeroMQ's I/O
+        thread had it) shortens the round trip by as much as it biases the offset, so the
+        worst such exchanges looked the best (CI under load: a node's ranks named 3-4 ms
+        late while its clock claimed ±0.3 ms)."""
         sent_at = self.first_sent.pop(reply.ack, None)
         if sent_at is not None and not reply.duplicate:
             self.exchange = [sent_at, reply.recv_at, reply.sent_at, received_at]
