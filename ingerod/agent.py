@@ -296,15 +296,18 @@ class Agent:
         link.seq += 1
         return push
 
-    def add_events(self, events: list[dict]) -> None:
-        """Give each event its node-namespaced id and queue it for its job's shard."""
+    def add_events(self, events: list[dict], echo: bool = False) -> None:
+        """Give each event its node-namespaced id and queue it for its job's shard. Events of
+        what the node's jobs did count towards which shard the node's score goes to; an
+        ``echo`` of what a shard said (its rank verdicts heard or lapsed) does not: counted, a
+        verdict's lapse after its job ended pulled the score back to that shard's old job."""
         for event in events:
             if "id" not in event:
                 event["id"] = f"{self.cfg.node}:{self.boot_id}:{self.event_seq}"
                 self.event_seq += 1
             job = event["attrs"].get("job") or self.cfg.job
             shard = shards.owner(self.cfg.cluster, job, len(self.pending))
-            self.job_events[shard] += job is not None
+            self.job_events[shard] += job is not None and not echo
             pending = self.pending[shard]
             pending.append(event)
             while len(pending) > MAX_PENDING_EVENTS:
@@ -393,7 +396,7 @@ class Agent:
                             "" if job is None else f" (job {job})")
                 self.add_events([{"kind": kind, "t": time.time(), "attrs": {
                     "ranks": ",".join(map(str, of_job)),
-                    **({} if job is None else {"job": job})}}])
+                    **({} if job is None else {"job": job})}}], echo=True)
 
     def _mode_change(self, mode: str) -> None:
         """Noticed on every pass of the loop, not only at push time."""

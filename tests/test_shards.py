@@ -104,7 +104,7 @@ def test_two_shards_each_judge_their_own_jobs_and_echod_has_every_event(tmp_path
         for k, job in enumerate(jobs):
             verdicts = stack.tool("find_stragglers", job=job)["verdicts"]
             assert {v["rank"] for v in verdicts} == {jobs[job]}, \
-                    (job, said(verdicts), stack.logs())
+                "\n".join([f"job {job}", *said(verdicts), stack.logs()])
             assert verdicts[0]["cause"] == "host_work", verdicts[0]
             # every collective of the job stored, though its nodes pushed to two fleetds
             assert stack.tool("job_report", job=job)["collectives"] == 30 * 8, stack.logs()
@@ -125,6 +125,46 @@ def test_two_shards_each_judge_their_own_jobs_and_echod_has_every_event(tmp_path
     finally:
         statuses = stack.stop()
     assert statuses == [0, 0, 0, 0, 0], stack.logs()
+
+
+def test_a_lapsed_verdict_of_an_ended_job_does_not_pull_the_node_score_back(tmp_path):
+    """The node's score goes to the shard of the job its events are of. When a shard's verdict
+    lapses (the agent pushed no more to it) the agent says so in an event of that job, and that
+    echo must not count as the job's: counted, it pulled the score back to shard 0 once the
+    job of shard 1 had ended, and shard 0 named its old job's rank again (CI under load)."""
+    from ingero.settings import load
+    from ingerod.agent import Agent, named
+    from ingerod.config import SETTINGS
+
+    old, new = owned_by(0, 2), owned_by(1, 2)
+    agent = Agent(load(SETTINGS, "INGEROD", None, {
+        "fleet": f"tcp://127.0.0.1:{free_port()},tcp://127.0.0.1:{free_port()}",
+        "source": "synthetic", "node": next(f"n{i}" for i in range(100)
+                                            if shards.home(f"n{i}", 2) == 0),
+        "cluster": "sim", "queue_dir": str(tmp_path / "queue"), "metrics_addr": "none",
+        "control_socket": "none", "jobs_dir": "none", "insecure_plaintext_zmq": True}, {}))
+
+    def ran(job: str | None) -> None:
+        events = [] if job is None else [{"kind": "collective", "t": time.time(), "attrs": {
+            "op": "ncclAllReduce", "job": job, "rank": 4}}]
+        agent.add_events(events)
+        agent.tick(agent.clock())
+        agent.cycle(agent.clock())
+
+    try:
+        agent.heard[0] = [(old, 5)]              # shard 0 named rank 5 of the old job
+        agent.heard_ranks(named(agent.heard))
+        ran(old)
+        assert agent.home == 0
+        ran(new)
+        assert agent.home == 1
+        agent.heard[0] = []                       # shard 0's word lapses after the new job
+        agent.heard_ranks(named(agent.heard))
+        assert agent.pending[0][-1]["kind"] == "rank_resolved"      # still told, to shard 0
+        ran(None)
+        assert agent.home == 1
+    finally:
+        agent.close()
 
 
 def test_a_job_record_waits_for_its_shard_across_an_agent_kill_and_is_delivered(
