@@ -3,6 +3,7 @@ batches, and echod with its API (TLS, tokens, seeded evidence)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -257,5 +258,6 @@ def said(verdicts) -> list[str]:
         e = v.get("evidence") or {}
         lines.append(f"{verdict_summary(v)}; from step {v.get('step')}, clock "
                      f"{e.get('clock_offset_ms')} ± {e.get('clock_uncertainty_ms')} ms, bar "
-                     f"{e.get('bar_ms')} ms: {(v.get('findings') or [''])[0]}")
+                     f"{e.get('bar_ms')} ms: {(v.get('findings') or [''])[0]}; evidence "
+                     f"{json.dumps(e, sort_keys=True, default=str)[:2000]}")
     return lines

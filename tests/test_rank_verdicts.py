@@ -82,7 +82,7 @@ def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(s
         {"rank": late, "kind": "host_delay", "delay_ms": delay_ms, "from_step": onset_step}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1001"))
-    assert set(found) == {late}, (said(found), stack.logs())
+    assert set(found) == {late}, "\n".join([*said(found), stack.logs()])
     verdict = found[late]
     assert verdict["node"] == "node1" and verdict["kind"] == "persistent"
     assert verdict["cause"] == "host_work", verdict

@@ -126,7 +126,7 @@ def test_a_late_rank_is_named_by_its_true_rank_and_node_under_every_launcher(sta
     run(stack, late, launcher, [{"rank": 9, "kind": "host_delay", "delay_ms": 80,
                                  "from_step": 8}])
     found = verdicts(stack, late)
-    assert set(found) == {9}, (said(found), stack.logs())
+    assert set(found) == {9}, "\n".join([*said(found), stack.logs()])
     assert found[9]["node"] == "node2" and found[9]["cause"] == "host_work", found[9]
     report = stack.tool("job_report", job=late)
     assert report["ranks"] == 16, report     # no launcher counted, no two workers merged
@@ -145,7 +145,7 @@ def test_with_data_loader_workers_a_host_delayed_rank_is_its_own_host_work(stack
     run(stack, "2201", "torchrun", [{"rank": 5, "kind": "host_delay", "delay_ms": 80,
                                      "from_step": 8}], nodes=2, **WORKERS)
     found = verdicts(stack, "2201")
-    assert set(found) == {5}, (said(found), stack.logs())
+    assert set(found) == {5}, "\n".join([*said(found), stack.logs()])
     assert found[5]["cause"] == "host_work", found[5]
     assert all(", helper of pid" in agent.log() for agent in stack.agents[:2]), stack.logs()
 
@@ -169,7 +169,7 @@ def test_a_rank_stalled_by_its_own_workers_reads_is_named_for_its_own_work_or_io
     run(stack, "2203", "torchrun", [{"rank": 5, "kind": "slow_input", "delay_ms": 200,
                                      "read_kb": 4096}], nodes=2, **WORKERS)
     found = verdicts(stack, "2203")
-    assert set(found) == {5}, (said(found), stack.logs())
+    assert set(found) == {5}, "\n".join([*said(found), stack.logs()])
     assert found[5]["cause"] in ("io", "host_work"), found[5]
 
 
@@ -240,7 +240,7 @@ def test_an_agent_restarted_mid_job_names_no_hang_and_the_job_is_still_judged(st
     assert result.ok, result.describe()
     time.sleep(3 * PUSH_S + 2)
     found = verdicts(stack, "2501")
-    assert set(found) == {2}, (said(found), stack.logs())
+    assert set(found) == {2}, "\n".join([*said(found), stack.logs()])
     assert datetime.fromisoformat(found[2]["raised"]).timestamp() > killed
     assert "node node1's agent restarted" in stack.fleetd.log()
 
