@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,23 @@ def pytest_report_header(config):
                   .stdout.strip() if postgres.exists() else "missing")
     return [f"kernel {platform.release()}, bcc {bcc_version}, {pg_version}",
             f"CI={'true: skips fail' if IN_CI else 'false'}"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """Each test module's time (its tests' setup, call and teardown, module fixtures included),
+    slowest first: where CI's minutes go, beside --durations' slowest tests."""
+    per_module = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                per_module[report.nodeid.split("::")[0]] += report.duration
+    if not per_module:
+        return
+    terminalreporter.write_sep("=", "time per test module")
+    for module, seconds in sorted(per_module.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
+    terminalreporter.write_line(f"{sum(per_module.values()):8.1f}s  in all")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -71,3 +89,4 @@ def wheel(tmp_path_factory) -> Path:
     from tests.support import build_wheel
 
     return build_wheel(Path(__file__).resolve().parent.parent, tmp_path_factory.mktemp("wheel"))
+
