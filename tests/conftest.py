@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
+import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -90,3 +93,17 @@ def wheel(tmp_path_factory) -> Path:
 
     return build_wheel(Path(__file__).resolve().parent.parent, tmp_path_factory.mktemp("wheel"))
 
+
+@pytest.fixture(scope="session")
+def for_others():
+    """This checkout's packages and venv where another user may run them (``for_other_users``),
+    once per session; removed at its end."""
+    from tests.support import for_other_users
+
+    if sys.prefix == sys.base_prefix:
+        pytest.fail("the tests run in the checkout's venv (make test), which they copy")
+    dest = Path(tempfile.mkdtemp(prefix="ingero-for-others-"))
+    try:
+        yield for_other_users(Path(__file__).resolve().parent.parent, Path(sys.prefix), dest)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -179,6 +180,40 @@ def build_wheel(repo: Path, out: Path) -> Path:
                    capture_output=True, timeout=600)
     shutil.rmtree(source)
     return next(out.glob("ingero-*.whl"))
+
+
+# What a user other than root runs of this checkout: its packages (the sim built) and its venv.
+FOR_OTHERS = ("ingero", "ingerod", "fleetd", "echod", "sim")
+
+
+def for_other_users(repo: Path, venv: Path, dest: Path) -> SimpleNamespace:
+    """This checkout's packages and venv, copied where every user may read and run them: the
+    tests that act as another user must not depend on where root cloned the repository (under
+    /root or a ``mktemp -d``, a 0700 directory no other user can enter). Files are hard links
+    where ``dest`` is on the same file system (the venv is hundreds of MB), copies elsewhere;
+    the venv's editable install is pointed at the copy. Returns its ``checkout``, ``python``
+    and ``sim_bin``."""
+    dest.chmod(0o755)
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    checkout = dest / "checkout"
+    for name in FOR_OTHERS:
+        shutil.copytree(repo / name, checkout / name, symlinks=True, ignore=skip,
+                        copy_function=_link_or_copy)
+    shutil.copytree(venv, dest / "venv", symlinks=True, ignore=skip,
+                    copy_function=_link_or_copy)
+    site = next((dest / "venv/lib").glob("python3*/site-packages"))
+    for editable in site.glob("__editable__*"):
+        editable.unlink()
+    (site / "ingero-checkout.pth").write_text(f"{checkout}\n")
+    return SimpleNamespace(checkout=checkout, python=dest / "venv/bin/python",
+                           sim_bin=checkout / "sim/build/bin")
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 # How far fleetd's correction of a node's times (the fit it held when it settled them) and the

@@ -85,13 +85,12 @@ def test_demo_in_words_and_interrupted_leaves_nothing_behind():
     assert leftovers() == before, "the demo left a directory or a process behind"
 
 
-def test_demo_as_another_user_stops_with_one_line():
-    # ingero is imported as root (the checkout may be unreadable to others), then the process
-    # becomes nobody and runs the command.
-    as_nobody = ("import os, sys; from ingero.command.cli import main; os.setgroups([]); "
-                 "os.setgid(65534); os.setuid(65534); sys.argv[0] = 'ingero'; main(['demo'])")
-    done = subprocess.run([sys.executable, "-c", as_nobody], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+def test_demo_as_another_user_stops_with_one_line(for_others):
+    """A user other than root runs the demo from a checkout they can read."""
+    done = subprocess.run([str(for_others.python), "-m", "ingero", "demo"], capture_output=True,
+                          text=True, timeout=120, cwd=for_others.checkout, user=65534,
+                          group=65534, extra_groups=[],
+                          env={"PATH": os.environ["PATH"], "HOME": "/nonexistent"})
     assert done.returncode == 1, done
     assert done.stderr.count("\n") == 1 and "must run as root" in done.stderr, done.stderr
 

@@ -19,7 +19,6 @@ import os
 import pwd
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +28,7 @@ import pytest
 from ingero import munge, wire
 from ingero.stack.launch import wait_for
 from ingero.stack.local import Stack
-from tests.slurmcluster import (REPO, SlurmCluster, cluster_for_module, ingero_cli,
+from tests.slurmcluster import (SlurmCluster, cluster_for_module, ingero_cli,
                                ingero_run, needs_slurm, stack_beside)
 from tests.support import forward, needs_ebpf
 
@@ -211,8 +210,9 @@ def unix_user(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
 
 
-def as_user(stack: Stack, user: str, *args: str) -> subprocess.CompletedProcess:
-    """``ingero ARGS`` run by ``user``: no token, so it proves who it is with MUNGE."""
+def as_user(stack: Stack, code, user: str, *args: str) -> subprocess.CompletedProcess:
+    """``ingero ARGS`` run by ``user`` from ``code`` (``for_others``: where the user may read
+    it): no token, so it proves who it is with MUNGE."""
     home = stack.root / f"home-{user}"
     home.mkdir(exist_ok=True)
     entry = unix_user(user)
@@ -220,9 +220,9 @@ def as_user(stack: Stack, user: str, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "INGERO_URL": stack.echod.url,
            "INGERO_CA_CERT": str(stack.echod.cert)}
     return subprocess.run(["runuser", "-u", user, "--", "env", "-i",
-                           *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
+                           *(f"{k}={v}" for k, v in env.items()), str(code.python), "-m",
                            "ingero", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+                          cwd=code.checkout)
 
 
 def munge_as(user: str) -> str:
@@ -247,9 +247,8 @@ def refusal(stack: Stack, authorization: str, tool: str = "list_jobs",
         return answer.code, json.loads(answer.read())
 
 
-def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones(cluster, stack):
-    import sim
-
+def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones(
+        cluster, stack, for_others):
     jobs = {}
     for user in USERS:
         entry = unix_user(user)
@@ -259,7 +258,7 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
         done = subprocess.run(
             ["runuser", "-u", user, "--", "sbatch", "--parsable", "-o", "/dev/null", "-n", "2",
              "--chdir", str(work), "--wrap",
-             f"srun -n 2 {sim.bin_dir() / 'ingero-sim-rank'} --steps 150 --step-ms 20 "
+             f"srun -n 2 {for_others.sim_bin / 'ingero-sim-rank'} --steps 150 --step-ms 20 "
              f"--unique-id-file {work}/uid --record {work}/ranks.jsonl"],
             env=cluster.env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
@@ -269,7 +268,7 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
         120, interval=1)
 
     def own_report(user: str) -> set[str] | None:
-        done = as_user(stack, user, "report", "-n", "-P", "-o", "JobID,Rank")
+        done = as_user(stack, for_others, user, "report", "-n", "-P", "-o", "JobID,Rank")
         assert done.returncode == 0, done.stderr
         rows = set(done.stdout.split())
         return rows if len(rows) >= 2 else None
@@ -278,17 +277,17 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
         mine = {f"{jobs[user]}|0", f"{jobs[user]}|1"}
         assert wait_for(lambda: own_report(user) == mine, 60), own_report(user)
         other = jobs[USERS[1 - USERS.index(user)]]
-        assert as_user(stack, user, "report", "-j", other, "-n").stdout == ""
-        listed = as_user(stack, user, "jobs", "-n", "-P", "-o", "JobID,User")
+        assert as_user(stack, for_others, user, "report", "-j", other, "-n").stdout == ""
+        listed = as_user(stack, for_others, user, "jobs", "-n", "-P", "-o", "JobID,User")
         assert listed.stdout.split() == [f"{jobs[user]}|{user}"], listed
 
         # every user's jobs: refused with one line
-        every = as_user(stack, user, "jobs", "-a")
+        every = as_user(stack, for_others, user, "jobs", "-a")
         assert every.returncode == 1 and len(every.stderr.strip().splitlines()) == 1, every
         assert "own jobs only" in every.stderr, every.stderr
         # SQL: their own jobs' rows only (row-level security by user), no node's
         def sql(statement: str) -> list[str]:
-            done = as_user(stack, user, "sql", "--csv", statement)
+            done = as_user(stack, for_others, user, "sql", "--csv", statement)
             assert done.returncode == 0, done.stderr
             return done.stdout.split()[1:]
 
@@ -300,7 +299,7 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
         assert sql(f"SELECT count(*) FROM peer_lag WHERE job = '{other}'") == ["0"]
 
     # root (an admin by MUNGE, no token): everyone's
-    admin = as_user(stack, "root", "jobs", "-a", "-n", "-P", "-o", "JobID,User")
+    admin = as_user(stack, for_others, "root", "jobs", "-a", "-n", "-P", "-o", "JobID,User")
     assert admin.returncode == 0, admin.stderr
     assert {f"{jobs[u]}|{u}" for u in USERS} <= set(admin.stdout.split()), admin.stdout
 
@@ -317,8 +316,8 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
     status, body = refusal(stack, f"MUNGE {mine}", "event_history", {"job": jobs[alice]})
     assert status == 200 and body["events"], body
     assert {e["cluster"] for e in body["events"]} == {"sim"}, body
-    assert as_user(stack, alice, "sql", "--csv", "SELECT DISTINCT cluster FROM events ORDER "
-                   "BY 1").stdout.split() == ["cluster", "sim"]
+    assert as_user(stack, for_others, alice, "sql", "--csv", "SELECT DISTINCT cluster FROM "
+                   "events ORDER BY 1").stdout.split() == ["cluster", "sim"]
 
     # forged, expired, replayed, or minted for something else: 401 and one line
     expired = munge.credential(ttl=1)
