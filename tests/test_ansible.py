@@ -38,7 +38,11 @@ import zmq.auth
 from ingero import curve
 from ingero.cli_common import load_settings
 
-pytestmark = pytest.mark.slow
+# Each run of ansible-playbook has a budget of its own: one takes 40-100 s on an idle 2-core
+# machine (some 90 tasks at about 0.5 s each, and pip's installs). The stages are fixtures of
+# their own, so a stage that fails fails the tests that read it or a later one, not the rest.
+PLAYBOOK_TIMEOUT_S = 600
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSIBLE = ROOT / "ansible"
@@ -148,99 +152,138 @@ def inventory(tmp: Path, root: Path, source: Path, name: str = "inventory.yml",
     return path
 
 
-@pytest.fixture(scope="module")
-def deployment():
-    """Check mode, two real runs, a node added, a head node added and a node revoked, on one
-    fresh temporary root; the runs' outputs and timings."""
-    # Not under pytest's 0700 basetemp: the daemons' user must reach the files under it.
-    tmp = Path(tempfile.mkdtemp(prefix="ingero-ansible-"))
-    tmp.chmod(0o755)
-    try:
-        yield deploy(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+class Site:
+    """One fresh temporary root the stages of the deployment run on, in order, each run of
+    ansible-playbook with a budget of its own (``PLAYBOOK_TIMEOUT_S``); what each stage saw
+    is kept on it for the tests (the runs by name, and snapshots taken between them)."""
 
+    def __init__(self, tmp: Path):
+        self.tmp, self.root = tmp, tmp / "root"
+        self.etc = self.root / "etc/ingero"
+        for directory in SKELETON:
+            (self.root / directory).mkdir(parents=True)
+        (self.root / "etc/slurm/slurm.conf").write_text(
+            SLURM_CONF.format(nhc=self.root / "etc/slurm/nhc"))
+        self.source = snapshot(tmp)
+        self.hosts = inventory(tmp, self.root, self.source)
+        self.runs: dict[str, subprocess.CompletedProcess] = {}
+        self.timings: dict[str, float] = {}
 
-def deploy(tmp: Path) -> SimpleNamespace:
-    root = tmp / "root"
-    for directory in SKELETON:
-        (root / directory).mkdir(parents=True)
-    (root / "etc/slurm/slurm.conf").write_text(SLURM_CONF.format(nhc=root / "etc/slurm/nhc"))
-    timings = {}
-    source = snapshot(tmp)
-    hosts = inventory(tmp, root, source)
-    runs = {}
+    def __getattr__(self, name: str) -> subprocess.CompletedProcess:
+        """A run by its name (``site.first``), once its stage ran."""
+        try:
+            return self.__dict__["runs"][name]
+        except KeyError:
+            raise AttributeError(name) from None
 
-    def playbook(name: str, *flags: str, inventory_file: Path = hosts,
-                 succeeds: bool = True) -> subprocess.CompletedProcess:
+    def playbook(self, name: str, *flags: str, inventory_file: Path | None = None
+                 ) -> subprocess.CompletedProcess:
         began = time.monotonic()
-        done = subprocess.run([tool("ansible-playbook"), "-i", str(inventory_file),
+        done = subprocess.run([tool("ansible-playbook"), "-i", str(inventory_file or self.hosts),
                                str(ANSIBLE / "site.yml"), "--diff", *flags],
-                              cwd=tmp, env=tool_env(tmp), capture_output=True, text=True,
-                              timeout=600)
-        timings[f"{name} ({' '.join(flags)})"] = time.monotonic() - began
-        runs[name] = done
-        if not succeeds:
-            assert done.returncode != 0, f"ansible-playbook {flags} succeeded:\n{done.stdout}"
-            return done
+                              cwd=self.tmp, env=tool_env(self.tmp), capture_output=True,
+                              text=True, timeout=PLAYBOOK_TIMEOUT_S)
+        self.timings[f"{name} ({' '.join(flags)})"] = time.monotonic() - began
+        self.runs[name] = done
         assert done.returncode == 0, "\n".join([f"ansible-playbook {flags} failed:",
                                                 *_failed_tasks(done.stdout),
                                                 done.stdout[-6000:], done.stderr[-3000:]])
         return done
 
-    playbook("check", "--check", "--limit", "localhost")
-    after_check = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-    fetched_after_check = (tmp / "fetched-keys").exists()
-    playbook("first", "--limit", "localhost")
-    playbook("second", "--limit", "localhost")
+
+@pytest.fixture(scope="module")
+def site():
+    # Not under pytest's 0700 basetemp: the daemons' user must reach the files under it.
+    tmp = Path(tempfile.mkdtemp(prefix="ingero-ansible-"))
+    tmp.chmod(0o755)
+    timings = {}
+    try:
+        site = Site(tmp)
+        timings = site.timings
+        yield site
+    finally:
+        print("\nansible timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def deployment(site):
+    """Check mode on the fresh root, then two real runs of localhost (head and compute)."""
+    site.playbook("check", "--check", "--limit", "localhost")
+    site.after_check = sorted(str(p.relative_to(site.root)) for p in site.root.rglob("*"))
+    site.fetched_after_check = (site.tmp / "fetched-keys").exists()
+    site.playbook("first", "--limit", "localhost")
+    site.playbook("second", "--limit", "localhost")
+    return site
+
+
+@pytest.fixture(scope="module")
+def newnode(deployment):
+    """A compute node added with --limit newnode: this machine again under a root of its own,
+    its Slurm configless (slurm.conf on slurmctl, an upgrade from hooks named in slurm.conf
+    itself, and a site epilog with a comment)."""
+    site = deployment
     for directory in SKELETON:
-        (tmp / "newnode" / directory).mkdir(parents=True)
-    # newnode has no slurm.conf (configless), slurmctl has: an upgrade from hooks named in
-    # slurm.conf itself, and a site epilog with a comment
-    (tmp / "slurmctl/etc/slurm").mkdir(parents=True)
-    (tmp / "slurmctl/etc/slurm/slurm.conf").write_text(
-        SLURM_CONF.format(nhc=tmp / "newnode/etc/slurm/ingero/prolog")
+        (site.tmp / "newnode" / directory).mkdir(parents=True)
+    (site.tmp / "slurmctl/etc/slurm").mkdir(parents=True)
+    (site.tmp / "slurmctl/etc/slurm/slurm.conf").write_text(
+        SLURM_CONF.format(nhc=site.tmp / "newnode/etc/slurm/ingero/prolog")
         + "Epilog=/bin/true  # the site's cleanup\n")
-    before_newnode = tree(root)
-    playbook("newnode", "--limit", "newnode")
-    after_newnode = tree(root)
-    authorized_after_newnode = tmp / "authorized-after-newnode"
-    shutil.copytree(root / "etc/ingero/authorized_agents", authorized_after_newnode)
-    head2 = prepare_head2(tmp, timings)
-    # A new build of the same version: the checkout changed, its version number did not.
-    with open(source / "ingero/shards.py", "a") as shards:
+    site.before_newnode = tree(site.root)
+    site.playbook("newnode", "--limit", "newnode")
+    site.after_newnode = tree(site.root)
+    site.authorized_after_newnode = site.tmp / "authorized-after-newnode"
+    shutil.copytree(site.etc / "authorized_agents", site.authorized_after_newnode)
+    return site
+
+
+@pytest.fixture(scope="module")
+def head2(newnode):
+    """head2 joins the head nodes, a second shard localhost's agent pushes to, with a venv
+    that held the same version without the head extra; the package is a new build of the
+    same version (the checkout changed, its version number did not); newnode leaves the
+    inventory."""
+    site = newnode
+    site.head2_host = prepare_head2(site.tmp, site.timings)
+    with open(site.source / "ingero/shards.py", "a") as shards:
         shards.write("# a later build of the same version\n")
-    # head2 joins the head nodes, a second shard localhost's agent pushes to; newnode leaves
-    # the inventory
-    playbook("add_head2", "--limit", "localhost,head2", inventory_file=inventory(
-        tmp, root, source, "inventory-head2.yml", heads=("localhost", "head2"),
+    site.playbook("add_head2", "--limit", "localhost,head2", inventory_file=inventory(
+        site.tmp, site.root, site.source, "inventory-head2.yml", heads=("localhost", "head2"),
         computes=("localhost",), fleet="tcp://localhost:7470,tcp://head2:7470"))
-    agent_with_head2 = yaml.safe_load((root / "etc/ingero/ingerod.yaml").read_text())
-    authorized_after_head2 = {
+    site.agent_with_head2 = yaml.safe_load((site.etc / "ingerod.yaml").read_text())
+    site.authorized_after_head2 = {
         host: sorted(p.name for p in (top / "etc/ingero/authorized_agents").iterdir())
-        for host, top in (("localhost", root), ("head2", tmp / "head2"))}
-    # head3 comes with a fleetd key pair made before: it keeps it
+        for host, top in (("localhost", site.root), ("head2", site.tmp / "head2"))}
+    return site
+
+
+@pytest.fixture(scope="module")
+def head3(head2):
+    """head3 comes with a fleetd key pair made before the roles ran: it keeps it."""
+    site = head2
+    keys = site.tmp / "head3/etc/ingero/keys"
     for directory in (*SKELETON, "etc/ingero/keys"):
-        (tmp / "head3" / directory).mkdir(parents=True)
-    zmq.auth.create_certificates(str(tmp / "head3/etc/ingero/keys"), "fleetd")
-    head3_pair = {name: (tmp / "head3/etc/ingero/keys" / name).read_bytes()
-                  for name in ("fleetd.key", "fleetd.key_secret")}
-    playbook("add_head3", "--limit", "head3", inventory_file=inventory(
-        tmp, root, source, "inventory-head3.yml", heads=("localhost", "head2", "head3"),
-        computes=("localhost",)))
-    # newnode back in the inventory, admitted as its own run left it, then revoked by name
-    shutil.copy(tmp / "newnode/etc/ingero/keys/ingerod.key",
-                root / "etc/ingero/authorized_agents/newnode.key")
+        (site.tmp / "head3" / directory).mkdir(parents=True)
+    zmq.auth.create_certificates(str(keys), "fleetd")
+    site.head3_pair = {name: (keys / name).read_bytes()
+                       for name in ("fleetd.key", "fleetd.key_secret")}
+    site.playbook("add_head3", "--limit", "head3", inventory_file=inventory(
+        site.tmp, site.root, site.source, "inventory-head3.yml",
+        heads=("localhost", "head2", "head3"), computes=("localhost",)))
+    return site
+
+
+@pytest.fixture(scope="module")
+def revoked(head3):
+    """newnode back in the inventory, admitted as its own run left it, then revoked by name;
+    then a check-mode run of every host."""
+    site = head3
+    shutil.copy(site.tmp / "newnode/etc/ingero/keys/ingerod.key",
+                site.etc / "authorized_agents/newnode.key")
     revoked = ("-e", '{"ingero_common_revoked_agents": ["newnode"]}')
-    playbook("revoke", *revoked, "--limit", "localhost")
-    playbook("recheck", *revoked, "--check")
-    print("\nansible timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
-    return SimpleNamespace(tmp=tmp, root=root, source=source, etc=root / "etc/ingero",
-                           after_check=after_check, fetched_after_check=fetched_after_check,
-                           before_newnode=before_newnode, after_newnode=after_newnode,
-                           authorized_after_newnode=authorized_after_newnode, head2=head2,
-                           authorized_after_head2=authorized_after_head2,
-                           agent_with_head2=agent_with_head2, head3_pair=head3_pair, **runs)
+    site.playbook("revoke", *revoked, "--limit", "localhost")
+    site.playbook("recheck", *revoked, "--check")
+    return site
 
 
 def prepare_head2(tmp: Path, timings: dict) -> SimpleNamespace:
@@ -251,10 +294,10 @@ def prepare_head2(tmp: Path, timings: dict) -> SimpleNamespace:
         (tmp / "head2" / directory).mkdir(parents=True)
     venv = tmp / "head2/opt/ingero/venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True)
+                   check=True, timeout=120)
     wheel = next((tmp / "dist").glob("ingero-*.whl"))
     subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], check=True,
-                   capture_output=True)
+                   capture_output=True, timeout=PLAYBOOK_TIMEOUT_S)
     had_flask = flask_imports(venv)
     timings["head2's venv"] = time.monotonic() - began
     return SimpleNamespace(root=tmp / "head2", etc=tmp / "head2/etc/ingero", venv=venv,
@@ -307,13 +350,14 @@ def _parents(relative: str):
     return [path, *[p for p in path.parents if str(p) != "."]]
 
 
-def runs(deployment):
-    return [deployment.check, deployment.first, deployment.second, deployment.newnode,
-            deployment.add_head2, deployment.add_head3, deployment.revoke, deployment.recheck]
+def runs(site: Site) -> list[subprocess.CompletedProcess]:
+    """Every run of the deployment, once its last stage ran."""
+    return [site.check, site.first, site.second, site.newnode, site.add_head2, site.add_head3,
+            site.revoke, site.recheck]
 
 
-def test_runs_give_no_warnings(deployment):
-    for run in runs(deployment):
+def test_runs_give_no_warnings(revoked):
+    for run in runs(revoked):
         output = run.stdout + run.stderr
         assert "[WARNING]" not in output and "[DEPRECATION WARNING]" not in output, \
             "\n".join(line for line in output.splitlines() if "WARNING" in line)
@@ -536,16 +580,16 @@ def test_key_exchange_lets_the_agent_through_fleetd_curve(deployment):
 
 
 def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_changes(
-        deployment):
+        newnode):
     """--limit newnode runs no head tasks: the new node's own run puts its key among fleetd's
     authorized agents (and would reload fleetd under systemd); nothing else on the head
     changes."""
-    etc, new = deployment.etc, deployment.tmp / "newnode/etc/ingero"
-    assert recap(deployment.newnode.stdout, "newnode")["failed"] == 0
-    assert "localhost" not in {m.group("host") for m in RECAP.finditer(deployment.newnode.stdout)}
-    authorized = deployment.authorized_after_newnode      # as the run left it
+    etc, new = newnode.etc, newnode.tmp / "newnode/etc/ingero"
+    assert recap(newnode.newnode.stdout, "newnode")["failed"] == 0
+    assert "localhost" not in {m.group("host") for m in RECAP.finditer(newnode.newnode.stdout)}
+    authorized = newnode.authorized_after_newnode      # as the run left it
     assert (authorized / "newnode.key").read_bytes() == (new / "keys/ingerod.key").read_bytes()
-    before, after = deployment.before_newnode, deployment.after_newnode
+    before, after = newnode.before_newnode, newnode.after_newnode
     assert {k for k in set(after) | set(before) if after.get(k) != before.get(k)} == {
         "etc/ingero/authorized_agents/newnode.key"}
     assert curve_admits(authorized, etc / "keys/fleetd.key_secret",
@@ -553,55 +597,54 @@ def test_a_compute_node_added_with_limit_is_admitted_by_fleetd_and_nothing_else_
         "fleetd's socket refused the new node's key"
     # configless: the controller's slurm.conf was changed, once, and names newnode's drop-ins;
     # newnode has none. It named ingero's hook itself: no second copy of it as the site's
-    slurm = deployment.tmp / "newnode/etc/slurm"
+    slurm = newnode.tmp / "newnode/etc/slurm"
     assert not (slurm / "slurm.conf").exists()
-    conf = (deployment.tmp / "slurmctl/etc/slurm/slurm.conf").read_text().splitlines()
+    conf = (newnode.tmp / "slurmctl/etc/slurm/slurm.conf").read_text().splitlines()
     assert [line for line in conf if line.lower().startswith(("prolog", "epilog"))] == [
         "PrologFlags=Contain,Alloc", f"Prolog={slurm}/prolog.d/*", f"Epilog={slurm}/epilog.d/*"]
     assert sorted(p.name for p in (slurm / "prolog.d").iterdir()) == ["50-ingero"]
     assert os.readlink(slurm / "epilog.d/00-site") == "/bin/true"
     changed = [m.group(0) for m in re.finditer(r"^changed: \[newnode -> slurmctl\].*$",
-                                               deployment.newnode.stdout, re.MULTILINE)]
+                                               newnode.newnode.stdout, re.MULTILINE)]
     assert len(changed) == 3, changed      # Prolog, Epilog and PrologFlags, on the controller
 
 
-def test_the_package_is_the_wheel_built_from_the_checkout(deployment):
+def test_the_package_is_the_wheel_built_from_the_checkout(head2):
     """By default the hosts get the controller's build of ingero_common_source_dir, installed by
     path; a later build of the same version replaces it (pip alone would keep it). The build
     leaves the checkout as it was."""
-    python = deployment.root / "opt/ingero/venv/bin/python"
+    python = head2.root / "opt/ingero/venv/bin/python"
     done = subprocess.run([str(python), "-c", "import ingero, ingero.shards; "
                            "print(ingero.__version__, ingero.shards.__file__)"],
-                          cwd=deployment.tmp, capture_output=True, text=True, check=True,
+                          cwd=head2.tmp, capture_output=True, text=True, check=True,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     version, shards = done.stdout.split()
-    source = (deployment.source / "ingero/shards.py").read_text()
+    source = (head2.source / "ingero/shards.py").read_text()
     assert source.endswith("# a later build of the same version\n")
     assert Path(shards).read_text() == source
-    assert "changed: [localhost]" in _block(deployment.add_head2.stdout,
+    assert "changed: [localhost]" in _block(head2.add_head2.stdout,
                                             "Replace the ingero package with the new build")
-    wheels = deployment.root / "opt/ingero/wheels"
+    wheels = head2.root / "opt/ingero/wheels"
     assert [p.name for p in wheels.iterdir()] == [f"ingero-{version}-py3-none-any.whl"]
-    assert not [p.name for p in deployment.source.iterdir()
+    assert not [p.name for p in head2.source.iterdir()
                 if p.name == "build" or p.name.endswith(".egg-info")]
 
 
-def test_a_head_node_gets_the_head_extra_where_the_same_version_lacks_it(deployment):
+def test_a_head_node_gets_the_head_extra_where_the_same_version_lacks_it(head2):
     """head2's venv held the same version of ingero without the head extra (as a compute node
     has it): the run added echod's dependencies."""
-    head2 = deployment.head2
-    assert not head2.had_flask
-    assert "changed: [head2]" in _block(deployment.add_head2.stdout,
+    assert not head2.head2_host.had_flask
+    assert "changed: [head2]" in _block(head2.add_head2.stdout,
                                         "Install the ingero package and what it needs")
-    assert flask_imports(head2.venv)
+    assert flask_imports(head2.head2_host.venv)
 
 
-def test_each_head_node_has_its_own_fleetd_key_pair_and_the_agent_knows_each(deployment):
+def test_each_head_node_has_its_own_fleetd_key_pair_and_the_agent_knows_each(head3):
     """head2, a second shard, makes its own fleetd key pair (no secret key leaves its host);
     localhost's agent, pushing to both, installs each one's fetched public key and names them
     in its endpoints' order; each fleetd lets it through over real CURVE with the key it
     names for that endpoint."""
-    etc, etc2 = deployment.etc, deployment.head2.etc
+    etc, etc2 = head3.etc, head3.head2_host.etc
     assert (etc2 / "keys/fleetd.key_secret").read_bytes() != \
         (etc / "keys/fleetd.key_secret").read_bytes()
     for name, mode in (("fleetd.key", 0o644), ("fleetd.key_secret", 0o640)):
@@ -610,9 +653,9 @@ def test_each_head_node_has_its_own_fleetd_key_pair_and_the_agent_knows_each(dep
                 grp.getgrgid(info.st_gid).gr_name) == (mode, "root", DAEMON_GROUP), name
     assert (etc2 / "authorized_fleetd/fleetd.key").read_bytes() == \
         (etc2 / "keys/fleetd.key").read_bytes()
-    fetched = deployment.tmp / "fetched-keys/fleetd"
+    fetched = head3.tmp / "fetched-keys/fleetd"
     assert sorted(p.name for p in fetched.iterdir()) == ["head2.key", "head3.key", "localhost.key"]
-    config = deployment.agent_with_head2          # as that run left it
+    config = head3.agent_with_head2          # as that run left it
     assert config["fleet"] == "tcp://localhost:7470,tcp://head2:7470"
     assert config["fleet_public_key"] == [str(etc / "keys/fleetd-localhost.key"),
                                           str(etc / "keys/fleetd-head2.key")]
@@ -625,7 +668,7 @@ def test_each_head_node_has_its_own_fleetd_key_pair_and_the_agent_knows_each(dep
             f"{head}'s fleetd refused the agent"
     # on localhost, the run changed the package (a new build), the agent's keys and endpoints
     # and newnode's admission only
-    assert _changed_task_names(deployment.add_head2.stdout, "localhost") == {
+    assert _changed_task_names(head3.add_head2.stdout, "localhost") == {
         "ingero_common : Copy the wheel to the host",
         "ingero_common : Replace the ingero package with the new build",
         "ingero_compute : Write ingerod's configuration",
@@ -634,44 +677,44 @@ def test_each_head_node_has_its_own_fleetd_key_pair_and_the_agent_knows_each(dep
         "inventory"}
 
 
-def test_a_head_node_keeps_a_fleetd_key_pair_it_had(deployment):
+def test_a_head_node_keeps_a_fleetd_key_pair_it_had(head3):
     """head3 had a fleetd key pair before the roles ran: it keeps it, and its public key is
     what the compute nodes get."""
-    assert recap(deployment.add_head3.stdout, "head3")["failed"] == 0
-    keys = deployment.tmp / "head3/etc/ingero/keys"
-    assert {name: (keys / name).read_bytes() for name in deployment.head3_pair} == \
-        deployment.head3_pair
-    assert (deployment.tmp / "fetched-keys/fleetd/head3.key").read_bytes() == \
-        deployment.head3_pair["fleetd.key"]
+    assert recap(head3.add_head3.stdout, "head3")["failed"] == 0
+    keys = head3.tmp / "head3/etc/ingero/keys"
+    assert {name: (keys / name).read_bytes() for name in head3.head3_pair} == \
+        head3.head3_pair
+    assert (head3.tmp / "fetched-keys/fleetd/head3.key").read_bytes() == \
+        head3.head3_pair["fleetd.key"]
 
 
-def test_a_node_removed_from_the_inventory_is_taken_out_of_fleetd(deployment):
+def test_a_node_removed_from_the_inventory_is_taken_out_of_fleetd(head2):
     """newnode left the inventory: the head's run removed its key from fleetd's authorized
     agents and reloads fleetd (test_curve shows a reload cuts its connection off); head2, new,
     did not admit it."""
-    assert deployment.authorized_after_head2 == {"localhost": ["localhost.key"],
+    assert head2.authorized_after_head2 == {"localhost": ["localhost.key"],
                                                  "head2": ["localhost.key"]}
-    output = deployment.add_head2.stdout
+    output = head2.add_head2.stdout
     assert "changed: [localhost] => (item=newnode)" in _block(
         output, "Remove the keys of revoked agents and of compute nodes no longer in")
     assert "skipping: [localhost]" in _block(output, "HANDLER [ingero_head : Reload fleetd]")
 
 
-def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(deployment):
+def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(revoked):
     """ingero_common_revoked_agents: newnode, in the inventory and admitted, is taken out by the
     head's run, and fleetd over real CURVE refuses its key; a check-mode run of every host then
     changes nothing: neither the head nor newnode's own run (which admits it otherwise) puts
-    it back, and check mode of a deployment that is in place says so."""
-    etc, new = deployment.etc, deployment.tmp / "newnode/etc/ingero"
+    it back, and check mode of a revoked that is in place says so."""
+    etc, new = revoked.etc, revoked.tmp / "newnode/etc/ingero"
     assert "changed: [localhost] => (item=newnode)" in _block(
-        deployment.revoke.stdout,
+        revoked.revoke.stdout,
         "Remove the keys of revoked agents and of compute nodes no longer in")
     # the only change on the head, which reloads fleetd (skipped here, without systemd); and
     # the agent's endpoints, back to one (this inventory's head group is localhost alone)
-    assert _changed_task_names(deployment.revoke.stdout, "localhost") == {
+    assert _changed_task_names(revoked.revoke.stdout, "localhost") == {
         "ingero_head : Remove the keys of revoked agents and of compute nodes no longer in the "
         "inventory", "ingero_compute : Write ingerod's configuration"}
-    assert "skipping: [localhost]" in _block(deployment.revoke.stdout,
+    assert "skipping: [localhost]" in _block(revoked.revoke.stdout,
                                              "HANDLER [ingero_head : Reload fleetd]")
     assert not (etc / "authorized_agents/newnode.key").exists()
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
@@ -680,23 +723,23 @@ def test_a_node_revoked_by_name_is_refused_by_fleetd_and_stays_so(deployment):
     assert curve_admits(etc / "authorized_agents", etc / "keys/fleetd.key_secret",
                         etc / "keys/ingerod.key_secret", etc / "keys/fleetd.key") == 1
     for host in ("localhost", "newnode"):
-        counts = recap(deployment.recheck.stdout, host)
+        counts = recap(revoked.recheck.stdout, host)
         assert counts["changed"] == 0 and counts["failed"] == 0, \
-            f"{host} {counts}\n" + "\n".join(_changed_tasks(deployment.recheck.stdout))
+            f"{host} {counts}\n" + "\n".join(_changed_tasks(revoked.recheck.stdout))
 
 
-def test_token_made_once_stored_hashed_and_never_printed(deployment):
-    etc = deployment.etc
+def test_token_made_once_stored_hashed_and_never_printed(revoked):
+    etc = revoked.etc
     token = (etc / "ingero-cli.token").read_text().strip()
     assert len(token) >= 32
     tokens = yaml.safe_load((etc / "echod-tokens.yaml").read_text())["tokens"]
     assert [(t["name"], t["sha256"]) for t in tokens] == \
         [("ingero-cli", hashlib.sha256(token.encode()).hexdigest())]
-    for run in runs(deployment):
+    for run in runs(revoked):
         assert token not in run.stdout + run.stderr
     secret = (etc / "keys/fleetd.key_secret").read_text()
     secret_line = next(line for line in secret.splitlines() if "secret-key" in line)
-    for run in runs(deployment):
+    for run in runs(revoked):
         assert secret_line.split('"')[1] not in run.stdout + run.stderr
 
 
