@@ -31,6 +31,8 @@ from bench.harness import RESULTS  # noqa: E402
 # In the order they run and appear: the cheap ones first, so a failure shows early.
 BENCHMARKS = ["rank_analysis", "push_cost", "trace_overhead", "agent_rate", "ingest_rate",
               "fleet_scale", "tool_latency", "quality", "drills"]
+# Run by hand where a GPU is lent (never by make bench); documented from their stored results.
+DEVICE_BENCHMARKS = ["real_gpu"]
 DOCS = REPO / "docs" / "benchmarks.md"
 README = REPO / "README.md"
 QUOTE = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)
@@ -81,6 +83,12 @@ def documents(results: Path) -> tuple[str, list[str]]:
         sections.append(module(name).section(result))
         lines.append(f"- {name}: {module(name).summary(result)}")
     sections.append(scale_model.section(found))
+    for name in DEVICE_BENCHMARKS:
+        path = results / f"{name}.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            sections.append(module(name).section(result))
+            lines.append(f"- {name}: {module(name).summary(result)}")
     return "\n\n".join(sections) + "\n", lines
 
 
