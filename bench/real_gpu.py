@@ -843,10 +843,11 @@ def section(result: dict) -> str:
         f"{m.get('bcc_importable')}. NVML: {g.get('nvml_total_bytes')} bytes of GPU memory "
         f"(torch: {g.get('torch_total_bytes')}).",
         "\n".join(rows),
-        f"Calls PyTorch makes that no probe covers ({len(libs.get('unprobed_pytorch_calls', []))}): "
-        f"{unprobed}.",
-        f"Discovery over the real /proc, {len(d.get('scans', []))} scans "
-        f"({'every role as the process tree calls for' if d.get('as_expected') else 'roles NOT as expected'}):",
+        f"Calls PyTorch makes that no probe covers ({unprobed.count(',') + 1 if unprobed else 0}):"
+        f" {unprobed or 'none'}.",
+        f"Discovery over the real /proc, {len(d.get('scans', []))} scans ("
+        + ("every role as the process tree calls for" if d.get("as_expected")
+           else "roles NOT as expected") + "):",
         "\n".join(found),
         f"Measured {result.get('measured', {}).get('date', 'on the lent machine')}: "
         f"`bench/real_gpu.py`, {result['seconds'].get('total')} s."])
