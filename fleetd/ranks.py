@@ -78,7 +78,8 @@ def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: f
     median of both flips between them): the proof that its lateness costs. A rank late on the
     host but still ahead of its GPU queue delays no collective, and its peers wait no longer
     than before. What a rank later than it (by ``later_s`` more) made them wait is not its
-    own: the GPU queues absorbed that much less of the later rank's lag. The growth must also
+    own: the GPU queues absorbed that much less of the later rank's lag; nor is what made the
+    rank itself wait longer too (``own_growth``, added to ``later_s``). The growth must also
     stand out from the waits' own spread (``COST_ERRORS`` standard errors of the growth):
     waits at syncs every few steps vary by tens of ms under CPU contention, and a few ms more
     on average is what chance gives. Too few syncs before: it costs; fewer than ``enough``
@@ -91,6 +92,32 @@ def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: f
     grew, error = growth(before, after)
     return grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_SHARE * lag_s,
                                                  COST_ERRORS * error / 1e9)
+
+
+def waits_around(facts: RankFacts, onset: float) -> tuple[list[tuple], list[tuple]]:
+    """A rank's waits at its syncs on collectives, as (stratum, ns) (see ``growth``), before
+    and since ``onset`` (fleetd's clock)."""
+    before, after, last = [], [], {}
+    for t, ns, (comm, seq) in zip(facts.peer_wait_t, facts.peer_wait_ns, facts.peer_wait_on):
+        covered = seq - last[comm] if 0 <= last.get(comm, -1) < seq else None
+        last[comm] = seq
+        (after if t >= onset else before).append(((comm, covered), ns))
+    return before, after
+
+
+def own_growth(facts: RankFacts | None, onset: float) -> float:
+    """How much a late rank's own waits at its syncs grew since its onset, in seconds (0 when
+    they shrank or too few are seen to tell). The rank its peers wait for comes last and
+    waits least; a delay that made the rank itself wait longer too came from elsewhere (a
+    third rank's GPU, every host slowed at once), and that much of its peers' growth is not
+    its doing (CI, eight ranks on two CPUs: rank 2 of a host-ahead job 6 ms late on the host
+    while everyone's waits at one sync grew, its own the most, 30 ms against 16; named)."""
+    if facts is None:
+        return 0.0
+    before, after = waits_around(facts, onset)
+    if len(before) < 2 or len(after) < ONSET_WAITS:
+        return 0.0
+    return max(0.0, growth(before, after)[0] / 1e9)
 
 
 def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
@@ -657,16 +684,14 @@ class RankAnalysis:
             if column == f.column or facts is None or not facts.peer_wait_ns:
                 continue
             peers += 1
-            last = {}
-            for t, ns, (comm, seq) in zip(facts.peer_wait_t, facts.peer_wait_ns,
-                                          facts.peer_wait_on):
-                covered = seq - last[comm] if 0 <= last.get(comm, -1) < seq else None
-                last[comm] = seq
-                (after if t >= onset else before).append(((comm, covered), ns))
+            waits = waits_around(facts, onset)
+            before += waits[0]
+            after += waits[1]
         with quiet():
             since = np.nanmedian(lag[f.onset:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
-        return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later,
+        return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s,
+                          later + own_growth(job.facts.get(ranks[f.column]), onset),
                           enough=ONSET_WAITS * peers)
 
     def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,

@@ -715,6 +715,19 @@ def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, nam
         [] if named else [(5, "ahead", 0.0, 30)])
 
 
+@pytest.mark.parametrize("own_after_ms, named", [(110.0, False), (45.0, True)])
+def test_waits_that_grew_for_the_late_rank_too_are_not_its_cost(own_after_ms, named):
+    """Rank 5 enters every collective 30 ms after its peers from step 30, and their waits at
+    their syncs grew by 30 ms since. Had it held them up, it would come last and wait less
+    itself (45 ms): named. If its own waits grew too, by 40 ms, what delayed the collectives
+    was elsewhere, and its peers' growth is no proof that its lateness costs: not named."""
+    ra = analysis()
+    ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, 100.0, 30)
+                    + waits([5], 70.0, own_after_ms, 30)), T0)
+    changed = feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=60)
+    assert bool([v for v in ra.active() if v.rank == 5]) == named, changed
+
+
 def test_a_lateness_shown_to_cost_nobody_stays_so_once_the_waits_before_it_are_forgotten():
     """fleetd keeps each rank's last 64 syncs: 200 steps on, rank 5's peers' waits from before
     its onset are gone, and with them the proof that its lateness (its host ahead of its
