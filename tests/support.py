@@ -284,6 +284,12 @@ def assert_same_lags(report: dict, raw: dict, quartiles: dict[tuple, tuple[float
         [s["rank"] for s in raw["top_stragglers"]]
 
 
+def why(*parts) -> str:
+    """A failed assertion's message, whole: each part on its own lines (a repr where it is no
+    string). A tuple of them would be cut at 240 characters by pytest."""
+    return "\n".join(part if isinstance(part, str) else repr(part) for part in parts)
+
+
 def said(verdicts) -> list[str]:
     """Each verdict (a list, or a dict by rank) as the product says it, with what a failed
     assertion needs to be read: the step it began at, the clock its node's times were put on

@@ -33,7 +33,7 @@ from ingero.stack.launch import Daemon, free_port, wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 
-from .support import needs_ebpf, scrape
+from .support import needs_ebpf, scrape, why
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -213,7 +213,7 @@ def test_a_late_rank_fires_the_straggler_alert_to_the_receiver_and_it_resolves(s
     with Cluster(late_then_on_time(job, late), stack.root / f"job-{job}") as cluster:
         fired = wait_for(lambda: alerts_of(stack.receiver, "firing", "IngeroStragglerCritical",
                                            job), 60, 0.2)
-        assert fired, (stack.receiver.received, stack.logs())
+        assert fired, why(stack.receiver.received, stack.logs())
         labels = fired[0]["labels"]
         assert {k: labels[k] for k in ("job_id", "user", "rank", "node", "cause", "severity",
                                        "cluster")} == {
@@ -229,7 +229,7 @@ def test_a_late_rank_fires_the_straggler_alert_to_the_receiver_and_it_resolves(s
         # resolves while the job still runs
         resolved = wait_for(lambda: alerts_of(stack.receiver, "resolved",
                                               "IngeroStragglerCritical", job), 60, 0.2)
-        assert resolved, (stack.receiver.received, stack.logs())
+        assert resolved, why(stack.receiver.received, stack.logs())
         result = cluster.wait()
     assert result.ok, result.describe()
     for node in (0, 1):

@@ -32,7 +32,7 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
 
-from .support import metric, needs_ebpf, scrape
+from .support import metric, needs_ebpf, scrape, why
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -114,7 +114,7 @@ def test_kill_9_of_fleetd_echod_and_postgres_loses_and_doubles_nothing(tmp_path)
         verdicts = stack.tool("find_stragglers", job=job)["verdicts"]
         raised = [datetime.fromisoformat(v["raised"]).timestamp() for v in verdicts
                   if v["rank"] == LATE_RANK]
-        assert any(t > fleetd_back for t in raised), (verdicts, stack.logs())
+        assert any(t > fleetd_back for t in raised), why(verdicts, stack.logs())
         print(f"drill: kill -9 fleetd, echod, postgres | produced {issued} | stored "
               f"{stored(engine, job)} | dropped 0 | resumed after {resumed['fleetd']:.1f} s, "
               f"{resumed['echod']:.1f} s, {resumed['postgres']:.1f} s")
@@ -246,7 +246,7 @@ def test_a_node_20_ms_ahead_is_judged_with_no_other_until_its_offset_is_known(cu
         assert abs(offset - AHEAD_S) <= 0.005, offset
         verdicts = stack.tool("find_stragglers", job=job)["verdicts"]
         assert [(v["rank"], v["node"], v["cause"]) for v in verdicts] == \
-            [(late, "node1", "host_work")], (verdicts, stack.logs())
+            [(late, "node1", "host_work")], why(verdicts, stack.logs())
         assert abs(verdicts[0]["lag_p50_ms"] - delay_ms) <= 0.15 * delay_ms, verdicts[0]
     finally:
         stack.stop()

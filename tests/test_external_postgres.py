@@ -33,7 +33,7 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 
 from .pg import state_dir
-from .support import needs_ebpf
+from .support import needs_ebpf, why
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +191,7 @@ def test_a_job_through_echod_on_the_external_server_is_stored_there_and_outlives
             assert cluster.wait().ok
         verdicts = wait_for_verdicts(stack, "5001")
         said = [verdict_summary(v) for v in verdicts]
-        assert {v["rank"] for v in verdicts} == {LATE_RANK}, (said, stack.logs())
+        assert {v["rank"] for v in verdicts} == {LATE_RANK}, why(said, stack.logs())
         assert all(line.startswith(f"rank {LATE_RANK} on node1: ") for line in said), said
         assert not (stack.echod.root / "state" / "postgres").exists(), \
             "echod started a private cluster although it was given --dsn"

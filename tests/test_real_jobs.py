@@ -49,7 +49,7 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
 
-from .support import assert_same_lags, lag_quartiles, metric, needs_ebpf, said
+from .support import assert_same_lags, lag_quartiles, metric, needs_ebpf, said, why
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -265,7 +265,7 @@ def test_agents_of_both_wire_versions_push_one_job_and_both_are_judged_and_store
                                  "from_step": 8} for r in (2, 13)])
     found = verdicts(stack, "2901")
     assert {r: (v["node"], v["cause"]) for r, v in found.items()} == {
-        2: ("node0", "host_work"), 13: ("node3", "host_work")}, (found, stack.logs())
+        2: ("node0", "host_work"), 13: ("node3", "host_work")}, why(found, stack.logs())
     assert stack.tool("job_report", job="2901")["collectives"] == 30 * 16
     assert len(stack.tool("find_stragglers", job="2901")["ranks"]) == 16
     assert "job 2901: rank(s)" not in stack.fleetd.log(), "one run, whatever each node sends"
@@ -303,7 +303,7 @@ def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_thei
                    key=lambda v: (v["rank"], v["evidence"].get("run", {}).get("step", "")))
     runs = [(v["rank"], v["evidence"].get("run")) for v in found]
     assert runs == [(1, {"step": "0"}), (1, {"step": "1"}), (3, {"step": "0", "requeue": 1})], \
-        (runs, stack.logs())
+        why(runs, stack.logs())
     steps = [v["cost_gpu_seconds"] for v in found[:2]]
     assert all(0 < cost < 1.5 * min(steps) for cost in steps), ("no run carries another's cost", found)
     bare = stack.tool("find_stragglers", job="exp-2601")["verdicts"]
@@ -335,7 +335,7 @@ def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack)
     assert verdicts(stack, "2701") == {}
     run(stack, "2702", "torchrun", [{"rank": 2, "kind": "slow_gpu", "factor": 1.4}], **PARALLEL)
     slow = verdicts(stack, "2702")
-    assert {r: v["cause"] for r, v in slow.items()} == {2: "slow_gpu"}, (slow, stack.logs())
+    assert {r: v["cause"] for r, v in slow.items()} == {2: "slow_gpu"}, why(slow, stack.logs())
     passed = stack.tool("find_stragglers", job="2702")["notes"]
     assert passed and {n["rank"] for n in passed} <= {6, 7} and \
         {n["kind"] for n in passed} == {"passed_down"}, passed
@@ -343,7 +343,7 @@ def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack)
                                      "from_step": 5}], **{**PARALLEL, "steps": 60})
     late = verdicts(stack, "2703")
     assert {r: (v["kind"], v["cause"]) for r, v in late.items()} == {
-        6: ("persistent", "host_work")}, (late, stack.logs())
+        6: ("persistent", "host_work")}, why(late, stack.logs())
     groups = {f"{c['comm_id_hash']:016x}"
               for c in read_record(stack.root / "job-2703" / "rank-6.jsonl").ops("ncclAllReduce")}
     assert late[6]["node"] == "node1" and late[6]["comm_hash"] in groups, late[6]
@@ -367,7 +367,7 @@ def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue
     assert verdicts(stack, "2801") == {}
     notes = {n["rank"]: n for n in stack.tool("find_stragglers", job="2801")["notes"]}
     assert (notes[5]["kind"], notes[5]["severity"], notes[5]["cost_gpu_seconds"]) == (
-        "ahead", "info", 0.0), (notes, stack.logs())
+        "ahead", "info", 0.0), why(notes, stack.logs())
     # Eight ranks on two CPUs: a host kept off its CPU for a while comes a few ms late, costs
     # nobody, and may be noted so too; never for as long as rank 5.
     assert all((n["kind"], n["cost_gpu_seconds"]) == ("ahead", 0.0)
@@ -378,4 +378,4 @@ def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue
                                  "from_step": 40}], **ahead)
     behind = verdicts(stack, "2802")
     assert set(behind) == {5} and behind[5]["cost_gpu_seconds"] > 0, \
-        (described(behind), stack.logs())
+        why(described(behind), stack.logs())
