@@ -16,7 +16,6 @@ import pty
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -51,7 +50,7 @@ def stack(tmp_path_factory):
         result = cluster.wait()
     assert result.ok, result.describe()
     stack.ended = datetime.now().astimezone()
-    time.sleep(5)
+    assert stack.wait_judged(JOB, result), stack.logs()
     token = root / "token"
     token.write_text(stack.token + "\n")
     stack.env = {"INGERO_URL": stack.echod.url, "INGERO_TOKEN_FILE": str(token),

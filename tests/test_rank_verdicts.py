@@ -42,11 +42,11 @@ class Stack(stack_module.Stack):
                          echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
                          echod_root=Path(tempfile.mkdtemp(prefix="echod-verdicts-")))
 
-    def run(self, scenario: scenarios.Scenario, settle: float = 3 * PUSH_S + 2):
-        """Run a sim job to its end, then give the verdicts time to reach echod."""
+    def run(self, scenario: scenarios.Scenario):
+        """Run a sim job to its end, then wait for fleetd's word on all of it in echod."""
         with Cluster(scenario, self.root / f"job-{scenario.job.job_id}") as cluster:
             result = cluster.wait()
-        time.sleep(settle)
+        assert self.wait_judged(scenario.job.job_id, result), self.logs()
         return result
 
     def verdicts(self, job: str) -> list[dict]:
@@ -99,7 +99,8 @@ def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(s
     # too, on the same communicator, and are no instances (fleetd judges none either)
     assert {r["samples"] for r in computed} == {30}, computed
     # the agent on node1 hears it in fleetd's reply, and says so
-    assert "fleetd: rank straggler [5]" in stack.agents[1].log()
+    assert wait_for(lambda: "fleetd: rank straggler [5]" in stack.agents[1].log(), 10), \
+        stack.agents[1].log()
     explained = stack.tool("explain", job="1001", rank=late)
     assert explained["cause"] == "host_work" and explained["node"] == "node1"
     assert explained["findings"][0].startswith("fleetd named it a straggler (persistent")
@@ -171,7 +172,7 @@ def test_a_competing_process_on_a_rank_s_cpu_is_named_as_the_cause(stack):
         result = cluster.wait()
         hogs = {hog.pid for hog in cluster.hogs}
     assert result.ok, result.describe()
-    time.sleep(3 * PUSH_S + 2)
+    assert stack.wait_judged("1006", result), stack.logs()
     found = named(stack.verdicts("1006"))
     assert set(found) == {2}, found
     assert found[2]["cause"] == "host_preemption", found[2]
@@ -249,7 +250,8 @@ def test_two_jobs_on_one_node_wide_agent_are_analysed_and_stored_apart(stack):
             Cluster(second, stack.root / "job-1012") as b:
         results = a.wait(), b.wait()
     assert all(r.ok for r in results), [r.describe() for r in results]
-    time.sleep(3 * PUSH_S + 2)
+    assert all(stack.wait_judged(job, r) for job, r in zip(("1011", "1012"), results)), \
+        stack.logs()
     assert set(named(stack.verdicts("1011"))) == {1}
     assert set(named(stack.verdicts("1012"))) == {3}
     for job, late in (("1011", 1), ("1012", 3)):

@@ -84,7 +84,7 @@ def run(stack, job_id: str, launcher: str, stragglers=(), hosts=None, env=None,
                  extra_env=env) as cluster:
         result = cluster.wait()
     assert result.ok, result.describe()
-    time.sleep(3 * PUSH_S + 2)
+    assert stack.wait_judged(job_id, result), stack.logs()
 
 
 def report(stack, job: str) -> dict[int, dict]:
@@ -220,7 +220,7 @@ def test_a_healthy_job_with_jitter_polled_while_it_runs_never_names_anyone(stack
             named += answer["verdicts"] + [r for r in answer["ranks"] if r["straggler"]]
         result = cluster.wait()
     assert result.ok, result.describe()
-    time.sleep(3 * PUSH_S + 2)
+    assert stack.wait_judged("2401", result), stack.logs()
     answer = stack.tool("find_stragglers", job="2401")
     assert len(answer["ranks"]) == 16 and not [r for r in answer["ranks"] if r["straggler"]]
     assert named + answer["verdicts"] == []
@@ -238,7 +238,7 @@ def test_an_agent_restarted_mid_job_names_no_hang_and_the_job_is_still_judged(st
         stack.restart_agent(1)
         result = cluster.wait()
     assert result.ok, result.describe()
-    time.sleep(3 * PUSH_S + 2)
+    assert stack.wait_judged("2501", result), stack.logs()
     found = verdicts(stack, "2501")
     assert set(found) == {2}, "\n".join([*said(found), stack.logs()])
     assert datetime.fromisoformat(found[2]["raised"]).timestamp() > killed

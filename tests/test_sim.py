@@ -587,3 +587,20 @@ def test_cli_runs_a_scenario_file(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sim", "check", str(tmp_path / "missing.yaml")],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def test_the_last_instance_every_rank_entered_is_read_from_the_records(tmp_path):
+    """What ``Stack.wait_judged`` waits for: per communicator, the last collective all its
+    ranks entered (a rank that stopped early holds it back), as fleetd and echod write the
+    communicator's hash; sends and receives, which fleetd summarises no lag of, left out."""
+    from ingero.stack.local import last_instances
+
+    result = run_job(tmp_path, job_scenario(steps=5, timeout_s=2, extra_collectives=["sendrecv"],
+                                            stragglers=[{"rank": 3, "kind": "die",
+                                                         "at_step": 3}]))[1]
+    found = records(result)
+    comms = {f"{c['comm_id_hash']:016x}" for r in found.values() for c in r.collectives}
+    assert last_instances([r.record_path for r in result.ranks]) == {
+        comm: min(max(c["seq"] for c in r.collectives if c["op"] == "ncclAllReduce")
+                  for r in found.values()) for comm in comms}
+    assert {c["op"] for r in found.values() for c in r.collectives} >= {"ncclSend", "ncclRecv"}

@@ -24,7 +24,6 @@ from ingero.command.report import report_table
 from ingero.command.words import describe_verdict, verdict_summary
 
 PUSH_S = 1.0
-SETTLE_S = 3 * PUSH_S + 2          # the last pushes, fleetd's tick and echod's commit
 
 
 class DemoError(IngeroError):
@@ -112,6 +111,8 @@ def watch(stack, scenario, say) -> dict:
     from sim.cluster import Cluster
     from sim.records import read_record
 
+    from ingero.stack.local import JUDGED_TIMEOUT_S
+
     job = scenario.job
     say(f"job {job.job_id}: scenario {scenario.name}, {job.nodes} nodes x {job.ranks_per_node} "
         f"ranks, {job.steps} steps" + (f" ({scenario.description})"
@@ -129,7 +130,9 @@ def watch(stack, scenario, say) -> dict:
             announce(stack, job.job_id, seen, say)
         result = cluster.wait()
     say(f"job {job.job_id} ended: {result.describe() if not result.ok else 'every rank ok'}")
-    time.sleep(SETTLE_S)
+    if not stack.wait_judged(job.job_id, result):
+        say(f"  (fleetd's word on the job's last collectives was not in echod after "
+            f"{JUDGED_TIMEOUT_S:.0f} s: what follows is what it holds)")
     announce(stack, job.job_id, seen, say)
     return outcome(stack, scenario, result.ok)
 

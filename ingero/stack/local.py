@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from ingero.command.client import EchodClient
@@ -19,6 +20,8 @@ from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine
+JUDGED_TIMEOUT_S = 90          # from a sim job's end until fleetd's word on all of it is stored
+POINT_TO_POINT_OPS = ("ncclSend", "ncclRecv")
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -186,6 +189,35 @@ class Stack:
             raise RuntimeError(f"node{node}'s agent did not come back:\n{new.log()[-4000:]}")
         return new
 
+    def wait_judged(self, job: str, result, timeout: float = JUDGED_TIMEOUT_S) -> bool:
+        """Wait until what fleetd makes of a finished sim job is all in echod: for each
+        communicator, the lag summary of the last instance every one of its ranks entered (as
+        the sim's records of ``result``, its ClusterResult, say), and each verdict still live
+        stored since (fleetd stores it again, with all it cost, once its communicator
+        retires). fleetd forwards a tick's verdicts with the summaries of the instances it
+        settled and judged then, after the events themselves; so by then echod holds every
+        collective of the job and every verdict fleetd gave on them. A condition, not a
+        clock: a busy machine makes it come later, not wrong. False if it has not come by
+        ``timeout``."""
+        last = last_instances([rank.record_path for rank in result.ranks])
+        if not last:
+            return True
+        quoted = job.replace("'", "''")
+
+        def judged() -> bool:
+            rows = self.client().sql(
+                f"SELECT comm_hash, max(seq_last), extract(epoch FROM max(t))::float8 "
+                f"FROM peer_lag WHERE job = '{quoted}' GROUP BY comm_hash")["rows"]
+            summarised = {comm: seq for comm, seq, _t in rows}
+            if any(summarised.get(comm, -1) < seq for comm, seq in last.items()):
+                return False
+            latest = max(t for _comm, _seq, t in rows)
+            return all(v["last_seen"] and datetime.fromisoformat(v["last_seen"]).timestamp()
+                       >= latest for v in self.tool("find_stragglers", job=job)["verdicts"]
+                       if v["cleared"] is None)
+
+        return bool(wait_for(judged, timeout, interval=0.25))
+
     @property
     def token(self) -> str:
         return self.echod.tokens["ops"]
@@ -211,3 +243,21 @@ class Stack:
         fleet = len(self.fleetds)
         statuses = stop_all(self.daemons[fleet:], 30) + stop_all(self.daemons[:fleet], 30)
         return statuses + [self.echod.stop()]
+
+
+def last_instances(records: list[Path]) -> dict[str, int]:
+    """Per communicator (its hash as fleetd and echod write it), the last collective instance
+    every rank that recorded collectives on it entered, from the sim's records; sends and
+    receives are left out (fleetd summarises no lag of theirs)."""
+    from sim.records import read_record
+
+    reached: dict[str, list[int]] = {}
+    for path in records:
+        last: dict[str, int] = {}
+        for c in read_record(path).collectives:
+            if c["op"] not in POINT_TO_POINT_OPS:
+                comm = f"{c['comm_id_hash']:016x}"
+                last[comm] = max(last.get(comm, -1), c["seq"])
+        for comm, seq in last.items():
+            reached.setdefault(comm, []).append(seq)
+    return {comm: min(seqs) for comm, seqs in reached.items() if len(seqs) >= 2}
