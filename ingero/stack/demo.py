@@ -80,8 +80,7 @@ def run(scenario_name: str, keep: bool, say) -> dict:
     try:
         with interruptible():
             try:
-                stack = Stack(root, scenario.job.nodes, push_s=PUSH_S, say=say,
-                              echod_flags=("--drain-seconds", "0"))
+                stack = Stack(root, scenario.job.nodes, push_s=PUSH_S, say=say)
             except RuntimeError as exc:
                 say(str(exc))
                 raise DemoError("the demo's daemons did not start (their logs are above)") \
