@@ -37,16 +37,9 @@ def leftovers() -> tuple[set[str], set[int]]:
     return directories, processes
 
 
-@pytest.mark.parametrize("scenario, rank, kind, cause", [
-    ("late-rank", 5, "persistent", "host_work"),
-    ("cpu-contention", 2, None, "host_preemption"),
-    ("hiccup", 1, "periodic", None),
-])
-def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause):
-    before = leftovers()
-    done = subprocess.run([*DEMO, "--json", "--scenario", scenario], capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-4000:]
+def assert_named(done: subprocess.CompletedProcess, rank: int, kind: str | None,
+                 cause: str | None) -> None:
+    """The --json demo named ``rank`` alone, of that kind and cause, and said so as it came."""
     result = json.loads(done.stdout)
     named = {v["rank"]: v for v in result["verdicts"]}
     assert set(named) == {rank}, json.dumps(result, indent=1) + done.stderr[-4000:]
@@ -60,6 +53,19 @@ def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause
     assert verdict["node"] and verdict["op"] and verdict["detected_at"], verdict
     assert {row["rank"] for row in result["report"]} >= {rank}
     assert "fleetd: rank" in done.stderr           # the verdict was told as it came
+
+
+# The default scenario (late-rank: rank 5, persistent, host_work) is the --keep test's.
+@pytest.mark.parametrize("scenario, rank, kind, cause", [
+    ("cpu-contention", 2, None, "host_preemption"),
+    ("hiccup", 1, "periodic", None),
+])
+def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause):
+    before = leftovers()
+    done = subprocess.run([*DEMO, "--json", "--scenario", scenario], capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert_named(done, rank, kind, cause)
     assert leftovers() == before, "the demo left a directory or a process behind"
 
 
@@ -95,13 +101,14 @@ def test_demo_as_another_user_stops_with_one_line(for_others):
     assert done.stderr.count("\n") == 1 and "must run as root" in done.stderr, done.stderr
 
 
-def test_demo_keep_leaves_a_stack_the_cli_can_query_and_a_script_that_stops_it():
+def test_demo_keep_names_the_late_rank_and_leaves_a_stack_the_cli_can_query_and_a_stop_script():
     before = leftovers()
     done = subprocess.run([*DEMO, "--json", "--keep"], capture_output=True, text=True,
                           timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
     kept = json.loads(done.stdout)["kept"]
     try:
+        assert_named(done, 5, "persistent", "host_work")
         env = dict(pair.split("=", 1) for pair in
                    Path(kept["env"]).read_text().removeprefix("export ").split())
         report = subprocess.run([sys.executable, "-m", "ingero", "report", "-X", "-j", "4242",
