@@ -106,7 +106,7 @@ def test_every_kind_of_slurm_job_shows_with_the_id_and_state_sacct_gives_it(clus
                    str(script))
     requeued = sbatch(cluster, "--requeue", "--wrap", "sleep 4")
     cancelled = sbatch(cluster, "--wrap", "sleep 300")
-    timed_out = sbatch(cluster, "-t", "1", "--wrap", "sleep 300")
+    timed_out = sbatch(cluster, "-t", "0:5", "--wrap", "sleep 300")   # ends at slurmctld's next check
     jobs = [array, het, steps, requeued, cancelled, timed_out]
 
     assert wait_for(lambda: state_of(cluster, requeued) == "RUNNING", 60), cluster.logs()
