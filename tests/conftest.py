@@ -15,6 +15,8 @@ import pytest
 
 from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all
 
+from .support import Beside
+
 pytest_plugins = ["tests.pg"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -33,6 +35,26 @@ def pytest_report_header(config):
             f"CI={'true: skips fail' if IN_CI else 'false'}"]
 
 
+def beside_of(item) -> Beside | None:
+    return getattr(getattr(item, "module", None), "BESIDE", None)
+
+
+def pytest_collection_modifyitems(items):
+    """A module whose slow stages run beside the suite (support.Beside) has its tests run last,
+    by when its stages are done."""
+    items.sort(key=lambda item: beside_of(item) is not None)      # stable: otherwise in order
+
+
+def pytest_collection_finish(session):
+    for beside in {id(b): b for b in map(beside_of, session.items) if b is not None}.values():
+        beside.start()
+
+
+def pytest_sessionfinish():
+    for beside in Beside.started:
+        beside.finish()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
     """Each test module's time (its tests' setup, call and teardown, module fixtures included),
@@ -48,6 +70,8 @@ def pytest_terminal_summary(terminalreporter):
     for module, seconds in sorted(per_module.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
     terminalreporter.write_line(f"{sum(per_module.values()):8.1f}s  in all")
+    for beside in Beside.started:
+        terminalreporter.write_line(beside.summary())
 
 
 @pytest.hookimpl(hookwrapper=True)

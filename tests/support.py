@@ -10,11 +10,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -302,3 +305,77 @@ def said(verdicts) -> list[str]:
                      f"{e.get('bar_ms')} ms: {(v.get('findings') or [''])[0]}; evidence "
                      f"{json.dumps(e, sort_keys=True, default=str)[:2000]}")
     return lines
+
+
+class Beside:
+    """A module's slow fixture work run as stages, in order, in a thread beside the rest of the
+    suite: work that waits on subprocesses of its own and on nothing any other test does (the
+    Ansible runs, each a single-threaded ansible-playbook). conftest starts every module's
+    stages once the tests are collected and runs that module's tests last; a test waits for
+    the stage it reads, and a stage's error is raised in every test that reads it or a later
+    one. ``make`` builds what the stages work on; ``cancel`` stops the work in progress."""
+
+    started: list[Beside] = []       # every one started in this session, for the summary
+
+    def __init__(self, name: str, make: Callable[[], object],
+                 stages: list[Callable[[object], None]],
+                 cancel: Callable[[object], None] = lambda subject: None):
+        self.name, self.make, self.stages, self._cancel = name, make, stages, cancel
+        self.subject = None
+        self.done = {stage.__name__: threading.Event() for stage in stages}
+        self.error: BaseException | None = None
+        self.failed_at: str | None = None
+        self.timings: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.thread is None:
+            Beside.started.append(self)
+            self.thread = threading.Thread(target=self._run, name=f"beside-{self.name}",
+                                           daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.subject = self.make()
+            for stage in self.stages:
+                if self.stopping.is_set():
+                    raise RuntimeError("stopped before this stage")
+                self.failed_at = stage.__name__
+                began = time.monotonic()
+                stage(self.subject)
+                self.timings[stage.__name__] = time.monotonic() - began
+                self.failed_at = None
+                self.done[stage.__name__].set()
+        except BaseException as exc:      # raised again in every test that waits from here on
+            self.error = exc
+        finally:
+            for event in self.done.values():
+                event.set()
+
+    def wait(self, stage: Callable[[object], None]):
+        """What the stages work on, once ``stage`` has run; its error, or an earlier one's."""
+        self.start()
+        self.done[stage.__name__].wait()
+        if stage.__name__ not in self.timings:            # it failed, or an earlier one did
+            if self.failed_at in (None, stage.__name__):
+                raise self.error
+            pytest.fail(f"{self.name}: stage {self.failed_at} failed before {stage.__name__} "
+                        f"could run: {self.error!r}"[:4000])
+        return self.subject
+
+    def finish(self) -> None:
+        """Stop the work in progress (if any is left: the session is ending early) and wait."""
+        if self.thread is None:
+            return
+        if self.thread.is_alive():
+            self.stopping.set()
+            if self.subject is not None:
+                self._cancel(self.subject)
+        self.thread.join(60)
+
+    def summary(self) -> str:
+        stages = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings.items())
+        return (f"{self.name}: {sum(self.timings.values()):.1f}s beside the tests ({stages})"
+                + (f"; {self.failed_at} failed" if self.failed_at else ""))

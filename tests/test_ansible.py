@@ -7,11 +7,12 @@ revoked by name, and a check-mode run that finds nothing to change.
 
 localhost is both the head and a compute node; newnode, head2 and head3 are this machine again,
 under roots of their own, and so is slurmctl, the controller of newnode's configless Slurm: it
-holds the slurm.conf newnode's run changes. The package is the wheel the roles build from a snapshot of the
-checkout. Every path the roles write to points into a temporary root; the daemons' user is the
+holds the slurm.conf newnode's run changes. The package is the wheel the roles build from a
+snapshot of the checkout. Every path the roles write to points into a temporary root; the daemons' user is the
 existing nobody:nogroup, so no account is made; the Debian packages are already installed, so
 apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
-every unit action and handler cleanly.
+every unit action and handler cleanly. The runs go on beside the rest of the suite, from its
+start; this module's tests run last and read what they left.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ import zmq.auth
 from ingero import curve
 from ingero.cli_common import load_settings
 
+from .support import Beside
+
 # Each run of ansible-playbook has a budget of its own: one takes 40-100 s on an idle 2-core
-# machine (some 90 tasks at about 0.5 s each, and pip's installs). The stages are fixtures of
-# their own, so a stage that fails fails the tests that read it or a later one, not the rest.
+# machine (some 90 tasks at about 0.3-0.5 s each, most of it the module's Python compiling
+# ansible's module_utils, and pip's installs). The runs are grouped in stages (BESIDE below), so
+# a stage that fails fails the tests that read it or a later one, not the rest.
 PLAYBOOK_TIMEOUT_S = 600
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
@@ -168,6 +172,12 @@ class Site:
         self.hosts = inventory(tmp, self.root, self.source)
         self.runs: dict[str, subprocess.CompletedProcess] = {}
         self.timings: dict[str, float] = {}
+        self.env = tool_env(tmp)         # as the session began: tests change os.environ
+        self.running: subprocess.Popen | None = None
+
+    def cancel(self) -> None:
+        if self.running is not None and self.running.returncode is None:
+            self.running.kill()
 
     def __getattr__(self, name: str) -> subprocess.CompletedProcess:
         """A run by its name (``site.first``), once its stage ran."""
@@ -179,10 +189,16 @@ class Site:
     def playbook(self, name: str, *flags: str, inventory_file: Path | None = None
                  ) -> subprocess.CompletedProcess:
         began = time.monotonic()
-        done = subprocess.run([tool("ansible-playbook"), "-i", str(inventory_file or self.hosts),
-                               str(ANSIBLE / "site.yml"), "--diff", *flags],
-                              cwd=self.tmp, env=tool_env(self.tmp), capture_output=True,
-                              text=True, timeout=PLAYBOOK_TIMEOUT_S)
+        argv = [tool("ansible-playbook"), "-i", str(inventory_file or self.hosts),
+                str(ANSIBLE / "site.yml"), "--diff", *flags]
+        with subprocess.Popen(argv, cwd=self.tmp, env=self.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as self.running:
+            try:
+                stdout, stderr = self.running.communicate(timeout=PLAYBOOK_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.running.kill()
+                raise
+        done = subprocess.CompletedProcess(argv, self.running.returncode, stdout, stderr)
         self.timings[f"{name} ({' '.join(flags)})"] = time.monotonic() - began
         self.runs[name] = done
         assert done.returncode == 0, "\n".join([f"ansible-playbook {flags} failed:",
@@ -191,38 +207,19 @@ class Site:
         return done
 
 
-@pytest.fixture(scope="module")
-def site():
-    # Not under pytest's 0700 basetemp: the daemons' user must reach the files under it.
-    tmp = Path(tempfile.mkdtemp(prefix="ingero-ansible-"))
-    tmp.chmod(0o755)
-    timings = {}
-    try:
-        site = Site(tmp)
-        timings = site.timings
-        yield site
-    finally:
-        print("\nansible timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def deployment(site):
+def deploy(site: Site) -> None:
     """Check mode on the fresh root, then two real runs of localhost (head and compute)."""
     site.playbook("check", "--check", "--limit", "localhost")
     site.after_check = sorted(str(p.relative_to(site.root)) for p in site.root.rglob("*"))
     site.fetched_after_check = (site.tmp / "fetched-keys").exists()
     site.playbook("first", "--limit", "localhost")
     site.playbook("second", "--limit", "localhost")
-    return site
 
 
-@pytest.fixture(scope="module")
-def newnode(deployment):
+def add_newnode(site: Site) -> None:
     """A compute node added with --limit newnode: this machine again under a root of its own,
     its Slurm configless (slurm.conf on slurmctl, an upgrade from hooks named in slurm.conf
     itself, and a site epilog with a comment)."""
-    site = deployment
     for directory in SKELETON:
         (site.tmp / "newnode" / directory).mkdir(parents=True)
     (site.tmp / "slurmctl/etc/slurm").mkdir(parents=True)
@@ -234,16 +231,13 @@ def newnode(deployment):
     site.after_newnode = tree(site.root)
     site.authorized_after_newnode = site.tmp / "authorized-after-newnode"
     shutil.copytree(site.etc / "authorized_agents", site.authorized_after_newnode)
-    return site
 
 
-@pytest.fixture(scope="module")
-def head2(newnode):
+def add_head2(site: Site) -> None:
     """head2 joins the head nodes, a second shard localhost's agent pushes to, with a venv
     that held the same version without the head extra; the package is a new build of the
     same version (the checkout changed, its version number did not); newnode leaves the
     inventory."""
-    site = newnode
     site.head2_host = prepare_head2(site.tmp, site.timings)
     with open(site.source / "ingero/shards.py", "a") as shards:
         shards.write("# a later build of the same version\n")
@@ -254,13 +248,10 @@ def head2(newnode):
     site.authorized_after_head2 = {
         host: sorted(p.name for p in (top / "etc/ingero/authorized_agents").iterdir())
         for host, top in (("localhost", site.root), ("head2", site.tmp / "head2"))}
-    return site
 
 
-@pytest.fixture(scope="module")
-def head3(head2):
+def add_head3(site: Site) -> None:
     """head3 comes with a fleetd key pair made before the roles ran: it keeps it."""
-    site = head2
     keys = site.tmp / "head3/etc/ingero/keys"
     for directory in (*SKELETON, "etc/ingero/keys"):
         (site.tmp / "head3" / directory).mkdir(parents=True)
@@ -270,20 +261,66 @@ def head3(head2):
     site.playbook("add_head3", "--limit", "head3", inventory_file=inventory(
         site.tmp, site.root, site.source, "inventory-head3.yml",
         heads=("localhost", "head2", "head3"), computes=("localhost",)))
-    return site
 
 
-@pytest.fixture(scope="module")
-def revoked(head3):
+def revoke(site: Site) -> None:
     """newnode back in the inventory, admitted as its own run left it, then revoked by name;
     then a check-mode run of every host."""
-    site = head3
     shutil.copy(site.tmp / "newnode/etc/ingero/keys/ingerod.key",
                 site.etc / "authorized_agents/newnode.key")
     revoked = ("-e", '{"ingero_common_revoked_agents": ["newnode"]}')
     site.playbook("revoke", *revoked, "--limit", "localhost")
     site.playbook("recheck", *revoked, "--check")
-    return site
+
+
+def new_site() -> Site:
+    # Not under pytest's 0700 basetemp: the daemons' user must reach the files under it.
+    tmp = Path(tempfile.mkdtemp(prefix="ingero-ansible-"))
+    tmp.chmod(0o755)
+    return Site(tmp)
+
+
+# The eight runs take some 8 minutes of one core, and wait on nothing the other tests do: they
+# run beside the rest of the suite (conftest starts them once the tests are collected, and runs
+# this module's tests last).
+BESIDE = Beside("ansible", new_site, [deploy, add_newnode, add_head2, add_head3, revoke],
+                cancel=lambda site: site.cancel())
+
+
+@pytest.fixture(scope="module")
+def stages():
+    BESIDE.start()                       # already started, unless this module runs alone
+    yield BESIDE
+    BESIDE.finish()
+    if BESIDE.subject is not None:
+        print("\nansible timings (s): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in BESIDE.subject.timings.items()))
+        shutil.rmtree(BESIDE.subject.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def deployment(stages):
+    return stages.wait(deploy)
+
+
+@pytest.fixture(scope="module")
+def newnode(stages):
+    return stages.wait(add_newnode)
+
+
+@pytest.fixture(scope="module")
+def head2(stages):
+    return stages.wait(add_head2)
+
+
+@pytest.fixture(scope="module")
+def head3(stages):
+    return stages.wait(add_head3)
+
+
+@pytest.fixture(scope="module")
+def revoked(stages):
+    return stages.wait(revoke)
 
 
 def prepare_head2(tmp: Path, timings: dict) -> SimpleNamespace:
