@@ -36,12 +36,14 @@ def pytest_report_header(config):
 
 
 def beside_of(item) -> Beside | None:
-    return getattr(getattr(item, "module", None), "BESIDE", None)
+    """The stages beside the suite this test waits for, if any."""
+    beside = getattr(getattr(item, "module", None), "BESIDE", None)
+    return beside if beside is not None and beside.fixture in item.fixturenames else None
 
 
 def pytest_collection_modifyitems(items):
-    """A module whose slow stages run beside the suite (support.Beside) has its tests run last,
-    by when its stages are done."""
+    """The tests that wait for stages run beside the suite (support.Beside) run last, by when
+    those are done."""
     items.sort(key=lambda item: beside_of(item) is not None)      # stable: otherwise in order
 
 

@@ -313,14 +313,17 @@ class Beside:
     Ansible runs, each a single-threaded ansible-playbook). conftest starts every module's
     stages once the tests are collected and runs that module's tests last; a test waits for
     the stage it reads, and a stage's error is raised in every test that reads it or a later
-    one. ``make`` builds what the stages work on; ``cancel`` stops the work in progress."""
+    one. ``make`` builds what the stages work on; ``cancel`` stops the work in progress;
+    ``fixture`` names the module fixture that waits (the stages start only for tests that use
+    it)."""
 
     started: list[Beside] = []       # every one started in this session, for the summary
 
     def __init__(self, name: str, make: Callable[[], object],
-                 stages: list[Callable[[object], None]],
+                 stages: list[Callable[[object], None]], fixture: str,
                  cancel: Callable[[object], None] = lambda subject: None):
         self.name, self.make, self.stages, self._cancel = name, make, stages, cancel
+        self.fixture = fixture
         self.subject = None
         self.done = {stage.__name__: threading.Event() for stage in stages}
         self.error: BaseException | None = None
@@ -377,5 +380,6 @@ class Beside:
 
     def summary(self) -> str:
         stages = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings.items())
-        return (f"{self.name}: {sum(self.timings.values()):.1f}s beside the tests ({stages})"
-                + (f"; {self.failed_at} failed" if self.failed_at else ""))
+        ended = ("" if self.failed_at is None else f"; stopped in {self.failed_at}, the session "
+                 "ending first" if self.stopping.is_set() else f"; {self.failed_at} failed")
+        return f"{self.name}: {sum(self.timings.values()):.1f}s beside the tests ({stages}){ended}"

@@ -282,9 +282,9 @@ def new_site() -> Site:
 
 # The eight runs take some 8 minutes of one core, and wait on nothing the other tests do: they
 # run beside the rest of the suite (conftest starts them once the tests are collected, and runs
-# this module's tests last).
+# the tests that read them last).
 BESIDE = Beside("ansible", new_site, [deploy, add_newnode, add_head2, add_head3, revoke],
-                cancel=lambda site: site.cancel())
+                fixture="stages", cancel=lambda site: site.cancel())
 
 
 @pytest.fixture(scope="module")
@@ -298,29 +298,18 @@ def stages():
         shutil.rmtree(BESIDE.subject.tmp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def deployment(stages):
-    return stages.wait(deploy)
+def after(stage, name: str):
+    """A module fixture: the site once ``stage`` has run."""
+    def fixture(stages):
+        return stages.wait(stage)
+    return pytest.fixture(fixture, scope="module", name=name)
 
 
-@pytest.fixture(scope="module")
-def newnode(stages):
-    return stages.wait(add_newnode)
-
-
-@pytest.fixture(scope="module")
-def head2(stages):
-    return stages.wait(add_head2)
-
-
-@pytest.fixture(scope="module")
-def head3(stages):
-    return stages.wait(add_head3)
-
-
-@pytest.fixture(scope="module")
-def revoked(stages):
-    return stages.wait(revoke)
+deployment = after(deploy, "deployment")
+newnode = after(add_newnode, "newnode")
+head2 = after(add_head2, "head2")
+head3 = after(add_head3, "head3")
+revoked = after(revoke, "revoked")
 
 
 def prepare_head2(tmp: Path, timings: dict) -> SimpleNamespace:
