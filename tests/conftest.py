@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all
 
-from .support import Beside
+from .support import Beside, needs_ebpf
 
 pytest_plugins = ["tests.pg"]
 
@@ -41,15 +42,38 @@ def beside_of(item) -> Beside | None:
     return beside if beside is not None and beside.fixture in item.fixturenames else None
 
 
+def traces(item) -> bool:
+    """Whether the test loads eBPF: it traces sim jobs whose timing the analysis judges."""
+    return any(mark == needs_ebpf.mark for mark in item.iter_markers("skipif"))
+
+
+# Set at collection: the first test that traces, before which the stages beside must be done.
+FIRST_TRACING: list = []
+BARRIER_WAIT_S: list[float] = []
+
+
 def pytest_collection_modifyitems(items):
-    """The tests that wait for stages run beside the suite (support.Beside) run last, by when
-    those are done."""
-    items.sort(key=lambda item: beside_of(item) is not None)      # stable: otherwise in order
+    """In three parts, each in its usual order: the modules that trace nothing, while the
+    stages beside the suite (support.Beside) run; once those are done, the modules that trace
+    sim jobs (no other load on the machine than the suite's own while their lateness is
+    judged); last, the tests that read the stages. A module stays whole."""
+    tracing = {item.module for item in items if traces(item) and beside_of(item) is None}
+    items.sort(key=lambda item: 2 if beside_of(item) is not None else
+               1 if getattr(item, "module", None) in tracing else 0)
+    FIRST_TRACING[:] = [item for item in items if getattr(item, "module", None) in tracing][:1]
 
 
 def pytest_collection_finish(session):
     for beside in {id(b): b for b in map(beside_of, session.items) if b is not None}.values():
         beside.start()
+
+
+def pytest_runtest_setup(item):
+    if FIRST_TRACING and item is FIRST_TRACING[0] and Beside.started:
+        began = time.monotonic()
+        for beside in Beside.started:
+            beside.join()
+        BARRIER_WAIT_S.append(time.monotonic() - began)
 
 
 def pytest_sessionfinish():
@@ -74,6 +98,9 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"{sum(per_module.values()):8.1f}s  in all")
     for beside in Beside.started:
         terminalreporter.write_line(beside.summary())
+    for waited in BARRIER_WAIT_S:
+        terminalreporter.write_line(f"{waited:.1f}s waited for them before the first test that "
+                                    "traces")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -311,7 +311,8 @@ class Beside:
     """A module's slow fixture work run as stages, in order, in a thread beside the rest of the
     suite: work that waits on subprocesses of its own and on nothing any other test does (the
     Ansible runs, each a single-threaded ansible-playbook). conftest starts every module's
-    stages once the tests are collected and runs that module's tests last; a test waits for
+    stages once the tests are collected, beside the modules that trace nothing, waits for them
+    before the first test that traces, and runs the tests that read them last; a test waits for
     the stage it reads, and a stage's error is raised in every test that reads it or a later
     one. ``make`` builds what the stages work on; ``cancel`` stops the work in progress;
     ``fixture`` names the module fixture that waits (the stages start only for tests that use
@@ -367,6 +368,11 @@ class Beside:
             pytest.fail(f"{self.name}: stage {self.failed_at} failed before {stage.__name__} "
                         f"could run: {self.error!r}"[:4000])
         return self.subject
+
+    def join(self) -> None:
+        """Wait until every stage has run (or one failed)."""
+        if self.thread is not None:
+            self.thread.join()
 
     def finish(self) -> None:
         """Stop the work in progress (if any is left: the session is ending early) and wait."""

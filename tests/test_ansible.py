@@ -11,8 +11,8 @@ holds the slurm.conf newnode's run changes. The package is the wheel the roles b
 snapshot of the checkout. Every path the roles write to points into a temporary root; the daemons' user is the
 existing nobody:nogroup, so no account is made; the Debian packages are already installed, so
 apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
-every unit action and handler cleanly. The runs go on beside the rest of the suite, from its
-start; this module's tests run last and read what they left.
+every unit action and handler cleanly. The runs go on beside the tests that trace nothing,
+from the suite's start; the tests that read them run last.
 """
 
 from __future__ import annotations
@@ -281,8 +281,9 @@ def new_site() -> Site:
 
 
 # The eight runs take some 8 minutes of one core, and wait on nothing the other tests do: they
-# run beside the rest of the suite (conftest starts them once the tests are collected, and runs
-# the tests that read them last).
+# run beside the tests that trace nothing (conftest starts them once the tests are collected,
+# holds the first test that traces until they are done, and runs the tests that read them
+# last).
 BESIDE = Beside("ansible", new_site, [deploy, add_newnode, add_head2, add_head3, revoke],
                 fixture="stages", cancel=lambda site: site.cancel())
 
