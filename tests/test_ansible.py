@@ -8,9 +8,9 @@ revoked by name, and a check-mode run that finds nothing to change.
 localhost is both the head and a compute node; newnode, head2 and head3 are this machine again,
 under roots of their own, and so is slurmctl, the controller of newnode's configless Slurm: it
 holds the slurm.conf newnode's run changes. The package is the wheel the roles build from a
-snapshot of the checkout. Every path the roles write to points into a temporary root; the daemons' user is the
-existing nobody:nogroup, so no account is made; the Debian packages are already installed, so
-apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
+snapshot of the checkout. Every path the roles write to points into a temporary root; the
+daemons' user is the existing nobody:nogroup, so no account is made; the Debian packages are
+already installed, so apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
 every unit action and handler cleanly. The runs go on beside the tests that trace nothing,
 from the suite's start; the tests that read them run last.
 """
