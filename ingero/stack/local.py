@@ -17,11 +17,11 @@ from pathlib import Path
 from ingero.command.client import EchodClient
 from ingero.errors import ApiCallError
 from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
+from ingero.vocabulary import POINT_TO_POINT
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine
 JUDGED_TIMEOUT_S = 90          # from a sim job's end until fleetd's word on all of it is stored
-POINT_TO_POINT_OPS = ("ncclSend", "ncclRecv")
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -268,7 +268,7 @@ def last_instances(records: list[Path]) -> dict[str, int]:
     for path in records:
         last: dict[str, int] = {}
         for c in read_record(path).collectives:
-            if c["op"] not in POINT_TO_POINT_OPS:
+            if c["op"] not in POINT_TO_POINT:
                 comm = f"{c['comm_id_hash']:016x}"
                 last[comm] = max(last.get(comm, -1), c["seq"])
         for comm, seq in last.items():
