@@ -2,9 +2,10 @@
 
 Every push stays in a bounded queue until fleetd acknowledges its sequence number, in memory
 and on disk (``queue``: a restarted agent sends it again); after a reconnect the queue is sent
-again, in order (fleetd recognises resends by node, boot id and sequence). Liveness: any word from fleetd resets it; after ``liveness`` heartbeat intervals of
-silence fleetd counts as unreachable and the socket is replaced by a fresh one, with a capped
-exponential backoff between replacements. Nothing here blocks: sends use NOBLOCK and polls
+again, in order (fleetd recognises resends by node, boot id and sequence); a push sent while
+fleetd is not heard from is not timed (see ``push``). Liveness: any word from fleetd resets
+it; after ``liveness`` heartbeat intervals of silence fleetd counts as unreachable and the
+socket is replaced by a fresh one, with a capped exponential backoff between replacements. Nothing here blocks: sends use NOBLOCK and polls
 have a timeout.
 
 A sharded fleetd gives the agent one link per shard, all polled together. A link ``on_demand``
@@ -131,7 +132,10 @@ class FleetLink:
             self.queue.forget(seq)
             self.metrics.dropped.inc()
         sent_at = time.time()     # before the send: the push leaves no earlier than this
-        if self._send(frames):
+        # A push sent while fleetd is not heard from waits in ZeroMQ's queue for the link:
+        # its send time says nothing of when it left, so its reply is no exchange.
+        reachable = self.reachable(self.clock())
+        if self._send(frames) and reachable:
             self.first_sent[push.seq] = sent_at
         while len(self.first_sent) > self.cfg.max_unacked:
             self.first_sent.pop(next(iter(self.first_sent)))

@@ -10,7 +10,7 @@ import time
 from ingero import wire
 from ingero.analysis.clock import exchange
 
-from .test_agent_backlog import agent_of
+from .test_agent_backlog import agent_of, welcome
 
 PREEMPTED_S = 0.03      # the agent loses its CPU right after ZeroMQ took the push
 
@@ -33,7 +33,8 @@ class PreemptedAfterSend:
 def test_a_preempted_send_widens_the_exchange_instead_of_biasing_the_offset(tmp_path):
     agent = agent_of(tmp_path)
     try:
-        agent.tick(agent.clock())                 # connects (fleetd never answers)
+        agent.tick(agent.clock())                 # connects
+        welcome(agent)                            # fleetd answers the hello, and no more
         link = agent.links[0]
         link.socket = socket = PreemptedAfterSend(link.socket)
         agent.cycle(agent.clock())
@@ -50,5 +51,30 @@ def test_a_preempted_send_widens_the_exchange_instead_of_biasing_the_offset(tmp_
         assert abs(offset) <= round_trip / 2, (
             f"the exchange says the node's clock is {offset * 1e3:+.2f} ms off, give or take "
             f"{round_trip / 2 * 1e3:.2f} ms; it is this host's own clock: 0")
+    finally:
+        agent.close()
+
+
+def test_a_push_sent_before_fleetd_is_heard_gives_no_exchange(tmp_path):
+    """A push sent while the link is down waits in ZeroMQ's queue until it comes up: its send
+    time is not when it left, and the reply to it times nothing. The node's clock stays not
+    known until a push sent once fleetd answers comes back."""
+    agent = agent_of(tmp_path)
+    try:
+        agent.tick(agent.clock())                 # connects; fleetd is not heard from
+        agent.cycle(agent.clock())
+        link = agent.links[0]
+        seq = next(iter(link.unacked))
+        now = time.time()
+        reply = wire.Reply(ack=seq, cohort="c", threshold=None, quorum_met=False, panic=False,
+                           straggler=False, recv_at=now, sent_at=now, agent_sent_at=now)
+        link._decode(wire.encode(reply), now)
+        assert link.exchange is None, link.exchange
+        agent.cycle(agent.clock() + 10)            # fleetd is heard now: the next push is timed
+        seq = list(link.unacked)[-1]
+        reply = wire.Reply(ack=seq, cohort="c", threshold=None, quorum_met=False, panic=False,
+                           straggler=False, recv_at=now, sent_at=now, agent_sent_at=now)
+        link._decode(wire.encode(reply), time.time())
+        assert link.exchange is not None
     finally:
         agent.close()
