@@ -4,8 +4,8 @@ Per job (the Slurm job an event's process belongs to; one node-wide agent may pu
 the collectives of every rank are aligned per communicator (``alignment``) as their nodes
 timed them, and on every tick the rules of ``ingero.analysis`` judge the recent instances with
 each node's clock offset at the time removed (a node whose offset is not known yet is not
-compared with the others): a rank late persistently or periodically, a rank whose own kernels are slow, a rank
-missing from a collective its peers entered (hung, or dead when its process exited). The job's
+compared with the others): a rank late persistently or periodically, a rank whose own
+kernels are slow, a rank missing from a collective its peers entered (hung, or dead when its process exited). The job's
 ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
 rank's host and GPU facts, a severity, a fix and what it cost; verdicts and per-rank lag
 summaries are forwarded to echod. Nothing here touches a socket or reads the wall clock.
@@ -690,9 +690,22 @@ class RankAnalysis:
         with quiet():
             since = np.nanmedian(lag[f.onset:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
-        return waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s,
-                          later + own_growth(job.facts.get(ranks[f.column]), onset),
-                          enough=ONSET_WAITS * peers)
+        own = own_growth(job.facts.get(ranks[f.column]), onset)
+        answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
+                            enough=ONSET_WAITS * peers)
+        named = job.verdicts.get((ranks[f.column], "lag"))
+        if answer and len(before) < 3 and (named is None or named.cleared is not None):
+            log.info("job %s: rank %d's lateness (%.1f ms) taken to cost: %d sync(s) of its "
+                     "peers kept from before its onset, too few to weigh", job.job,
+                     ranks[f.column], f.lag_p50_s * 1e3, len(before))
+        elif answer and (named is None or named.cleared is not None):
+            grew, error = growth(before, after)
+            log.info("job %s: rank %d's lateness (%.1f ms) costs: its peers' waits at syncs "
+                     "grew %.1f ms (±%.1f) from %d before its onset to %d since; %.1f ms of "
+                     "that is a later rank's or its own", job.job, ranks[f.column],
+                     f.lag_p50_s * 1e3, grew / 1e6, error / 1e6, len(before), len(after),
+                     (later + own) * 1e3)
+        return answer
 
     def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,
                    f) -> bool:
