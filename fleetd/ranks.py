@@ -72,7 +72,7 @@ def foreign(preempted: dict, job: str | None) -> bool:
 
 def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: float,
                later_s: float = 0.0, enough: int = ONSET_WAITS) -> bool | None:
-    """Whether the peers' syncs on collectives (their waits: (stratum, ns), see
+    """Whether the peers' syncs on collectives (their waits: (stratum, ns[, sync]), see
     ``growth``) grew at a rank's onset by a share of its lag, on average (a host that syncs on
     a blocking read and at its step's end waits long at one and briefly at the other: a
     median of both flips between them): the proof that its lateness costs. A rank late on the
@@ -83,25 +83,28 @@ def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: f
     stand out from the waits' own spread (``COST_ERRORS`` standard errors of the growth):
     waits at syncs every few steps vary by tens of ms under CPU contention, and a few ms more
     on average is what chance gives. Too few syncs before: it costs; fewer than ``enough``
-    since its onset: None, not known yet. The answer is given once (a lateness shown harmless
+    since its onset, or their spread not told yet: None, not known yet. The answer is given once (a lateness shown harmless
     stays so, one shown to cost is named)."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
         return None
     grew, error = growth(before, after)
+    if not math.isfinite(error):
+        return None
     return grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_SHARE * lag_s,
                                                  COST_ERRORS * error / 1e9)
 
 
 def waits_around(facts: RankFacts, onset: float) -> tuple[list[tuple], list[tuple]]:
-    """A rank's waits at its syncs on collectives, as (stratum, ns) (see ``growth``), before
-    and since ``onset`` (fleetd's clock)."""
+    """A rank's waits at its syncs on collectives, as (stratum, ns, sync) (see ``growth``),
+    before and since ``onset`` (fleetd's clock)."""
     before, after, last = [], [], {}
     for t, ns, (comm, seq) in zip(facts.peer_wait_t, facts.peer_wait_ns, facts.peer_wait_on):
         covered = seq - last[comm] if 0 <= last.get(comm, -1) < seq else None
         last[comm] = seq
-        (after if t >= onset else before).append(((comm, covered), ns))
+        sync = (comm, seq) if comm and seq >= 0 else None      # None: its own
+        (after if t >= onset else before).append(((comm, covered), ns, sync))
     return before, after
 
 
@@ -121,32 +124,46 @@ def own_growth(facts: RankFacts | None, onset: float) -> float:
 
 
 def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
-    """How much the waits grew from ``before`` to ``after`` (each a list of (stratum, ns)),
-    and the standard error of that: the growth of each stratum's mean, weighted by its share
-    of the waits. A stratum is the communicator and the number of its collectives a wait
-    covered since the peer's wait before it: a host that syncs every ten steps, at a blocking
-    read and at the tenth step's end, waits for nine steps of GPU work at one and for one at
-    the other. Pooled, the waits' spread is that of the two kinds, and a growth of 50 ms
-    stood out of it or not by chance (a rank behind its GPU queue was shown harmless); within
-    a kind, the spread is the noise alone, and two syncs a peer since the onset are enough.
-    Strata seen fewer than twice on either side are left out, unless no stratum is seen on
-    both (then all are pooled as one)."""
+    """How much the waits grew from ``before`` to ``after`` (each a list of (stratum, ns) or
+    (stratum, ns, sync)), and the standard error of that: the growth of each stratum's mean,
+    weighted by its share of the waits. A stratum is the communicator and the number of its
+    collectives a wait covered since the peer's wait before it: a host that syncs every ten
+    steps, at a blocking read and at the tenth step's end, waits for nine steps of GPU work at
+    one and for one at the other. Pooled, the waits' spread is that of the two kinds, and a
+    growth of 50 ms stood out of it or not by chance (a rank behind its GPU queue was shown
+    harmless); within a kind, the spread is the noise alone. The peers' waits at one sync
+    (the same collective, ``sync``; None where not known) rise and fall together, a GPU late there keeps all of
+    them waiting: they are one observation, not one a peer. The noise is the spread of the
+    syncs' mean waits, pooled over both sides, and the error counts syncs (CI, eight ranks on
+    two CPUs: a rank 10 ms late on the host, ahead of its GPU queue, named on its peers'
+    waits grown 5 ms over two syncs, each of seven waits taken as its own). Strata seen at
+    fewer than two syncs before or none since are left out, unless no stratum is seen so
+    (then all are pooled as one); where the spread cannot be told yet, the error is
+    infinite."""
     sides = []
     for waits in (before, after):
-        kinds = defaultdict(list)
-        for stratum, ns in waits:
-            kinds[stratum].append(ns)
+        kinds = defaultdict(lambda: defaultdict(list))
+        for n, (stratum, ns, *sync) in enumerate(waits):
+            kinds[stratum][sync[0] if sync and sync[0] is not None else n].append(ns)
         sides.append(kinds)
-    common = [k for k, ns in sides[0].items() if len(ns) >= 2 and len(sides[1].get(k, ())) >= 2]
-    strata = ([(sides[0][k], sides[1][k]) for k in common] if common
-              else [([ns for _, ns in before], [ns for _, ns in after])])
-    total = sum(len(b) + len(a) for b, a in strata)
+    common = [k for k, syncs in sides[0].items() if len(syncs) >= 2 and sides[1].get(k)]
+    if common:
+        strata = [(sides[0][k], sides[1][k]) for k in common]
+    else:
+        strata = [tuple({(k, sync): ns for k, syncs in side.items() for sync, ns in syncs.items()}
+                        for side in sides)]
+    total = sum(sum(map(len, b.values())) + sum(map(len, a.values())) for b, a in strata)
     grew = variance = 0.0
     for b, a in strata:
-        weight = (len(b) + len(a)) / total
-        grew += weight * (statistics.fmean(a) - statistics.fmean(b))
-        variance += weight ** 2 * (statistics.variance(b) / len(b)
-                                   + statistics.variance(a) / len(a))
+        weight = (sum(map(len, b.values())) + sum(map(len, a.values()))) / total
+        means = [[statistics.fmean(ns) for ns in side.values()] for side in (b, a)]
+        grew += weight * (statistics.fmean(means[1]) - statistics.fmean(means[0]))
+        free = len(means[0]) + len(means[1]) - 2
+        if free < 1:
+            return grew, math.inf
+        spread = sum(sum((m - statistics.fmean(side)) ** 2 for m in side)
+                     for side in means) / free
+        variance += weight ** 2 * spread * (1 / len(means[0]) + 1 / len(means[1]))
     return grew, math.sqrt(variance)
 
 

@@ -808,6 +808,30 @@ def test_waits_of_two_kinds_are_weighed_kind_by_kind(grew_ms):
         assert not all(pooled)
 
 
+@pytest.mark.parametrize("grew_ms", [0.0, 50.0])
+def test_the_peers_waits_at_one_sync_are_one_observation(grew_ms):
+    """Seven peers wait at each sync for the same collective: how long, the sync decides
+    (180 ms, give or take 6 from one sync to the next), each peer adds a little (0.5). Six
+    syncs before a rank's onset, two since. A rank 10 ms late whose peers' waits did not grow
+    is not shown to cost on more draws than chance at two standard errors gives (taken as 14
+    observations, it was on one draw in four); one whose peers' waits grew by 50 ms is, on
+    every draw."""
+    rng = np.random.default_rng(11)
+    def drawn(syncs: range, more_ms: float) -> list[tuple]:
+        waits = []
+        for seq in syncs:
+            shared = rng.normal(180.0, 6.0) + more_ms
+            waits += [((COMM, 10), (shared + rng.normal(0.0, 0.5)) * 1e6, (COMM, seq))
+                      for _ in range(7)]
+        return waits
+    told = [waits_grew(drawn(range(0, 60, 10), 0.0), drawn(range(60, 80, 10), grew_ms),
+                       0.01, 0.002, enough=14) for _ in range(200)]
+    if grew_ms:
+        assert told == [True] * 200
+    else:
+        assert told.count(True) <= 12, told.count(True)
+
+
 def swing(rank: int, step: int) -> float:
     """Hosts that sync with their GPUs every ten steps, their CPUs busy: each drifts from the
     others by up to about 10 ms over a run of ten steps, by how much and which way changing
