@@ -5,8 +5,8 @@ the collectives of every rank are aligned per communicator (``alignment``) as th
 timed them, and on every tick the rules of ``ingero.analysis`` judge the recent instances with
 each node's clock offset at the time removed (a node whose offset is not known yet is not
 compared with the others): a rank late persistently or periodically, a rank whose own
-kernels are slow, a rank missing from a collective its peers entered (hung, or dead when its process exited). The job's
-ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
+kernels are slow, a rank missing from a collective its peers entered (hung, or dead when its
+process exited). The job's ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
 rank's host and GPU facts, a severity, a fix and what it cost; verdicts and per-rank lag
 summaries are forwarded to echod. Nothing here touches a socket or reads the wall clock.
 """
@@ -83,8 +83,8 @@ def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: f
     stand out from the waits' own spread (``COST_ERRORS`` standard errors of the growth):
     waits at syncs every few steps vary by tens of ms under CPU contention, and a few ms more
     on average is what chance gives. Too few syncs before: it costs; fewer than ``enough``
-    since its onset, or their spread not told yet: None, not known yet. The answer is given once (a lateness shown harmless
-    stays so, one shown to cost is named)."""
+    since its onset, or their spread not told yet: None, not known yet. The answer is given
+    once (a lateness shown harmless stays so, one shown to cost is named)."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
@@ -132,8 +132,8 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     one and for one at the other. Pooled, the waits' spread is that of the two kinds, and a
     growth of 50 ms stood out of it or not by chance (a rank behind its GPU queue was shown
     harmless); within a kind, the spread is the noise alone. The peers' waits at one sync
-    (the same collective, ``sync``; None where not known) rise and fall together, a GPU late there keeps all of
-    them waiting: they are one observation, not one a peer. The noise is the spread of the
+    (the same collective, ``sync``; None where not known) rise and fall together, a GPU late
+    there keeps all of them waiting: they are one observation, not one a peer. The noise is the spread of the
     syncs' mean waits, pooled over both sides, and the error counts syncs (CI, eight ranks on
     two CPUs: a rank 10 ms late on the host, ahead of its GPU queue, named on its peers'
     waits grown 5 ms over two syncs, each of seven waits taken as its own). Strata seen at
