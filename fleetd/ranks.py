@@ -6,9 +6,10 @@ timed them, and on every tick the rules of ``ingero.analysis`` judge the recent 
 each node's clock offset at the time removed (a node whose offset is not known yet is not
 compared with the others): a rank late persistently or periodically, a rank whose own
 kernels are slow, a rank missing from a collective its peers entered (hung, or dead when its
-process exited). The job's ranks are the cohort, so no node quorum is needed. Each verdict carries its cause from the
-rank's host and GPU facts, a severity, a fix and what it cost; verdicts and per-rank lag
-summaries are forwarded to echod. Nothing here touches a socket or reads the wall clock.
+process exited). The job's ranks are the cohort, so no node quorum is needed. Each verdict
+carries its cause from the rank's host and GPU facts, a severity, a fix and what it cost;
+verdicts and per-rank lag summaries are forwarded to echod. Nothing here touches a socket or
+reads the wall clock.
 """
 
 from __future__ import annotations
@@ -133,13 +134,12 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     growth of 50 ms stood out of it or not by chance (a rank behind its GPU queue was shown
     harmless); within a kind, the spread is the noise alone. The peers' waits at one sync
     (the same collective, ``sync``; None where not known) rise and fall together, a GPU late
-    there keeps all of them waiting: they are one observation, not one a peer. The noise is the spread of the
-    syncs' mean waits, pooled over both sides, and the error counts syncs (CI, eight ranks on
-    two CPUs: a rank 10 ms late on the host, ahead of its GPU queue, named on its peers'
-    waits grown 5 ms over two syncs, each of seven waits taken as its own). Strata seen at
-    fewer than two syncs before or none since are left out, unless no stratum is seen so
-    (then all are pooled as one); where the spread cannot be told yet, the error is
-    infinite."""
+    there keeps all of them waiting: they are one observation, not one a peer. The noise is
+    the spread of the syncs' mean waits, pooled over both sides, and the error counts syncs
+    (CI, eight ranks on two CPUs: a rank 10 ms late on the host, ahead of its GPU queue, named on
+    its peers' waits grown 5 ms over two syncs, each of seven waits taken as its own). Strata seen
+    at fewer than two syncs before or none since are left out, unless no stratum is seen so (then
+    all are pooled as one); where the spread cannot be told yet, the error is infinite."""
     sides = []
     for waits in (before, after):
         kinds = defaultdict(lambda: defaultdict(list))

@@ -5,8 +5,8 @@ and on disk (``queue``: a restarted agent sends it again); after a reconnect the
 again, in order (fleetd recognises resends by node, boot id and sequence); a push sent while
 fleetd is not heard from is not timed (see ``push``). Liveness: any word from fleetd resets
 it; after ``liveness`` heartbeat intervals of silence fleetd counts as unreachable and the
-socket is replaced by a fresh one, with a capped exponential backoff between replacements. Nothing here blocks: sends use NOBLOCK and polls
-have a timeout.
+socket is replaced by a fresh one, with a capped exponential backoff between replacements.
+Nothing here blocks: sends use NOBLOCK and polls have a timeout.
 
 A sharded fleetd gives the agent one link per shard, all polled together. A link ``on_demand``
 (a shard the node has had nothing for) is quiet while nothing waits on it: no heartbeats, and
