@@ -43,8 +43,11 @@ def beside_of(item) -> Beside | None:
 
 
 def traces(item) -> bool:
-    """Whether the test loads eBPF: it traces sim jobs whose timing the analysis judges."""
-    return any(mark == needs_ebpf.mark for mark in item.iter_markers("skipif"))
+    """Whether the test loads eBPF to trace sim jobs whose timing the analysis judges: not in
+    a module marked ``load_tolerant`` (it traces, but asserts on what is traced, not on when,
+    and its ranks run until the trace is done however slow the machine is)."""
+    return any(mark == needs_ebpf.mark for mark in item.iter_markers("skipif")) and \
+        item.get_closest_marker("load_tolerant") is None
 
 
 # Set at collection: the first test that traces, before which the stages beside must be done.
@@ -53,10 +56,10 @@ BARRIER_WAIT_S: list[float] = []
 
 
 def pytest_collection_modifyitems(items):
-    """In three parts, each in its usual order: the modules that trace nothing, while the
-    stages beside the suite (support.Beside) run; once those are done, the modules that trace
-    sim jobs (no other load on the machine than the suite's own while their lateness is
-    judged); last, the tests that read the stages. A module stays whole."""
+    """In three parts, each in its usual order: the modules that trace nothing (or judge no
+    timing: ``traces``), while the stages beside the suite (support.Beside) run; once those are
+    done, the modules that trace sim jobs (no other load on the machine than the suite's own while
+    their lateness is judged); last, the tests that read the stages. A module stays whole."""
     tracing = {item.module for item in items if traces(item) and beside_of(item) is None}
     items.sort(key=lambda item: 2 if beside_of(item) is not None else
                1 if getattr(item, "module", None) in tracing else 0)

@@ -10,9 +10,9 @@ under roots of their own, and so is slurmctl, the controller of newnode's config
 holds the slurm.conf newnode's run changes. The package is the wheel the roles build from a
 snapshot of the checkout. Every path the roles write to points into a temporary root; the
 daemons' user is the existing nobody:nogroup, so no account is made; the Debian packages are
-already installed, so apt only confirms them. There is no systemd here (PID 1 is something else): the roles must skip
-every unit action and handler cleanly. The runs go on beside the tests that trace nothing,
-from the suite's start; the tests that read them run last.
+already installed, so apt only confirms them. There is no systemd here (PID 1 is something else):
+the roles must skip every unit action and handler cleanly. The runs go on beside the tests that
+trace nothing, from the suite's start; the tests that read them run last.
 """
 
 from __future__ import annotations

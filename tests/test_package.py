@@ -21,6 +21,8 @@ from tests.support import needs_ebpf
 
 ROOT = Path(__file__).resolve().parent.parent
 BPF_SOURCES = ["common.bpf.c", "cuda.bpf.c", "host.bpf.c", "nccl.bpf.c"]
+# Its trace asserts on what is traced, not on when: it may run beside the Ansible stages.
+pytestmark = pytest.mark.load_tolerant
 
 
 def test_the_wheel_carries_the_bpf_sources_and_the_rate_table(wheel):
@@ -100,7 +102,8 @@ def test_ingerod_trace_from_the_installed_venv_attaches_its_probes(venv):
     import sim
 
     work = Path(tempfile.mkdtemp(prefix="ingero-pkg-rank-"))
-    rank = subprocess.Popen([str(sim.bin_dir() / "ingero-sim-rank"), "--steps", "500",
+    # The rank runs until the trace is done (killed then), however long bcc takes to compile.
+    rank = subprocess.Popen([str(sim.bin_dir() / "ingero-sim-rank"), "--steps", "30000",
                              "--step-ms", "20", "--record", str(work / "rank.jsonl"),
                              "--unique-id-file", str(work / "id")],
                             env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"},

@@ -31,6 +31,8 @@ NAMES = [u.name for u in UNITS]
 EXPOSURE_LIMIT = {"fleetd.service": 2.0, "echod.service": 2.0, "ingerod.service": 4.5,
                   "ingerod@.service": 4.5}
 INSTANCES = {"ingerod@.service": "ingerod@1234.service"}
+# Its trace asserts on what is traced, not on when: it may run beside the Ansible stages.
+pytestmark = pytest.mark.load_tolerant
 
 
 def analyze(*args: str) -> subprocess.CompletedProcess:
@@ -232,11 +234,11 @@ def test_ingerods_capabilities_are_enough_to_trace_another_users_job(dropped):
     shutil.chown(work, "nobody")
     rank = subprocess.Popen(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-         str(site / "bin/ingero-sim-rank"), "--steps", "600", "--step-ms", "20",
+         str(site / "bin/ingero-sim-rank"), "--steps", "30000", "--step-ms", "20",
          "--record", str(work / "rank.jsonl"), "--unique-id-file", str(work / "id")],
         env={"RANK": "0", "WORLD_SIZE": "1", "SLURM_JOB_ID": "77", "PATH": os.environ["PATH"]},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    try:            # the rank runs until the trace is done (killed then)
         time.sleep(0.5)
         caps = without(capabilities("ingerod.service"), dropped)
         libraries = ",".join(str(p) for p in sorted((site / "lib").glob("lib*.so.[0-9]*")))
