@@ -102,8 +102,13 @@ def test_5000_events_at_1000_per_second_with_a_postgres_restart(pipeline, keys):
     assert wait_for(lambda: sum(per_node(engine).values()) >= 5000, 90), per_node(engine)
     time.sleep(1)
     assert per_node(engine) == {f"node{i}": 625 for i in range(8)}, "loss or duplication"
-    assert "database unavailable" in pipeline["echod"].log()
-    assert metric(pipeline["fleet_port"], "ingero_fleet_forward_resent_total") > 0
+    # echod saw the outage: a write failed, or its reviver found PostgreSQL down first (and
+    # started it again before a write came: seen once, with Ansible running beside). A batch
+    # that failed is one fleetd sends again.
+    log = pipeline["echod"].log()
+    assert "database unavailable" in log or "private PostgreSQL is down" in log, log
+    if "database unavailable" in log:
+        assert metric(pipeline["fleet_port"], "ingero_fleet_forward_resent_total") > 0
     for producer in producers:
         producer.close()
 
