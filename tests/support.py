@@ -73,8 +73,11 @@ class Producer:
         from ingero import curve
 
         self.node, self.cluster, self.boot = node, cluster, uuid.uuid4().hex[:8]
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.DEALER)
+        # The process's one context, never terminated: a producer a failed test left behind is
+        # collected in a reference cycle (the test's traceback), whose weak references go
+        # first, so a context of its own would find no socket to close and wait in term()
+        # for the one still open, forever (a whole CI run hung so, in pyzmq's __del__).
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.linger = 0
         curve.connect_curve(self.socket, curve.load_keypair(keys.agent_secret),
                             curve.load_public(keys.fleet_public))
@@ -116,7 +119,6 @@ class Producer:
 
     def close(self) -> None:
         self.socket.close()
-        self.context.term()
 
 
 def forward(keys, endpoint, message):
