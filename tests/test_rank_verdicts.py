@@ -24,7 +24,7 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
 
-from .support import metric, needs_ebpf, said
+from .support import metric, needs_ebpf, said, why
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -190,7 +190,7 @@ def test_three_of_eight_at_once_each_with_its_own_cause(stack):
     assert result.ok, result.describe()
     found = named(stack.verdicts("1007"))
     assert {r: v["cause"] for r, v in found.items()} == {
-        1: "host_work", 4: "slow_gpu", 6: "host_preemption"}, found
+        1: "host_work", 4: "slow_gpu", 6: "host_preemption"}, why(*said(found))
     assert found[1]["step"] <= 3, "slow from the first step: its onset is the start"
 
 
