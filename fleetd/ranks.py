@@ -152,10 +152,10 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     else:
         strata = [tuple({(k, sync): ns for k, syncs in side.items() for sync, ns in syncs.items()}
                         for side in sides)]
-    total = sum(sum(map(len, b.values())) + sum(map(len, a.values())) for b, a in strata)
+    waits = [sum(len(ns) for side in pair for ns in side.values()) for pair in strata]
     grew = variance = 0.0
-    for b, a in strata:
-        weight = (sum(map(len, b.values())) + sum(map(len, a.values()))) / total
+    for (b, a), count in zip(strata, waits):
+        weight = count / sum(waits)
         means = [[statistics.fmean(ns) for ns in side.values()] for side in (b, a)]
         grew += weight * (statistics.fmean(means[1]) - statistics.fmean(means[0]))
         free = len(means[0]) + len(means[1]) - 2
@@ -711,11 +711,13 @@ class RankAnalysis:
         answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
                             enough=ONSET_WAITS * peers)
         named = job.verdicts.get((ranks[f.column], "lag"))
-        if answer and len(before) < 3 and (named is None or named.cleared is not None):
+        if not answer or (named is not None and named.cleared is None):
+            return answer                  # said once, as the lateness is first named
+        if len(before) < 3:
             log.info("job %s: rank %d's lateness (%.1f ms) taken to cost: %d sync(s) of its "
                      "peers kept from before its onset, too few to weigh", job.job,
                      ranks[f.column], f.lag_p50_s * 1e3, len(before))
-        elif answer and (named is None or named.cleared is not None):
+        else:
             grew, error = growth(before, after)
             log.info("job %s: rank %d's lateness (%.1f ms) costs: its peers' waits at syncs "
                      "grew %.1f ms (±%.1f) from %d before its onset to %d since; %.1f ms of "
