@@ -42,6 +42,7 @@ log = logging.getLogger("fleetd")
 UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
 PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
+HOST_SETTLE = 2                      # push intervals of them before slow kernels are named
 MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
 NOTES = {    # what fleetd says once of a rank late on the host that it does not name
     "ahead": "enters collectives {lag:.1f} ms late on the host but its peers wait no longer at "
@@ -614,7 +615,8 @@ class RankAnalysis:
         found = {}
         for f in judgement.findings:
             rank = ranks[f.column]
-            facts = self._facts_of(job, rank, now)
+            facts = self._facts_of(job, rank, now, late_share=f.lag_p50_s / (
+                judgement.step_s * (f.period or 1)) if judgement.step_s else None)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             onset = float(np.nanmedian(entries[f.onset]))
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
@@ -803,7 +805,11 @@ class RankAnalysis:
 
     def _judge_work(self, job: JobState, now: float, named: set[int]) -> dict:
         """A rank whose own kernels are slow, against the ranks doing its work, though it is
-        not (yet) late at collectives."""
+        not (yet) late at collectives. Where other processes take its CPU, once its node's
+        preemptions cover ``HOST_SETTLE`` push intervals: they come summed per interval, and
+        a hog that started within the first weighs as a share of time it did not run in, too
+        small to explain the kernels it slows (with a busy loop beside the test, a rank under
+        three hogs was named slow_gpu, then cleared, and never named at its collectives)."""
         peers = self._peers(job, now)
         found = {}
         slow = slow_workers(peers.work, self.policy) if peers.alike is None else [
@@ -814,7 +820,8 @@ class RankAnalysis:
                 continue
             facts = self._facts_of(job, rank, now)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
-            if diagnosis.cause != "slow_gpu":
+            if diagnosis.cause != "slow_gpu" or facts.preemptions and facts.window_s < \
+                    HOST_SETTLE * self.heard.get(job.facts[rank].node, (now, 1.0))[1]:
                 continue
             found[(rank, "lag")] = Verdict(
                 job.cluster, job.job, rank, job.facts[rank].node, "slow_gpu", "slow_gpu",
@@ -912,7 +919,10 @@ class RankAnalysis:
         heard = self.heard.get(node)
         return heard is None or heard[0] < since + heard[1]
 
-    def _facts_of(self, job: JobState, rank: int, now: float) -> causes.Facts:
+    def _facts_of(self, job: JobState, rank: int, now: float,
+                  late_share: float | None = None) -> causes.Facts:
+        """What the cause rules weigh for the rank; ``late_share``: what its lateness costs it,
+        a share of its time (without it: its kernels' extra time per second, if any)."""
         mine, peers = job.facts[rank], self._peers(job, now)
         at = peers.ranks.index(rank)
         # A preemptor counts against the rank when it keeps the rank off its CPU far longer than
@@ -927,12 +937,14 @@ class RankAnalysis:
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
         work, alloc, wait, io = (peers.own_and_others(values, at) for values in (
             peers.work, peers.alloc, peers.wait, peers.io))
+        if late_share is None and None not in work:
+            late_share = max(work[0] - work[1], 0.0) * mine.self_work_rate()
         return causes.Facts(
             self_work_s=work[0], peers_self_work_s=work[1],
             self_work_samples=len(mine.self_work_ns),
             preemptions={who: n for who, (n, _ns) in taken.items()},
             preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
-            window_s=min(HOST_FACTS_S, now - job.started),
+            window_s=min(HOST_FACTS_S, now - job.started), late_share=late_share,
             blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
             peers_blockio_bytes=io[1],
             allocation_s=alloc[0], peers_allocation_s=alloc[1],
@@ -942,8 +954,9 @@ class RankAnalysis:
         """Every rank's medians and preemptors, once per tick: a rank is weighed against all."""
         if job.peers is None:
             ranks = sorted(job.facts)
-            medians = [[job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
-                       for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
+            medians = [[job.facts[r].floor(job.facts[r].self_work_ns) for r in ranks]] + [
+                [job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
+                for name in ("allocation_ns", "peer_wait_ns")]
             io = [sum(b for t, _r, b in job.facts[r].blockio if t >= now - HOST_FACTS_S)
                   for r in ranks]
             pids = {f.pid for f in job.facts.values() if f.pid is not None}

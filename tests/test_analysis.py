@@ -279,6 +279,26 @@ def test_host_preemption_names_the_process_and_its_pid():
     assert "ingero-hog (pid 4242)" in diagnosis.fix
 
 
+@pytest.mark.parametrize("late_share, self_work_s, taken, cause", [
+    (0.79, None, 0.02, "host_work"),   # 60 ms late in a 76 ms step; a busy loop takes 2% of it
+    (0.26, None, 0.40, "host_preemption"),     # 20 ms late a step, 40% of its time taken
+    (None, 0.012, 0.02, "slow_gpu"),   # kernels 6 ms slower 13 times a second (8%), 2% taken
+    (None, 0.0061, 0.02, "host_preemption"),   # kernels no slower: the preemption is the cause
+])
+def test_preemption_is_the_cause_only_if_it_takes_about_what_the_rank_loses(
+        late_share, self_work_s, taken, cause):
+    """What the sched_switch tracer saw taken from the rank is set against what the rank loses
+    against its peers: a small preemption beside a large lateness is not its cause."""
+    if self_work_s is not None:    # fleetd's share: its kernels' extra time per second
+        late_share = max(self_work_s - 0.006, 0.0) * 13
+    facts = causes.Facts(self_work_s=self_work_s, peers_self_work_s=0.006,
+                         self_work_samples=40, preemptions={("bash", 31553): 20},
+                         preempted_s=taken * 4.0, window_s=4.0, late_share=late_share)
+    assert causes.diagnose_late(facts).cause == cause
+    facts.late_share = None                       # not known: preemption outweighs, as before
+    assert causes.diagnose_late(facts).cause == "host_preemption"
+
+
 def test_severity_is_the_lag_against_the_step():
     assert causes.severity(0.29, 0.02) == "critical"
     assert causes.severity(0.003, 0.02) == "major"

@@ -183,14 +183,14 @@ def test_a_competing_process_on_a_rank_s_cpu_is_named_as_the_cause(stack):
 
 def test_three_of_eight_at_once_each_with_its_own_cause(stack):
     # Two cores: rank 6 and its hogs get one, the seven other ranks (and the daemons) the other.
-    result = stack.run(scenario("1007", steps=40, host_work_ms=1, stragglers=[
+    result = stack.run(scenario("1007", steps=80, host_work_ms=1, stragglers=[
         {"rank": 1, "kind": "host_delay", "delay_ms": 60},
         {"rank": 4, "kind": "slow_gpu", "factor": 2.0},
         {"rank": 6, "kind": "cpu_contention", "hogs": 3, "nice": -10}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1007"))
     assert {r: v["cause"] for r, v in found.items()} == {
-        1: "host_work", 4: "slow_gpu", 6: "host_preemption"}, why(*said(found))
+        1: "host_work", 4: "slow_gpu", 6: "host_preemption"}, why(*said(found)) + stack.logs()
     assert found[1]["step"] <= 3, "slow from the first step: its onset is the start"
 
 

@@ -52,6 +52,7 @@ SLOW_GPU_RATIO = 1.3             # self-work over the peers' median
 MIN_SELF_WORK_SAMPLES = 3
 PREEMPTION_BURST = 5             # preemptions by other processes in the window
 PREEMPTED_SHARE = 0.02           # of the window, kept off its CPU by them
+PREEMPTION_EXPLAINS = 0.75       # ... and about as much as it loses against its peers
 HEAVY_BLOCKIO_BYTES = 64 * 2**20          # in the window, with no peers to compare with
 HEAVY_BLOCKIO_REQUESTS = 1000
 IO_RATIO = 4.0                           # the rank's block I/O over its peers' median
@@ -88,12 +89,15 @@ FIXES = {
 class Facts:
     """What the rules weigh for one late rank; None where nothing was measured."""
 
-    self_work_s: float | None = None          # the rank's median self-work sync
-    peers_self_work_s: float | None = None    # the median of its peers' medians
+    self_work_s: float | None = None          # the rank's self-work sync (fleetd: its syncs'
+                                              # lower quartile; echod: their median)
+    peers_self_work_s: float | None = None    # the median of its peers' (the same measure)
     self_work_samples: int = 0
     preemptions: dict[tuple[str, int], int] = field(default_factory=dict)  # (comm, pid) → n
     preempted_s: float | None = None          # how long they kept it off its CPU
     window_s: float | None = None             # the span the host facts cover
+    late_share: float | None = None           # of its time, what it loses against its peers:
+    # its lag over the steps it is late in, or its kernels' extra time per second
     blockio_requests: int = 0
     blockio_bytes: int = 0
     peers_blockio_bytes: float | None = None  # the median of its peers' (None: not compared)
@@ -181,11 +185,18 @@ def _blame_signals(f: Facts) -> tuple[str, str, list[str]] | None:
 
 
 def preempted(f: Facts) -> bool:
-    """Other processes took its CPU often, and (where the time is known) for long enough."""
+    """Other processes took its CPU often and, where the time is known, for long enough to
+    explain what the rank loses: a rank 60 ms late each 76 ms step in its own host code, whose
+    CPU a busy loop beside it takes for 2 ms a step, is late by its host work, and one whose
+    kernels' syncs take 6 ms more than its peers' each step, kept off its CPU 1 ms a step,
+    has slow kernels."""
     if f.preemption_count < PREEMPTION_BURST:
         return False
-    return (f.preempted_s is None or not f.window_s
-            or f.preempted_s >= PREEMPTED_SHARE * f.window_s)
+    if f.preempted_s is None or not f.window_s:
+        return True
+    share = f.preempted_s / f.window_s
+    return share >= PREEMPTED_SHARE and (
+        f.late_share is None or share >= PREEMPTION_EXPLAINS * f.late_share)
 
 
 def heavy_io(f: Facts) -> bool:

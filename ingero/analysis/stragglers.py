@@ -278,7 +278,7 @@ WORK_MAD_FLOOR = 0.02   # of the median self-work: kernels a hair apart flag not
 
 def slow_workers(self_work: np.ndarray, policy: LagPolicy = LagPolicy(),
                  ratio: float = 1.3) -> np.ndarray:
-    """Columns whose median self-work (syncs on their own kernels only) stands out: over the
+    """Columns whose self-work (syncs on their own kernels only) stands out: over the
     robust bar of their peers' and at least ``ratio`` times the median. NaN where unmeasured."""
     self_work = np.asarray(self_work, float)
     known = np.isfinite(self_work)
