@@ -42,7 +42,7 @@ log = logging.getLogger("fleetd")
 UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
 PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
-HOST_SETTLE = 2                      # push intervals of them before slow kernels are named
+HOST_SETTLE = 1                      # push intervals of them before slow kernels are named
 MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
 NOTES = {    # what fleetd says once of a rank late on the host that it does not name
     "ahead": "enters collectives {lag:.1f} ms late on the host but its peers wait no longer at "
