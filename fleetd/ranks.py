@@ -951,16 +951,17 @@ class RankAnalysis:
             peer_wait_s=wait[0], peers_peer_wait_s=wait[1])
 
     def _peers(self, job: JobState, now: float) -> PeerFacts:
-        """Every rank's medians and preemptors, once per tick: a rank is weighed against all."""
+        """Every rank's self-work, medians and preemptors, once per tick: a rank is weighed
+        against all."""
         if job.peers is None:
             ranks = sorted(job.facts)
-            medians = [[job.facts[r].floor(job.facts[r].self_work_ns) for r in ranks]] + [
+            measures = [[job.facts[r].floor(job.facts[r].self_work_ns) for r in ranks]] + [
                 [job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
                 for name in ("allocation_ns", "peer_wait_ns")]
             io = [sum(b for t, _r, b in job.facts[r].blockio if t >= now - HOST_FACTS_S)
                   for r in ranks]
             pids = {f.pid for f in job.facts.values() if f.pid is not None}
-            job.peers = PeerFacts(ranks, *(np.array(m, float) for m in medians),
+            job.peers = PeerFacts(ranks, *(np.array(m, float) for m in measures),
                                   [self._preemptions(job.facts[r], pids, now) for r in ranks],
                                   np.array(io, float), self._alike(job, ranks))
         return job.peers
