@@ -195,8 +195,25 @@ def test_too_few_instances_are_not_judged():
 def test_onset_and_period_on_yes_no_series():
     assert onset(np.array([0, 0, 1, 0, 0, 1, 1, 1, 1], bool)) == 5
     assert onset(np.ones(5, bool)) == 0
-    assert period(np.array([i % 4 == 1 for i in range(30)]), LagPolicy()) == 4
+    assert period(np.array([i % 4 == 1 for i in range(30)]), LagPolicy()) == (4, 1)
     assert period(np.array([1, 1, 1, 1, 1, 0, 0], bool), LagPolicy()) is None
+
+
+def test_a_period_stands_beside_a_few_late_instances_off_it_and_lates_at_random_have_none():
+    # job 1003 beside a busy loop (CI, 7e195d1): 80 ms every 5 steps, 9 ms at two steps after
+    lag = np.full(40, 0.001)
+    lag[[10, 15]] = 0.009
+    lag[4::5] = 0.080
+    late = lag > 0.004
+    assert period(late, LagPolicy()) == (5, 4)
+    lag[22] = 0.009             # a third: too many off the grid, unless they are no stalls
+    assert period(lag > 0.004, LagPolicy()) is None
+    assert period(lag > 0.004, LagPolicy(), lag) == (5, 4)
+    lag[[10, 15, 22]] = 0.070   # stalls as long as the grid's: they are no period
+    assert period(lag > 0.004, LagPolicy(), lag) is None
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        assert period(rng.random(40) < 0.3, LagPolicy()) is None
 
 
 def test_missing_ranks_are_those_that_went_no_further():
