@@ -162,10 +162,17 @@ class EbpfSource:
 
     def _say_roles(self) -> None:
         """Say which role a traced process changed: a launcher seen before it spawned its
-        workers looked like a rank until then."""
+        workers looked like a rank until then. And which one, still running, is traced no
+        longer: it reads now as a process this agent was not asked to trace (its events are
+        dropped from then on, in the kernel)."""
         for pid, (started, told) in list(self.told_roles.items()):
             p = self.processes.get(pid)
             if p is None or p.started != started:
+                del self.told_roles[pid]
+            elif not self.wanted(p):
+                log.warning("pid %d (%s) is traced no longer: it now reads as job %s rank %s, "
+                            "%d environment variables", pid, p.comm, p.job, p.rank,
+                            len(p.environ or {}))
                 del self.told_roles[pid]
             elif p.role != told:
                 log.info("pid %d (%s) job %s: now %s, was %s", pid, p.comm, p.job, p.role, told)

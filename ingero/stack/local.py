@@ -123,6 +123,7 @@ class Stack:
         self.node_flags = node_flags or {}
         self.keys = KeyRing.create(root / "keys", shards)    # each shard its own pair
         self.daemons: list[Daemon] = []
+        self.unjudged = ""          # what the last wait_judged that timed out missed
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
         # no API drain on the way out: it keeps a load balancer off a stopping echod, and
         # nothing balances here (echod_flags may set one)
@@ -212,14 +213,25 @@ class Stack:
                 f"SELECT comm_hash, max(seq_last), extract(epoch FROM max(t))::float8 "
                 f"FROM peer_lag WHERE job = '{quoted}' GROUP BY comm_hash")["rows"]
             summarised = {comm: seq for comm, seq, _t in rows}
-            if any(summarised.get(comm, -1) < seq for comm, seq in last.items()):
+            behind = {comm: (summarised.get(comm, -1), seq) for comm, seq in last.items()
+                      if summarised.get(comm, -1) < seq}
+            self.unjudged = (f"job {job} not judged whole: communicators summarised short of "
+                             f"their last instance (summarised, last): {behind}" if behind else
+                             f"job {job}: a live verdict not stored since its last summary")
+            if behind:
                 return False
             latest = max(t for _comm, _seq, t in rows)
             return all(v["last_seen"] and datetime.fromisoformat(v["last_seen"]).timestamp()
                        >= latest for v in self.tool("find_stragglers", job=job)["verdicts"]
                        if v["cleared"] is None)
 
-        return bool(wait_for(judged, timeout, interval=0.25))
+        self.unjudged = ""
+        if wait_for(judged, timeout, interval=0.25):
+            self.unjudged = ""
+            return True
+        self.unjudged += "".join(f"\n{line}" for d in self.agents
+                                 for line in d.log().splitlines() if "traced no longer" in line)
+        return False
 
     @property
     def token(self) -> str:
@@ -239,7 +251,9 @@ class Stack:
                                exc.code, exc.status, exc.retry_after) from exc
 
     def logs(self) -> str:
-        return "\n".join(f"--- {d.name}\n{d.log()[-4000:]}" for d in self.daemons)
+        """The end of each daemon's log; first, what a wait_judged that timed out missed."""
+        return "\n".join([*filter(None, [self.unjudged]), *(
+            f"--- {d.name}\n{d.log()[-4000:]}" for d in self.daemons)])
 
     def stop(self) -> list[int]:
         """Agents, fleetd, then echod: the exit status of each, in that order. fleetd stops
