@@ -70,6 +70,12 @@ def scenario(job_id: str, stragglers=(), **fields) -> scenarios.Scenario:
                             "stragglers": list(stragglers)})
 
 
+def told(found: dict[int, dict], stack: Stack) -> str:
+    """What a failed assertion on the verdicts shows: each as the product says it, then the
+    daemons' logs."""
+    return "\n".join([*said(found), stack.logs()])
+
+
 def named(verdicts: list[dict]) -> dict[int, dict]:
     """The latest verdict of each rank."""
     return {v["rank"]: v for v in verdicts}
@@ -82,7 +88,7 @@ def test_a_rank_late_on_the_host_is_named_with_its_lag_onset_and_own_host_work(s
         {"rank": late, "kind": "host_delay", "delay_ms": delay_ms, "from_step": onset_step}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1001"))
-    assert set(found) == {late}, "\n".join([*said(found), stack.logs()])
+    assert set(found) == {late}, told(found, stack)
     verdict = found[late]
     assert verdict["node"] == "node1" and verdict["kind"] == "persistent"
     assert verdict["cause"] == "host_work", verdict
@@ -135,8 +141,8 @@ def test_a_stall_every_k_steps_is_named_periodic_with_its_period(stack):
         {"rank": 1, "kind": "hiccup", "delay_ms": 80, "every": 5}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1003"))
-    assert set(found) == {1}, found
-    assert found[1]["kind"] == "periodic" and found[1]["period"] == 5, found[1]
+    assert set(found) == {1}, told(found, stack)
+    assert found[1]["kind"] == "periodic" and found[1]["period"] == 5, told(found, stack)
 
 
 def test_a_slow_gpu_is_named_with_cause_slow_gpu(stack):
@@ -144,8 +150,8 @@ def test_a_slow_gpu_is_named_with_cause_slow_gpu(stack):
         {"rank": 6, "kind": "slow_gpu", "factor": 1.5}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1004"))
-    assert set(found) == {6}, found
-    assert found[6]["cause"] == "slow_gpu", found[6]
+    assert set(found) == {6}, told(found, stack)
+    assert found[6]["cause"] == "slow_gpu", told(found, stack)
 
 
 def test_a_hung_rank_is_named_missing_within_the_timeout_and_two_pushes(stack):
@@ -158,7 +164,7 @@ def test_a_hung_rank_is_named_missing_within_the_timeout_and_two_pushes(stack):
         cluster.stop()
     assert named_hang, stack.logs()
     found = named(v for v in stack.verdicts("1005") if v["kind"] == "hang")
-    assert set(found) == {3}, found
+    assert set(found) == {3}, told(found, stack)
     entered = read_record(cluster.ranks[0].record_path).at_step(6)["entry_ns"] / 1e9 \
         - time.monotonic() + time.time()
     raised = datetime.fromisoformat(found[3]["raised"]).timestamp()
@@ -174,8 +180,8 @@ def test_a_competing_process_on_a_rank_s_cpu_is_named_as_the_cause(stack):
     assert result.ok, result.describe()
     assert stack.wait_judged("1006", result), stack.logs()
     found = named(stack.verdicts("1006"))
-    assert set(found) == {2}, found
-    assert found[2]["cause"] == "host_preemption", found[2]
+    assert set(found) == {2}, told(found, stack)
+    assert found[2]["cause"] == "host_preemption", told(found, stack)
     top = found[2]["evidence"]["preemptions"][0]
     assert top["comm"] == "ingero-hog" and top["pid"] in hogs, found[2]["evidence"]
     assert f"ingero-hog (pid {top['pid']})" in found[2]["fix"]
@@ -201,7 +207,7 @@ def test_half_the_job_late_names_the_late_half(stack):
         {"rank": r, "kind": "host_delay", "delay_ms": 100, "from_step": 5} for r in range(4, 8)]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1013"))
-    assert set(found) == {4, 5, 6, 7}, found
+    assert set(found) == {4, 5, 6, 7}, told(found, stack)
     assert {(v["node"], v["cause"]) for v in found.values()} == {("node1", "host_work")}
     assert all(abs(v["lag_p50_ms"] - 100) <= 15 for v in found.values()), found
 
@@ -219,7 +225,7 @@ def test_two_of_five_ranks_late_are_both_named(stack):
         {"rank": 3, "kind": "host_delay", "delay_ms": 80}]))
     assert result.ok, result.describe()
     found = named(stack.verdicts("1008"))
-    assert set(found) == {0, 3}, found
+    assert set(found) == {0, 3}, told(found, stack)
     assert found[3]["lag_p50_ms"] > found[0]["lag_p50_ms"]
 
 
