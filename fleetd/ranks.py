@@ -62,6 +62,7 @@ WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retire
 WINDOW_IDLE_INTERVALS = 10           # this many push intervals)
 UNCOVERED_AFTER = 3                  # push intervals a communicator runs before a rank no
 UNCOVERED_AFTER_S = 5.0              # agent told of is taken as uncovered (and this long)
+RESUMED_AFTER = 2                    # push intervals without one: a node's next is a resumption
 SERVE_EVERY_S = 0.001                # judging between two chances for fleetd to answer pushes
 
 
@@ -266,6 +267,7 @@ class RankAnalysis:
         self.intake = ColumnIntake(self)
         self.unaligned = 0            # collectives on communicators never seen created
         self.heard: dict[str, tuple[float, float]] = {}   # node → (last push, its interval)
+        self.resumed: dict[str, float] = {}  # node → its first push after a silence, when
         self.pending_rows: list[dict] = []
         self.pending_lag: list[dict] = []
         self.live_by_node: dict[str | None, set[tuple]] = {}  # node → (job, rank) named
@@ -282,6 +284,9 @@ class RankAnalysis:
         seconds, not compared across nodes). A push of columns is taken whole arrays at a
         time (``intake``), its few other events one by one first, as a push of maps is."""
         offset = self.clocks.offset(push.node)
+        last = self.heard.get(push.node)
+        if last is not None and now - last[0] > RESUMED_AFTER * max(last[1], push.interval):
+            self.resumed[push.node] = now
         self.heard[push.node] = (now, push.interval)
         collectives: dict[tuple, list] = defaultdict(list)    # → (seq, column, t, op) rows
         chunks: dict[tuple, list] = defaultdict(list)         # → the same, as arrays
@@ -864,6 +869,9 @@ class RankAnalysis:
                     found[(rank, "missing")] = current    # named while its peers waited
                 continue
             kind = self._missing(job.facts[rank], began, gave_up, now)
+            if kind is None and current is not None and current.cleared is None:
+                found[(rank, "missing")] = current     # named: a node heard from only
+                continue                                # again after a silence clears nothing
             if kind is not None:
                 if PAIR in comm:          # its own side of the pair: the Send or the Recv
                     op = self.ops.code("ncclSend" if column == 0 else "ncclRecv")
@@ -914,10 +922,15 @@ class RankAnalysis:
                                  **({"pair": pair} if pair else {})})
 
     def _silent(self, node: str, since: float) -> bool:
-        """Whether ``node`` has not pushed, one push interval after ``since``, since then: what
-        it knows of a collective entered at ``since`` may still be on its way."""
+        """Whether ``node`` has not pushed, one push interval after ``since``, since then, or
+        its last push is its first after a silence: what it knows of a collective entered at
+        ``since`` may still be on its way. An agent starved of CPU catches up over more than
+        one push (beside a busy loop and a rank's three hogs, node1's first push after 4 s
+        without one carried 322 events, the next, 2 s later, 1,270, among them its ranks'
+        entries of 2.5 s before: its ranks were named hung in between)."""
         heard = self.heard.get(node)
-        return heard is None or heard[0] < since + heard[1]
+        return heard is None or heard[0] < since + heard[1] or \
+            self.resumed.get(node) == heard[0]
 
     def _facts_of(self, job: JobState, rank: int, now: float,
                   late_share: float | None = None) -> causes.Facts:
@@ -937,14 +950,17 @@ class RankAnalysis:
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
         work, alloc, wait, io = (peers.own_and_others(values, at) for values in (
             peers.work, peers.alloc, peers.wait, peers.io))
-        if late_share is None and None not in work:
-            late_share = max(work[0] - work[1], 0.0) * mine.self_work_rate()
+        work_share = None if None in work else \
+            max(work[0] - work[1], 0.0) * mine.self_work_rate()
+        if late_share is None:
+            late_share = work_share
         return causes.Facts(
             self_work_s=work[0], peers_self_work_s=work[1],
             self_work_samples=len(mine.self_work_ns),
             preemptions={who: n for who, (n, _ns) in taken.items()},
             preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
             window_s=min(HOST_FACTS_S, now - job.started), late_share=late_share,
+            work_share=work_share,
             blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
             peers_blockio_bytes=io[1],
             allocation_s=alloc[0], peers_allocation_s=alloc[1],

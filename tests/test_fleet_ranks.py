@@ -251,6 +251,7 @@ def test_a_rank_missing_from_a_collective_is_named_hung_then_dead_once_it_exits(
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
     ra.observe(push("n0", events), T0)
     assert ra.tick(T0 + 10 * STEP + 1.0) == []           # inside the timeout
+    ra.observe(push("n0", []), T0 + 1.2)                 # pushing every second or so
     assert ra.tick(T0 + 10 * STEP + 2.5) == []           # n0 has not reported since
     ra.observe(push("n0", []), T0 + 10 * STEP + 2.0)
     hung = ra.tick(T0 + 10 * STEP + 2.5)
@@ -282,6 +283,7 @@ def test_a_hang_named_while_its_peers_waited_stays_named_after_they_exit():
     ra = analysis()
     events = steps(range(8), 0, 10) + steps([r for r in range(8) if r != 3], 10, 11)
     ra.observe(push("n0", events), T0)
+    ra.observe(push("n0", []), T0 + 1.2)
     ra.observe(push("n0", []), T0 + 10 * STEP + 2.0)
     (hung,) = ra.tick(T0 + 10 * STEP + 2.5)
     ra.observe(push("n0", exits([r for r in range(8) if r != 3], T0 + 3.2)), T0 + 3.3)
@@ -296,6 +298,7 @@ def test_a_missing_rank_that_aborted_its_communicator_is_named_dead():
     events.append({"id": "n:a", "t": T0 + 0.52, "kind": "comm_destroy", "attrs": {
         "op": "ncclCommAbort", "comm_hash": COMM, "comm_rank": 6, "rank": 6, "job": "42"}})
     ra.observe(push("n0", events), T0)
+    ra.observe(push("n0", []), T0 + 1.2)
     ra.observe(push("n0", []), T0 + 10 * STEP + 2.0)
     (dead,) = ra.tick(T0 + 10 * STEP + 2.5)
     assert (dead.rank, dead.kind) == (6, "died")
@@ -337,6 +340,7 @@ def test_a_hang_the_peers_gave_up_on_is_named_when_they_give_up_not_after_the_ti
     events = steps(range(8), 0, 10) + steps(peers, 10, 11)
     ra.observe(push("n0", events), T0 + 1.0)
     assert ra.tick(T0 + 2.0) == []
+    ra.observe(push("n0", []), T0 + 2.5)
     ra.observe(push("n0", aborts(peers, T0 + 3.5)
                     + [crash(r, T0 + 3.6, exit_status=3) for r in peers]), T0 + 3.7)
     assert ra.tick(T0 + 3.8) == [], "what n0 saw of rank 3 until then may be on its way"
@@ -357,6 +361,23 @@ def test_a_rank_that_died_before_its_peers_gave_up_is_dead():
     ra.observe(push("n0", []), T0 + 4.8)
     (dead,) = ra.tick(T0 + 4.9)
     assert (dead.rank, dead.kind) == (3, "died")
+
+
+def test_a_node_back_from_a_silence_is_not_taken_at_its_word_until_it_pushes_steadily():
+    """An agent starved of CPU for 4 s (beside a busy loop and a rank's hogs) catches up over
+    more than one push: its first after the silence does not yet say its ranks never came."""
+    ra = analysis()
+    for node in ("n0", "n1"):
+        exchanged(ra, node, 0.0)
+    ra.observe(push("n0", steps(range(4), 0, 11)), T0 + 0.6)      # n1's step 10 still to come
+    ra.observe(push("n1", steps(range(4, 8), 0, 10)), T0 + 0.5)
+    ra.observe(push("n0", []), T0 + 1.6)
+    ra.observe(push("n1", []), T0 + 4.5)              # 4 s without a push, then a short one
+    ra.observe(push("n0", []), T0 + 2.6)
+    assert ra.tick(T0 + 10 * STEP + 2.5) == []
+    ra.observe(push("n1", []), T0 + 5.3)              # steady again, and still without them
+    hung = ra.tick(T0 + 5.4)
+    assert sorted(v.rank for v in hung) == [4, 5, 6, 7] and {v.kind for v in hung} == {"hang"}
 
 
 def test_a_silent_node_s_missing_rank_is_named_after_twice_the_timeout():
