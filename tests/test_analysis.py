@@ -316,21 +316,6 @@ def test_preemption_is_the_cause_only_if_it_takes_about_what_the_rank_loses(
     assert causes.diagnose_late(facts).cause == "host_preemption"
 
 
-def test_slow_kernels_at_collectives_outweigh_a_smaller_preemption():
-    """Late at collectives by 7.4 ms a 76 ms step (10%): its kernels take 12.1 ms a sync
-    against its peers' 6.1 ms, 13 syncs a second (8%), and a busy loop beside the job took 8%
-    of its CPU (three-of-eight beside a loop, 781162e): the larger share is the cause; the
-    preemption is said with it."""
-    facts = causes.Facts(self_work_s=0.0121, peers_self_work_s=0.0061, self_work_samples=40,
-                         preemptions={("bash", 31553): 40}, preempted_s=0.3, window_s=4.0,
-                         late_share=0.0074 / 0.076, work_share=0.006 * 13)
-    diagnosis = causes.diagnose_late(facts)
-    assert diagnosis.cause == "slow_gpu", diagnosis
-    assert diagnosis.findings[1].startswith("preempted 40 times for 0.30 s (8% of its time)")
-    facts.preempted_s = 0.4                        # 10%: more than its kernels' extra
-    assert causes.diagnose_late(facts).cause == "host_preemption"
-
-
 def test_severity_is_the_lag_against_the_step():
     assert causes.severity(0.29, 0.02) == "critical"
     assert causes.severity(0.003, 0.02) == "major"

@@ -98,7 +98,6 @@ class Facts:
     window_s: float | None = None             # the span the host facts cover
     late_share: float | None = None           # of its time, what it loses against its peers:
     # its lag over the steps it is late in, or its kernels' extra time per second
-    work_share: float | None = None           # of its time, its kernels' extra over its peers'
     blockio_requests: int = 0
     blockio_bytes: int = 0
     peers_blockio_bytes: float | None = None  # the median of its peers' (None: not compared)
@@ -142,21 +141,16 @@ def named(preemptor: tuple[str, int | None]) -> str:
 
 def _blame(f: Facts) -> tuple[str, str, list[str]]:
     # Preemption first: a rank starved of CPU also wakes late from its syncs, so its self-work
-    # looks long too; a slow GPU does not bring another process onto the rank's CPU. Unless
-    # its kernels' extra time is the larger share of its time (a busy loop beside a job takes
-    # a few percent of one rank's CPU, where a GPU half as fast takes a tenth and more).
-    taken = preempted(f) and [
-        f"preempted {f.preemption_count} times{held(f)} by other processes, mostly "
-        f"{named(f.top_preemptor)} ({f.preemptions[f.top_preemptor]} times)"]
-    if taken and not (slow_gpu(f) and f.work_share is not None and f.preempted_s is not None
-                      and f.window_s and f.work_share >= f.preempted_s / f.window_s):
-        return "host_preemption", "high", taken
+    # looks long too; a slow GPU does not bring another process onto the rank's CPU.
+    if preempted(f):
+        held = "" if f.preempted_s is None else f" for {f.preempted_s:.2f} s"
+        return "host_preemption", "high", [
+            f"preempted {f.preemption_count} times{held} by other processes, mostly "
+            f"{named(f.top_preemptor)} ({f.preemptions[f.top_preemptor]} times)"]
     if slow_gpu(f):
         return "slow_gpu", "high", [
             f"its own kernels take {f.self_work_s * 1e3:.2f} ms per sync, its peers' "
-            f"{f.peers_self_work_s * 1e3:.2f} ms ({f.self_work_s / f.peers_self_work_s:.2f}x)"
-            + ("" if f.work_share is None else f": {f.work_share:.0%} of its time"),
-            *(taken or [])]
+            f"{f.peers_self_work_s * 1e3:.2f} ms ({f.self_work_s / f.peers_self_work_s:.2f}x)"]
     if heavy_io(f):
         peers = "" if f.peers_blockio_bytes is None else \
             f", its peers' {f.peers_blockio_bytes / 2**20:.1f} MiB"
@@ -188,14 +182,6 @@ def _blame_signals(f: Facts) -> tuple[str, str, list[str]] | None:
             f"it waits {f.peer_wait_s * 1e3:.2f} ms in collectives, its peers "
             f"{f.peers_peer_wait_s * 1e3:.2f} ms: what delays it is elsewhere"]
     return None
-
-
-def held(f: Facts) -> str:
-    """How long other processes kept it off its CPU, and what share of the window, if known."""
-    if f.preempted_s is None:
-        return ""
-    return f" for {f.preempted_s:.2f} s" + (
-        f" ({f.preempted_s / f.window_s:.0%} of its time)" if f.window_s else "")
 
 
 def preempted(f: Facts) -> bool:
