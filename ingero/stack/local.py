@@ -225,7 +225,6 @@ class Stack:
                        >= latest for v in self.tool("find_stragglers", job=job)["verdicts"]
                        if v["cleared"] is None)
 
-        self.unjudged = ""
         if wait_for(judged, timeout, interval=0.25):
             self.unjudged = ""
             return True
