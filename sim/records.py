@@ -11,6 +11,7 @@ steps_done, collectives, start_ns, end_ns, step_ns and sync_wait_ns (one per fin
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,3 +42,19 @@ def read_record(path: str | Path) -> Record:
         elif entry.get("type") == "summary":
             summary = entry
     return Record(collectives, summary)
+
+
+def entry_lags(paths: dict[int, str | Path], op: str = "ncclAllReduce") -> dict[int, float]:
+    """Each rank's median lag (seconds) entering ``op`` behind the median of all ranks' entries
+    at the same step, from their records (``paths``: rank → record): how late each rank
+    really was in the job as it ran, whatever the machine around it did. The entry times are
+    CLOCK_MONOTONIC, so ranks compared must share one host (the sim's nodes do)."""
+    entries = {rank: {c["step"]: c["entry_ns"] for c in read_record(path).ops(op)}
+               for rank, path in paths.items()}
+    steps = sorted(set.intersection(*(set(e) for e in entries.values()))) if entries else []
+    lags: dict[int, list[float]] = {rank: [] for rank in entries}
+    for step in steps:
+        median = statistics.median(e[step] for e in entries.values())
+        for rank, e in entries.items():
+            lags[rank].append((e[step] - median) / 1e9)
+    return {rank: statistics.median(values) for rank, values in lags.items() if values}

@@ -22,7 +22,7 @@ from ingero.stack import local as stack_module
 from ingero.stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
-from sim.records import read_record
+from sim.records import entry_lags, read_record
 
 from .support import metric, needs_ebpf, said, why
 
@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, needs_ebpf]
 SKEW_S = 0.25
 PUSH_S = 1.0
 HANG_TIMEOUT_S = 4.0
+LATE_IN_RECORD_S = 0.010   # a rank this late at its median step is a straggler, whatever the bar
 
 
 class Stack(stack_module.Stack):
@@ -180,8 +181,17 @@ def test_a_competing_process_on_a_rank_s_cpu_is_named_as_the_cause(stack):
     assert result.ok, result.describe()
     assert stack.wait_judged("1006", result), stack.logs()
     found = named(stack.verdicts("1006"))
-    assert set(found) == {2}, told(found, stack)
-    assert found[2]["cause"] == "host_preemption", told(found, stack)
+    # Idle, the hogs make rank 2 some 50 ms late a step. Beside another busy process on these
+    # two cores the ranks on the other core lose about as much to it, and the job as it ran
+    # (its records say) may have no clear straggler: then rank 2 need not be named, but no
+    # other rank may be, and rank 2 only for its hogs.
+    lags = entry_lags({r.rank: r.record_path for r in result.ranks})
+    told_all = told(found, stack) + f"\nmedian lags in the records: {lags}"
+    assert set(found) <= {2}, told_all
+    if lags[2] < LATE_IN_RECORD_S and not found:
+        return
+    assert set(found) == {2}, told_all
+    assert found[2]["cause"] == "host_preemption", told_all
     top = found[2]["evidence"]["preemptions"][0]
     assert top["comm"] == "ingero-hog" and top["pid"] in hogs, found[2]["evidence"]
     assert f"ingero-hog (pid {top['pid']})" in found[2]["fix"]
