@@ -149,6 +149,7 @@ class Stack:
                 self.endpoints[0], self.fleet_ports[0], self.fleetds[0]
             say(f"starting {nodes} ingerod agents with eBPF probes, one per simulated node "
                 "(node-wide, no --job)")
+            self.agent_ports = [free_port() for _ in range(nodes)]
             self.agents = [self._agent(n, (skew or {}).get(n), sim) for n in range(nodes)]
             ready = wait_for(lambda: all("pushing to" in a.log() for a in self.agents)
                              or not all(a.alive() for a in self.agents), START_TIMEOUT_S)
@@ -174,7 +175,7 @@ class Stack:
             "--fleet", ",".join(self.endpoints), "--node", f"node{node}", "--cluster", "sim",
             *(("--match-env", f"INGERO_SIM_NODE={node}") if self.sim_hosts else ()),
             "--push-interval", str(self.push_s),
-            "--rescan-interval", "0.2", "--metrics-addr", "none",
+            "--rescan-interval", "0.2", "--metrics-addr", f"127.0.0.1:{self.agent_ports[node]}",
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),
             "--queue-dir", str(self.root / "queue"),
@@ -230,7 +231,38 @@ class Stack:
             return True
         self.unjudged += "".join(f"\n{line}" for d in self.agents
                                  for line in d.log().splitlines() if "traced no longer" in line)
+        self.unjudged += self._held(job, result)
         return False
+
+    def _held(self, job: str, result) -> str:
+        """What a wait_judged that timed out needs to be read: per communicator and rank, the
+        last collective echod holds against the last its record says it entered, and what the
+        agents lost and fleetd could not place."""
+        from sim.records import read_record
+
+        quoted = job.replace("'", "''")
+        held = {(comm, rank): (seq, n) for comm, rank, seq, n in self.client().sql(
+            f"SELECT comm_hash, rank, max(seq), count(*) FROM events WHERE job = '{quoted}' "
+            f"AND kind = 'collective' GROUP BY comm_hash, rank")["rows"]}
+        lines = []
+        for r in result.ranks:
+            last: dict[str, int] = {}
+            for c in read_record(r.record_path).collectives:
+                comm = f"{c['comm_id_hash']:016x}"
+                last[comm] = max(last.get(comm, -1), c["seq"])
+            lines += [f"rank {r.rank} (pid {r.pid}, {r.status}) on {comm}: echod holds up to "
+                      f"{held.get((comm, r.rank), (None, 0))}, its record {seq}"
+                      for comm, seq in sorted(last.items())
+                      if held.get((comm, r.rank), (None,))[0] != seq]
+        counters = [f"node{n}: {name} {value}" for n, port in enumerate(self.agent_ports)
+                    for name, value in scraped(port, (
+                        "ingero_agent_events_lost_total", "ingero_agent_events_dropped_total",
+                        "ingero_agent_batches_dropped_total"))]
+        counters += [f"fleetd: {name} {value}" for name, value in scraped(
+            self.fleet_port, (
+            "ingero_fleet_unaligned_collectives_total", "ingero_fleet_incomplete_collectives"))]
+        return "".join(f"\n{line}" for line in ["per rank, (last seq, events) against the "
+                                                 "record, where they differ:", *lines, *counters])
 
     @property
     def token(self) -> str:
@@ -269,6 +301,21 @@ class Stack:
         fleet_statuses = stop_all(self.daemons[:fleet], 30)
         echod_status = self.echod.stop()
         return [a.stop(30) for a in agents] + fleet_statuses + [echod_status]
+
+
+def scraped(port: int, names: tuple[str, ...]) -> list[tuple[str, float]]:
+    """The named samples of a daemon's Prometheus endpoint on this machine (none if it does
+    not answer)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return []
+    return [(s.name, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name in names]
 
 
 def last_instances(records: list[Path]) -> dict[str, int]:
