@@ -1028,7 +1028,9 @@ class RankAnalysis:
                 "allocation_ms": ms(facts.allocation_s),
                 "peers_allocation_ms": ms(facts.peers_allocation_s),
                 "peer_wait_ms": ms(facts.peer_wait_s),
-                "peers_peer_wait_ms": ms(facts.peers_peer_wait_s)}
+                "peers_peer_wait_ms": ms(facts.peers_peer_wait_s),
+                "preempted_ms": ms(facts.preempted_s), "host_window_ms": ms(facts.window_s),
+                "late_share": None if facts.late_share is None else round(facts.late_share, 4)}
 
     # -- verdict lifecycle ---------------------------------------------------------------------
 
