@@ -258,7 +258,11 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
     """Every process that maps CUDA or NCCL. A process in ``known`` (the same pid and start
     time) that was read whole, environment and job, keeps that identity while its
     environment reads the same or cannot be read (its memory is busy, or it is exiting: a
-    failed read would turn a rank of the job into a stranger mid-run). One that reads
+    failed read would turn a rank of the job into a stranger mid-run). One reaped between
+    the reads (its maps read, its stat gone) is not found: read again, it would be a stranger
+    with no start time, and the agent would drop the rank's last events as a stranger's and
+    never say that it was gone (beside a busy loop, a job's last rank to be scanned as the
+    ranks exit together lost its last second of collectives so, now and then). One that reads
     otherwise has exec'd since: a launcher's child caught between fork and exec maps the
     launcher's libraries and carries its environment (torchrun's agent imports torch), and
     only after exec is it the rank its launcher made it."""
@@ -271,15 +275,19 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
         libraries = mapped_libraries(proc, pid)
         if not libraries:
             continue
+        started = start_time(proc, pid)
+        if started is None:
+            continue        # gone since its maps were read (reaped mid-scan): gone, not a stranger
         before = (known or {}).get(pid)
-        same = before is not None and before.started is not None \
-            and before.started == start_time(proc, pid)
+        same = before is not None and before.started == started
         whole = same and before.environ and before.job is not None
         exec_d = whole and read_environ(proc, pid) not in ({}, before.environ)
         if whole and not exec_d:
             process = dataclasses.replace(before, libraries=libraries)
         else:
             process = identify(proc, pid)
+            if process.started is None:
+                continue    # gone while it was read
             process.libraries = libraries
             if same and not exec_d:
                 process.said = before.said      # the same program, read whole only now

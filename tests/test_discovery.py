@@ -46,6 +46,19 @@ def test_a_rank_stays_itself_when_its_environment_cannot_be_read_again(tmp_path)
     assert reused[4242].job == "9" and "SLURM_NODEID" not in reused[4242].environ
 
 
+def test_a_rank_reaped_between_two_reads_of_a_scan_is_gone_not_a_stranger(tmp_path):
+    library = tmp_path / "libnccl.so.2"
+    library.write_bytes(b"\x7fELF")
+    proc = tmp_path / "proc"
+    fake_process(proc, 4242, library, b"SLURM_JOB_ID=7001\0SLURM_PROCID=3\0", started=1000)
+    first = scan(proc, own_pid=1)
+    assert first[4242].rank == 3
+    (proc / "4242" / "stat").unlink()           # its maps were read; then it was reaped
+    (proc / "4242" / "environ").write_bytes(b"")
+    assert 4242 not in scan(proc, own_pid=1, known=first)
+    assert 4242 not in scan(proc, own_pid=1)
+
+
 def test_a_process_first_read_without_its_environment_is_read_again(tmp_path):
     library = tmp_path / "libcudart.so.12"
     library.write_bytes(b"\x7fELF")
