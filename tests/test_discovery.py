@@ -25,6 +25,12 @@ def fake_process(proc, pid: int, library, environ: bytes, started: int, ppid: in
         os.symlink("/", d / "root")
 
 
+def fake_library(tmp_path, name: str):
+    library = tmp_path / name
+    library.write_bytes(b"\x7fELF")
+    return library
+
+
 def test_a_rank_stays_itself_when_its_environment_cannot_be_read_again(tmp_path):
     library = tmp_path / "lib" / "libnccl.so.2"
     library.parent.mkdir()
@@ -47,9 +53,7 @@ def test_a_rank_stays_itself_when_its_environment_cannot_be_read_again(tmp_path)
 
 
 def test_a_rank_reaped_between_two_reads_of_a_scan_is_gone_not_a_stranger(tmp_path):
-    library = tmp_path / "libnccl.so.2"
-    library.write_bytes(b"\x7fELF")
-    proc = tmp_path / "proc"
+    library, proc = fake_library(tmp_path, "libnccl.so.2"), tmp_path / "proc"
     fake_process(proc, 4242, library, b"SLURM_JOB_ID=7001\0SLURM_PROCID=3\0", started=1000)
     first = scan(proc, own_pid=1)
     assert first[4242].rank == 3
@@ -60,9 +64,7 @@ def test_a_rank_reaped_between_two_reads_of_a_scan_is_gone_not_a_stranger(tmp_pa
 
 
 def test_a_process_first_read_without_its_environment_is_read_again(tmp_path):
-    library = tmp_path / "libcudart.so.12"
-    library.write_bytes(b"\x7fELF")
-    proc = tmp_path / "proc"
+    library, proc = fake_library(tmp_path, "libcudart.so.12"), tmp_path / "proc"
     fake_process(proc, 77, library, b"", started=5)
     first = scan(proc, own_pid=1)
     assert first[77].job is None
