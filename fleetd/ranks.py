@@ -950,14 +950,17 @@ class RankAnalysis:
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
         work, alloc, wait, io = (peers.own_and_others(values, at) for values in (
             peers.work, peers.alloc, peers.wait, peers.io))
-        if late_share is None and None not in work:
-            late_share = max(work[0] - work[1], 0.0) * mine.self_work_rate()
+        work_share = None if None in work else \
+            max(work[0] - work[1], 0.0) * mine.self_work_rate()
+        if late_share is None:
+            late_share = work_share
         return causes.Facts(
             self_work_s=work[0], peers_self_work_s=work[1],
             self_work_samples=len(mine.self_work_ns),
             preemptions={who: n for who, (n, _ns) in taken.items()},
             preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
             window_s=min(HOST_FACTS_S, now - job.started), late_share=late_share,
+            work_share=work_share,
             blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
             peers_blockio_bytes=io[1],
             allocation_s=alloc[0], peers_allocation_s=alloc[1],
@@ -1030,7 +1033,8 @@ class RankAnalysis:
                 "peer_wait_ms": ms(facts.peer_wait_s),
                 "peers_peer_wait_ms": ms(facts.peers_peer_wait_s),
                 "preempted_ms": ms(facts.preempted_s), "host_window_ms": ms(facts.window_s),
-                "late_share": None if facts.late_share is None else round(facts.late_share, 4)}
+                **{name: None if value is None else round(value, 4) for name, value in (
+                    ("late_share", facts.late_share), ("work_share", facts.work_share))}}
 
     # -- verdict lifecycle ---------------------------------------------------------------------
 

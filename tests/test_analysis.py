@@ -301,18 +301,24 @@ def test_host_preemption_names_the_process_and_its_pid():
     (0.26, None, 0.40, "host_preemption"),     # 20 ms late a step, 40% of its time taken
     (None, 0.012, 0.02, "slow_gpu"),   # kernels 6 ms slower 13 times a second (8%), 2% taken
     (None, 0.0061, 0.02, "host_preemption"),   # kernels no slower: the preemption is the cause
+    # Three hogs on its CPU: 48 ms late in 78 ms steps, its syncs 13 ms longer than its peers',
+    # 37% of its time taken. The preemption explains its kernels' extra time (17% of its time).
+    (0.62, 0.019, 0.37, "host_preemption"),
+    (0.62, 0.019, 0.10, "slow_gpu"),   # ... but a tenth of its time does not
 ])
 def test_preemption_is_the_cause_only_if_it_takes_about_what_the_rank_loses(
         late_share, self_work_s, taken, cause):
     """What the sched_switch tracer saw taken from the rank is set against what the rank loses
-    against its peers: a small preemption beside a large lateness is not its cause."""
-    if self_work_s is not None:    # fleetd's share: its kernels' extra time per second
-        late_share = max(self_work_s - 0.006, 0.0) * 13
+    against its peers (where its kernels look slow, against their extra time): a small
+    preemption beside a large lateness is not its cause."""
+    work_share = None if self_work_s is None else max(self_work_s - 0.006, 0.0) * 13
     facts = causes.Facts(self_work_s=self_work_s, peers_self_work_s=0.006,
                          self_work_samples=40, preemptions={("bash", 31553): 20},
-                         preempted_s=taken * 4.0, window_s=4.0, late_share=late_share)
+                         preempted_s=taken * 4.0, window_s=4.0,
+                         late_share=work_share if late_share is None else late_share,
+                         work_share=work_share)
     assert causes.diagnose_late(facts).cause == cause
-    facts.late_share = None                       # not known: preemption outweighs, as before
+    facts.late_share = facts.work_share = None    # not known: preemption outweighs, as before
     assert causes.diagnose_late(facts).cause == "host_preemption"
 
 
