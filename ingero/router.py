@@ -11,6 +11,10 @@ from . import curve
 from .errors import IngeroError
 
 HWM = 10_000
+# Connections the kernel queues for accept (capped by net.core.somaxconn, 4096 on Debian 12).
+# ZeroMQ's default of 100 overflows when a fleet reconnects at once (after a restart of the
+# daemon): the kernel drops the rest's SYNs and each retries a second, then 3, 7, 15 s later.
+BACKLOG = 4096
 
 
 class SecureRouter:
@@ -32,6 +36,7 @@ class SecureRouter:
         self.socket = socket = self.context.socket(zmq.ROUTER)
         socket.linger = 1000
         socket.sndhwm = socket.rcvhwm = HWM
+        socket.backlog = BACKLOG
         socket.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_bytes + 1024)
         if self.cfg.insecure_plaintext_zmq:
             self.log.warning("--insecure-plaintext-zmq: %s connections are neither authenticated "
