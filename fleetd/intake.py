@@ -150,7 +150,7 @@ class ColumnIntake:
             facts.sync_end.extend((when + spent / 1e9).tolist())
             facts.sync_on.extend(on.tolist())
             facts.peer_wait_ns.extend(spent[waited].tolist())
-            facts.peer_wait_t.extend(when[waited].tolist())
+            facts.peer_wait_t.extend(cols.t[mine][waited].tolist())    # as its node timed it
             facts.peer_wait_on.extend(zip(on[waited].tolist(), seq[mine][waited].tolist()))
             facts.self_work_ns.extend(spent[~waited].tolist())
         for facts, mine in _per_rank(states, run, rank, timed & cols.of_kind("alloc")):

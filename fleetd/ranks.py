@@ -99,19 +99,23 @@ def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: f
                                                  COST_ERRORS * error / 1e9)
 
 
-def waits_around(facts: RankFacts, onset: float) -> tuple[list[tuple], list[tuple]]:
+def waits_around(facts: RankFacts, onset: float,
+                 placed: Callable[[RankFacts], np.ndarray]) -> tuple[list[tuple], list[tuple]]:
     """A rank's waits at its syncs on collectives, as (stratum, ns, sync) (see ``growth``),
-    before and since ``onset`` (fleetd's clock)."""
+    before and since ``onset`` (fleetd's clock; ``placed``: the waits' times on it, NaN where
+    its node's clock is not known, and those waits are in neither)."""
     before, after, last = [], [], {}
-    for t, ns, (comm, seq) in zip(facts.peer_wait_t, facts.peer_wait_ns, facts.peer_wait_on):
+    for t, ns, (comm, seq) in zip(placed(facts), facts.peer_wait_ns, facts.peer_wait_on):
         covered = seq - last[comm] if 0 <= last.get(comm, -1) < seq else None
         last[comm] = seq
         sync = (comm, seq) if comm and seq >= 0 else None      # None: its own
-        (after if t >= onset else before).append(((comm, covered), ns, sync))
+        if t == t:
+            (after if t >= onset else before).append(((comm, covered), ns, sync))
     return before, after
 
 
-def own_growth(facts: RankFacts | None, onset: float) -> float:
+def own_growth(facts: RankFacts | None, onset: float,
+               placed: Callable[[RankFacts], np.ndarray]) -> float:
     """How much a late rank's own waits at its syncs grew since its onset, in seconds (0 when
     they shrank or too few are seen to tell). The rank its peers wait for comes last and
     waits least; a delay that made the rank itself wait longer too came from elsewhere (a
@@ -120,7 +124,7 @@ def own_growth(facts: RankFacts | None, onset: float) -> float:
     while everyone's waits at one sync grew, its own the most, 30 ms against 16; named)."""
     if facts is None:
         return 0.0
-    before, after = waits_around(facts, onset)
+    before, after = waits_around(facts, onset, placed)
     if len(before) < 2 or len(after) < ONSET_WAITS:
         return 0.0
     return max(0.0, growth(before, after)[0] / 1e9)
@@ -303,7 +307,7 @@ class RankAnalysis:
             if kind == "collective":
                 self._collective(job, push.node, event, a, collectives, event["t"] - offset)
             elif "rank" in a and a["rank"] is not None:
-                self._fact(job, push.node, kind, a, event["t"] - offset)
+                self._fact(job, push.node, kind, a, event["t"] - offset, event["t"])
             elif kind == "agent_restart":
                 self._restarted(push.node, a.get("untraced_from") or event["t"] - offset)
             elif kind == "job_start" and a.get("user"):
@@ -380,7 +384,10 @@ class RankAnalysis:
         into[(job, comm, nranks)].append((a.get("seq", -1), column, event["t"],
                                           self.ops.code(a.get("op", "?"))))
 
-    def _fact(self, job: JobState, node: str, kind: str, a: dict, t: float) -> None:
+    def _fact(self, job: JobState, node: str, kind: str, a: dict, t: float,
+              raw: float) -> None:
+        """One fact of a rank (``t``: less its node's offset now; ``raw``: as the node timed
+        it, where it is placed against collectives' entries)."""
         facts = job.facts[a["rank"]]
         facts.node = node
         if kind == "sync" and a.get("duration_ns") is not None:
@@ -388,7 +395,7 @@ class RankAnalysis:
             facts.sync_on.append(a.get("comm_hash") if a.get("peer_wait") else None)
             if a.get("peer_wait"):
                 facts.peer_wait_ns.append(a["duration_ns"])
-                facts.peer_wait_t.append(t)
+                facts.peer_wait_t.append(raw)
                 facts.peer_wait_on.append((a.get("comm_hash"), a.get("seq", -1)))
             else:
                 facts.self_work_ns.append(a["duration_ns"])
@@ -597,6 +604,25 @@ class RankAnalysis:
         at = np.array([f.at if f else 0.0 for f in fits])
         return raw - (offset + drift * (raw - at))
 
+    def _waits_placed(self, job: JobState, ranks: list[int]) -> Callable[[RankFacts],
+                                                                         np.ndarray]:
+        """How a rank's waits at syncs are placed on fleetd's clock, as ``_on_fleet_clock``
+        places the entries of ``ranks`` they are weighed against: each less its node's
+        offset at its time; NaN where that is not known yet, unless every rank is on one node.
+        Kept as the node timed them: with node1's clock 250 ms ahead and not yet known, its
+        ranks' waits from before a rank's onset counted as after it, and the peers' waits
+        looked to grow 107 ms where they grew 290 (beside a busy loop, a rank 290 ms late
+        shown harmless in a stack's first job)."""
+        alone = len({job.facts[rank].node for rank in ranks if rank in job.facts}) == 1
+
+        def placed(facts: RankFacts) -> np.ndarray:
+            raw = np.fromiter(facts.peer_wait_t, float, len(facts.peer_wait_t))
+            fit = self.clocks.at(facts.node)
+            if fit is None:
+                return raw if alone else np.full_like(raw, np.nan)
+            return raw - (fit.offset + fit.drift * (raw - fit.at))
+        return placed
+
     def _ranks(self, job: JobState, comm: str, nranks: int) -> list[int]:
         known = job.columns.get(comm, {})
         return [known.get(column, column) for column in range(nranks)]
@@ -703,18 +729,19 @@ class RankAnalysis:
                 since = float(np.nanmedian(lag[rows, f.column]))
             return True if stands_out(lag[rows], f.column, since, self.policy.k) else None
         before, after, peers = [], [], 0
+        placed = self._waits_placed(job, ranks)
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
             if column == f.column or facts is None or not facts.peer_wait_ns:
                 continue
             peers += 1
-            waits = waits_around(facts, onset)
+            waits = waits_around(facts, onset, placed)
             before += waits[0]
             after += waits[1]
         with quiet():
             since = np.nanmedian(lag[f.onset:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
-        own = own_growth(job.facts.get(ranks[f.column]), onset)
+        own = own_growth(job.facts.get(ranks[f.column]), onset, placed)
         answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
                             enough=ONSET_WAITS * peers)
         named = job.verdicts.get((ranks[f.column], "lag"))

@@ -25,7 +25,8 @@ class RankFacts:
     pid: int | None = None
     self_work_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     peer_wait_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
-    peer_wait_t: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))   # when
+    peer_wait_t: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))   # when, as
+    # its node timed it (placed on fleetd's clock when weighed: ``RankAnalysis._waits_placed``)
     # and the collective each covered: (communicator, sequence number), -1 where not known
     peer_wait_on: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # returns

@@ -16,7 +16,7 @@ import pytest
 from fleetd.alignment import CommWindow, Entries
 from fleetd.clocks import ClockBook
 from fleetd.config import SETTINGS
-from fleetd.ranks import RankAnalysis, waits_grew
+from fleetd.ranks import RankAnalysis, waits_around, waits_grew
 from ingero import columns, wire
 
 T0 = 1_800_000_000.0
@@ -719,6 +719,44 @@ def waits(ranks, ms_before: float, ms_after: float, onset_step: int,
                             + spread_ms * (-1) ** (r + s)) * 1e6),
         "peer_wait": True, "rank": r, "job": "42", "pid": 1000 + r}}
         for r in ranks for s in range(steps)]
+
+
+def test_waits_are_placed_against_an_onset_on_fleetd_s_clock_once_their_node_s_is_known():
+    """n1's clock runs 1 s ahead, and fleetd has no exchange with it for its first pushes.
+    Its ranks' waits are kept as n1 timed them and placed on fleetd's clock when weighed: not
+    at all while its offset is not known, then each less it. Taken less an offset of 0 at
+    intake, as they were, n1's waits of steps 10 to 29 fell after an onset at step 30 (beside
+    a busy loop, a rank 290 ms late was shown to cost nobody in a stack's first job)."""
+    ra, skew = analysis(), 1.0
+    exchanged(ra, "n0", 0.0)
+    late = lambda r, s: 0.12 if r == 5 and s >= 30 else 0.0  # noqa: E731
+    key = ("c", "42", (None, None, None))
+
+    def pushed(first: int) -> None:
+        now = T0 + (first + 10) * STEP + 0.3
+        mine = [e for e in waits([0, 1, 2, 3], 20.0, 140.0, 30, steps=first + 10)
+                if e["t"] >= T0 + first * STEP]
+        theirs = [{**e, "t": e["t"] + skew} for e in waits([4, 6, 7], 20.0, 140.0, 30,
+                                                           steps=first + 10)
+                  if e["t"] >= T0 + first * STEP]
+        ra.observe(push("n0", steps(range(4), first, first + 10, late) + mine), now)
+        ra.observe(push("n1", steps(range(4, 8), first, first + 10, late, skew) + theirs), now)
+        ra.tick(now)
+
+    for first in (0, 10, 20):
+        pushed(first)
+    job, onset = ra.jobs[key], T0 + 30 * STEP
+    placed = ra._waits_placed(job, list(range(8)))
+    assert waits_around(job.facts[4], onset, placed) == ([], [])       # not known yet
+    assert len(waits_around(job.facts[0], onset, placed)[0]) == 30
+    exchanged(ra, "n1", skew)
+    for first in (30, 40, 50):
+        pushed(first)
+    placed = ra._waits_placed(job, list(range(8)))
+    for rank in (0, 4):
+        before, after = waits_around(job.facts[rank], onset, placed)
+        assert {ns for _, ns, _ in before} == {20_000_000} and len(before) == 30, rank
+        assert {ns for _, ns, _ in after} == {140_000_000} and len(after) == 30, rank
 
 
 @pytest.mark.parametrize("after_ms, named", [(70.0, False), (100.0, True)])
