@@ -226,6 +226,7 @@ def _link_or_copy(source: str, target: str) -> None:
 # put them apart: run by run of collectives, the two medians came within 0.05 ms here, where
 # the fits themselves moved by up to 1.5 ms from one push to the next.
 CLOCKS_MS = 0.25
+LATE_IN_RECORD_S = 0.010   # a rank this late at its median step (its record) is a straggler
 
 
 def lag_quartiles(stack, job: str) -> dict[tuple, tuple[float, float]]:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from ingero.stack.launch import wait_for
+from sim.records import entry_lags
 
-from .support import needs_ebpf
+from .support import LATE_IN_RECORD_S, needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -62,10 +63,22 @@ def assert_named(done: subprocess.CompletedProcess, rank: int, kind: str | None,
 ])
 def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause):
     before = leftovers()
-    done = subprocess.run([*DEMO, "--json", "--scenario", scenario], capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
+    done = subprocess.run([*DEMO, "--json", "--scenario", scenario, "--keep"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert_named(done, rank, kind, cause)
+    kept = json.loads(done.stdout)["kept"]
+    try:
+        job = Path(kept["stop"]).parent / f"job-{json.loads(done.stdout)['job']}"
+        lags = entry_lags({int(p.stem.split("-")[1]): p for p in job.glob("rank-*.jsonl")})
+    finally:
+        subprocess.run([kept["stop"]], timeout=120, check=True)
+    # Beside another busy process on these two cores the other ranks lose about as much to it
+    # as rank 2 to its hogs, and the job as it ran (its records say) may have no straggler
+    # (rank 2 0.7 ms late at its median once so): then nobody may be named.
+    if cause == "host_preemption" and lags[rank] < LATE_IN_RECORD_S:
+        assert json.loads(done.stdout)["verdicts"] == [], (lags, done.stdout)
+    else:
+        assert_named(done, rank, kind, cause)
     assert leftovers() == before, "the demo left a directory or a process behind"
 
 

@@ -24,14 +24,13 @@ from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import entry_lags, read_record
 
-from .support import metric, needs_ebpf, said, why
+from .support import LATE_IN_RECORD_S, metric, needs_ebpf, said, why
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
 SKEW_S = 0.25
 PUSH_S = 1.0
 HANG_TIMEOUT_S = 4.0
-LATE_IN_RECORD_S = 0.010   # a rank this late at its median step is a straggler, whatever the bar
 
 
 class Stack(stack_module.Stack):
