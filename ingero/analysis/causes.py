@@ -53,6 +53,7 @@ MIN_SELF_WORK_SAMPLES = 3
 PREEMPTION_BURST = 5             # preemptions by other processes in the window
 PREEMPTED_SHARE = 0.02           # of the window, kept off its CPU by them
 PREEMPTION_EXPLAINS = 0.75       # ... and about as much as it loses against its peers
+PREEMPTION_BESIDE_SLOW = 0.15    # ... or, where its kernels look slow, this much of its time
 HEAVY_BLOCKIO_BYTES = 64 * 2**20          # in the window, with no peers to compare with
 HEAVY_BLOCKIO_REQUESTS = 1000
 IO_RATIO = 4.0                           # the rank's block I/O over its peers' median
@@ -191,17 +192,23 @@ def preempted(f: Facts) -> bool:
     CPU a busy loop beside it takes for 2 ms a step, is late by its host work, and one whose
     kernels' syncs take 6 ms more than its peers' each step, kept off its CPU 1 ms a step,
     has slow kernels. Where its kernels look slow, the preemption need only explain their
-    extra time: a rank kept off its CPU wakes late from every sync (in the sim its device
-    thread runs late too), so its lag and its kernels' time grow together, and the lag beyond
-    the kernels' is host time the preemption took as well (three hogs on one rank's CPU took
-    37% of its time, 48 ms of its 78 ms steps late, its syncs 13 ms longer than its peers')."""
+    extra time, not its lag (a rank kept off its CPU wakes late from its syncs, and in the sim
+    its device thread runs late too: its lag and its kernels' time grow together), but it must
+    take a sixth of its time or more: a rank whose kernels are slow wakes at other times than
+    its peers and is exposed to a busy process beside the job more than they are. Three hogs
+    on one rank's CPU took 33-47% of its time, its kernels' extra 15-30%: preempted. A busy
+    loop beside the job took 6-9% of the time of a rank whose kernels took 2.3 times its
+    peers' (6% of its time), and about as much as it lost against them: slow kernels."""
     if f.preemption_count < PREEMPTION_BURST:
         return False
     if f.preempted_s is None or not f.window_s:
         return True
     share = f.preempted_s / f.window_s
-    owed = f.work_share if f.work_share is not None and slow_gpu(f) else f.late_share
-    return share >= PREEMPTED_SHARE and (owed is None or share >= PREEMPTION_EXPLAINS * owed)
+    if share < PREEMPTED_SHARE:
+        return False
+    if f.work_share is not None and slow_gpu(f):
+        return share >= PREEMPTION_BESIDE_SLOW and share >= PREEMPTION_EXPLAINS * f.work_share
+    return f.late_share is None or share >= PREEMPTION_EXPLAINS * f.late_share
 
 
 def heavy_io(f: Facts) -> bool:
