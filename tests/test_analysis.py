@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ingero.analysis import causes
-from ingero.analysis.clock import best_offset, exchange
+from ingero.analysis.clock import best_offset, exchange, fit_offset
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, last_share,
                                         missing_ranks, onset, period, recent_instances,
@@ -263,6 +263,41 @@ def test_the_offset_is_within_half_the_best_round_trip(skew, legs):
         assert trip == pytest.approx(up + down, abs=1e-9)
     estimate = best_offset(np.array(offsets), np.array(trips))
     assert abs(estimate.offset - skew) <= estimate.uncertainty + 1e-9
+
+
+def exchanges(skew: float, legs: list[tuple[float, float]], every_s: float = 2.0):
+    """The (times, offsets, round trips) fleetd keeps of exchanges ``every_s`` apart with an
+    agent whose clock runs ``skew`` ahead, each of legs (up, down)."""
+    times, offsets, trips = [], [], []
+    for k, (up, down) in enumerate(legs):
+        t1 = 100.0 + every_s * k + up                 # fleetd's clock
+        offset, trip = exchange(t1 - up + skew, t1, t1 + 0.0005, t1 + 0.0005 + down + skew)
+        times.append(t1)
+        offsets.append(offset)
+        trips.append(trip)
+    return np.array(times), np.array(offsets), np.array(trips)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-5, 5), st.lists(st.tuples(st.floats(0.0001, 0.06), st.floats(0.0001, 0.06)),
+                                   min_size=16, max_size=120))
+def test_the_fitted_offset_is_within_its_uncertainty(skew, legs):
+    times, offsets, trips = exchanges(skew, legs)
+    estimate = fit_offset(times, offsets, trips)
+    for t in (times[0], times[len(times) // 2], times[-1]):
+        assert abs(estimate.offset_at(t) - skew) <= estimate.uncertainty_at(t) + 1e-9
+
+
+def test_one_stretch_of_long_round_trips_does_not_loosen_the_whole_fit():
+    """Four minutes of exchanges, one a second; for half a minute of them the agent was starved
+    and its best exchange took 56 ms, lopsided; the others' took 1 ms. Fitted, that stretch
+    set the uncertainty to ±28 ms; left out, the estimate is as tight as the rest."""
+    legs = [(0.0005, 0.0005)] * 240
+    legs[90:120] = [(0.050, 0.006)] * 30            # the fourth of eight stretches
+    times, offsets, trips = exchanges(0.25, legs, every_s=1.0)
+    estimate = fit_offset(times, offsets, trips)
+    assert abs(estimate.offset_at(times[-1]) - 0.25) <= estimate.uncertainty_at(times[-1])
+    assert estimate.uncertainty < 0.002, estimate
 
 
 def test_symmetric_legs_give_the_offset_exactly():
