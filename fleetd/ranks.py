@@ -620,7 +620,7 @@ class RankAnalysis:
             fit = self.clocks.at(facts.node)
             if fit is None:
                 return raw if alone else np.full_like(raw, np.nan)
-            return raw - (fit.offset + fit.drift * (raw - fit.at))
+            return raw - fit.offset_at(raw)
         return placed
 
     def _ranks(self, job: JobState, comm: str, nranks: int) -> list[int]:
