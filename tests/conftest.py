@@ -50,8 +50,12 @@ def traces(item) -> bool:
         item.get_closest_marker("load_tolerant") is None
 
 
-# Set at collection: the first test that traces, before which the stages beside must be done.
-FIRST_TRACING: list = []
+# Set at collection: the modules that trace, whose jobs wait for the stages beside to be done.
+TRACING: list = []
+# The stack that modules share (the ``two_nodes`` fixture), and the modules that use it.
+SHARED = "two_nodes"
+SHARING: list = []
+RUNNING: list = []
 BARRIER_WAIT_S: list[float] = []
 
 
@@ -59,11 +63,22 @@ def pytest_collection_modifyitems(items):
     """In three parts, each in its usual order: the modules that trace nothing (or judge no
     timing: ``traces``), while the stages beside the suite (support.Beside) run; once those are
     done, the modules that trace sim jobs (no other load on the machine than the suite's own while
-    their lateness is judged); last, the tests that read the stages. A module stays whole."""
+    their lateness is judged); last, the tests that read the stages. A module stays whole; the
+    modules that share the ``two_nodes`` stack run together, first of their part, by name (so
+    that no other test's sim job runs while its node-wide agents trace)."""
     tracing = {item.module for item in items if traces(item) and beside_of(item) is None}
-    items.sort(key=lambda item: 2 if beside_of(item) is not None else
-               1 if getattr(item, "module", None) in tracing else 0)
-    FIRST_TRACING[:] = [item for item in items if getattr(item, "module", None) in tracing][:1]
+    SHARING[:] = {item.module: None for item in items if SHARED in item.fixturenames}
+
+    def part(item) -> tuple:
+        module = getattr(item, "module", None)
+        if beside_of(item) is not None:
+            return (2,)
+        if module in SHARING:        # together, first of their part, in the order of their names
+            return (1 if module in tracing else 0, 0, module.__name__)
+        return (1 if module in tracing else 0, 1)
+
+    items.sort(key=part)
+    TRACING[:] = tracing
 
 
 def pytest_collection_finish(session):
@@ -72,11 +87,31 @@ def pytest_collection_finish(session):
 
 
 def pytest_runtest_setup(item):
-    if FIRST_TRACING and item is FIRST_TRACING[0] and Beside.started:
+    if getattr(item, "module", None) in TRACING and SHARED not in item.fixturenames:
+        wait_beside()
+
+
+def wait_beside() -> None:
+    """Before the first sim job whose timing is judged: wait for the stages beside the suite
+    (``two_nodes`` waits after its stack has started beside them: a start judges nothing)."""
+    if Beside.started and not BARRIER_WAIT_S:
         began = time.monotonic()
         for beside in Beside.started:
             beside.join()
         BARRIER_WAIT_S.append(time.monotonic() - began)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The shared stack stops once the last module that uses it is done (a session fixture
+    would run on under every later module); its stop is that test's teardown."""
+    if RUNNING and getattr(nextitem, "module", None) not in SHARING:
+        stop_shared()
+
+
+def stop_shared() -> None:
+    stack = RUNNING.pop()
+    assert stack.stop() == [0] * 4, stack.logs()
 
 
 def pytest_sessionfinish():
@@ -140,6 +175,25 @@ def spawn(tmp_path):
     yield start
     stop_all([d for d in reversed(started) if d.alive() and d.module != "fleetd"])
     stop_all([d for d in started if d.alive()])
+
+
+@pytest.fixture(scope="session")
+def two_nodes(tmp_path_factory):
+    """One product on two simulated nodes (support.TwoNodes: echod, fleetd, two node-wide
+    agents, node1's clock 250 ms ahead) shared by the modules that each run sim jobs of their own
+    on it and read only those (test_cli, test_rank_verdicts, test_retention): its start is paid
+    once, and beside the stages of the suite (it compiles, starts and fits clocks; no timing is
+    judged until they are done). It stops after the last of them (``pytest_runtest_teardown``)."""
+    import sim
+
+    from .support import TwoNodes
+
+    sim.build()
+    RUNNING.append(TwoNodes(tmp_path_factory.mktemp("two-nodes")))
+    wait_beside()
+    yield RUNNING[-1]
+    if RUNNING:
+        stop_shared()
 
 
 @pytest.fixture(scope="session")

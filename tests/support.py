@@ -24,7 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingero.command.words import verdict_summary
-from ingero.stack.local import Echod
+from ingero.stack.launch import wait_for
+from ingero.stack.local import Echod, Stack
 from ingero.vocabulary import POINT_TO_POINT
 
 
@@ -227,6 +228,41 @@ def _link_or_copy(source: str, target: str) -> None:
 # the fits themselves moved by up to 1.5 ms from one push to the next.
 CLOCKS_MS = 0.25
 LATE_IN_RECORD_S = 0.010   # a rank this late at its median step (its record) is a straggler
+
+
+class TwoNodes(Stack):
+    """The product on this machine as the demo runs it (``ingero.stack.local``): echod, fleetd
+    and two node-wide ingerods, node1's clock ``SKEW_S`` ahead (faketime), so every verdict read
+    from it is made through a corrected clock. conftest's ``two_nodes`` shares one among the
+    modules that each run jobs of their own and read only those."""
+
+    SKEW_S, PUSH_S, HANG_TIMEOUT_S = 0.25, 1.0, 4.0
+
+    def __init__(self, root: Path):
+        super().__init__(root, 2, push_s=self.PUSH_S, hang_timeout_s=self.HANG_TIMEOUT_S,
+                         skew={1: self.SKEW_S},
+                         echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
+                         echod_root=Path(tempfile.mkdtemp(prefix="echod-two-nodes-")))
+        # fleetd knows both nodes' clocks before the first job: each job's lags are compared
+        # across every rank from its first collective, whichever module runs first
+        if not wait_for(lambda: sum(name == "ingero_fleet_clock_offset_seconds"
+                                    for name, _ in scrape(self.fleet_port)) == 2, 60):
+            self.stop()
+            raise RuntimeError(f"fleetd never knew both nodes' clocks:\n{self.logs()}")
+
+    def run(self, scenario):
+        """Run a sim job to its end, then wait for fleetd's word on all of it in echod."""
+        from sim.cluster import Cluster
+
+        with Cluster(scenario, self.root / f"job-{scenario.job.job_id}") as cluster:
+            result = cluster.wait()
+        assert self.wait_judged(scenario.job.job_id, result), self.logs()
+        return result
+
+    def verdicts(self, job: str) -> list[dict]:
+        """fleetd's verdicts on the job, as find_stragglers answers them, oldest first."""
+        found = self.tool("find_stragglers", job=job)["verdicts"]
+        return sorted(found, key=lambda v: (v["rank"], v["raised"]))
 
 
 def lag_quartiles(stack, job: str) -> dict[tuple, tuple[float, float]]:

@@ -1,7 +1,8 @@
 """The ``ingero`` CLI as an operator runs it, against a job that really ran: sim ranks traced by
 node-wide ingerods (real bcc), fleetd's verdicts, echod's store, read over HTTPS with a token.
 
-One stack and one job (rank 3 late on the host) serve the module; each test runs the real
+One job (rank 3 late on the host), on the stack this module shares with test_rank_verdicts
+and test_retention (conftest's ``two_nodes``), serves the module; each test runs the real
 command line (``python -m ingero``) with INGERO_URL, INGERO_TOKEN_FILE and INGERO_CA_CERT set
 as a user's shell would, and asserts on what it prints.
 """
@@ -21,11 +22,9 @@ from pathlib import Path
 
 import pytest
 
-import sim
 from ingero.stack.launch import free_port
-from ingero.stack.local import Stack, self_signed
+from ingero.stack.local import self_signed
 from sim import scenario as scenarios
-from sim.cluster import Cluster
 from ingero import __version__
 
 from .support import needs_ebpf
@@ -36,27 +35,24 @@ JOB, LATE = "7001", 3
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sim.build()
-    root = tmp_path_factory.mktemp("cli")
-    stack = Stack(root, 2, echod_root=Path(tempfile.mkdtemp(prefix="echod-cli-")),
-                  echod_flags=("--rate-limit", "500", "--rate-burst", "2000"))
+def stack(two_nodes):
+    """The shared two-node stack once this module's job has run on it and been judged. conftest
+    runs this module first on that stack, so the job is the only one echod has seen: the
+    windows read without -j find it alone."""
+    stack = two_nodes
     scenario = scenarios.parse({"name": "cli", "job": {
         "nodes": 2, "ranks_per_node": 2, "steps": 30, "step_ms": 20, "job_id": JOB,
         "timeout_s": 30}, "stragglers": [
         {"rank": LATE, "kind": "host_delay", "delay_ms": 60, "from_step": 5}]})
     stack.started = datetime.now().astimezone()
-    with Cluster(scenario, root / "job") as cluster:
-        result = cluster.wait()
+    result = stack.run(scenario)
     assert result.ok, result.describe()
     stack.ended = datetime.now().astimezone()
-    assert stack.wait_judged(JOB, result), stack.logs()
-    token = root / "token"
+    token = stack.root / "token"
     token.write_text(stack.token + "\n")
     stack.env = {"INGERO_URL": stack.echod.url, "INGERO_TOKEN_FILE": str(token),
                  "INGERO_CA_CERT": str(stack.echod.cert)}
-    yield stack
-    assert stack.stop() == [0, 0, 0, 0], stack.logs()
+    return stack
 
 
 def ingero(stack, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

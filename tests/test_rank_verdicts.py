@@ -1,66 +1,37 @@
 """Rank verdicts end to end: sim ranks traced by node-wide ingerods (real bcc), fleetd's online
 analysis, echod's store, read back over echod's HTTPS API.
 
-One stack serves the module (``ingero.stack.local``, as the demo runs it): echod (embedded PostgreSQL,
-TLS, a token), fleetd forwarding to it, and two ingerods as the shipped unit runs them (no
---job), one per simulated node (``--match-env SLURM_NODEID=n`` stands in for two hosts). node1's ingerod runs under faketime
-250 ms ahead, so every verdict here is also a verdict made through a corrected clock. Each test
-runs its own sim job (its own Slurm job id) and asserts on what the API answers.
+One stack serves the module, and test_cli and test_retention beside it (conftest's
+``two_nodes``, ``ingero.stack.local`` as the demo runs it): echod (embedded PostgreSQL, TLS, a
+token), fleetd forwarding to it, and two ingerods as the shipped unit runs them (no --job), one
+per simulated node (each traces the ranks of its sim host label, standing in for two hosts).
+node1's ingerod runs under faketime 250 ms ahead, so every verdict here is also a verdict made
+through a corrected clock. Each test runs its own sim job (its own Slurm job id) and asserts on
+what the API answers about that job.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
-import sim
-from ingero.stack import local as stack_module
 from ingero.stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import entry_lags, read_record
 
-from .support import LATE_IN_RECORD_S, metric, needs_ebpf, said, why
+from .support import LATE_IN_RECORD_S, TwoNodes, metric, needs_ebpf, said, why
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
-SKEW_S = 0.25
-PUSH_S = 1.0
-HANG_TIMEOUT_S = 4.0
-
-
-class Stack(stack_module.Stack):
-    """The product on one machine (``ingero.stack.local``), node1's clock 250 ms ahead."""
-
-    def __init__(self, root: Path):
-        super().__init__(root, 2, push_s=PUSH_S, hang_timeout_s=HANG_TIMEOUT_S,
-                         skew={1: SKEW_S},
-                         echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
-                         echod_root=Path(tempfile.mkdtemp(prefix="echod-verdicts-")))
-
-    def run(self, scenario: scenarios.Scenario):
-        """Run a sim job to its end, then wait for fleetd's word on all of it in echod."""
-        with Cluster(scenario, self.root / f"job-{scenario.job.job_id}") as cluster:
-            result = cluster.wait()
-        assert self.wait_judged(scenario.job.job_id, result), self.logs()
-        return result
-
-    def verdicts(self, job: str) -> list[dict]:
-        """fleetd's verdicts on the job, as find_stragglers answers them, oldest first."""
-        found = self.tool("find_stragglers", job=job)["verdicts"]
-        return sorted(found, key=lambda v: (v["rank"], v["raised"]))
+SKEW_S, PUSH_S, HANG_TIMEOUT_S = TwoNodes.SKEW_S, TwoNodes.PUSH_S, TwoNodes.HANG_TIMEOUT_S
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sim.build()
-    stack = Stack(tmp_path_factory.mktemp("verdicts"))
-    yield stack
-    assert stack.stop() == [0, 0, 0, 0], stack.logs()
+def stack(two_nodes):
+    return two_nodes
 
 
 def scenario(job_id: str, stragglers=(), **fields) -> scenarios.Scenario:
@@ -70,7 +41,7 @@ def scenario(job_id: str, stragglers=(), **fields) -> scenarios.Scenario:
                             "stragglers": list(stragglers)})
 
 
-def told(found: dict[int, dict], stack: Stack) -> str:
+def told(found: dict[int, dict], stack: TwoNodes) -> str:
     """What a failed assertion on the verdicts shows: each as the product says it, then the
     daemons' logs."""
     return "\n".join([*said(found), stack.logs()])

@@ -6,25 +6,19 @@ from summaries and verdicts is what it answered before."""
 
 from __future__ import annotations
 
-import tempfile
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
-import sim
 import echod.tools  # noqa: F401  (registers the tools)
 from echod.registry import REGISTRY
-from ingero.stack.launch import wait_for
-from ingero.stack.local import Stack
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 
-from .support import assert_same_lags, lag_quartiles, needs_ebpf, said, scrape
+from .support import assert_same_lags, lag_quartiles, needs_ebpf, said
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
-PUSH_S = 1.0
 EVIDENCE_S = 1.0
 LATE, HEALTHY = "4101", "4102"
 LATE_RANK = 3
@@ -36,17 +30,13 @@ IN_WINDOW = ("SELECT count(*) FROM events WHERE job = '4101' AND kind = 'collect
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    sim.build()
-    stack = Stack(tmp_path_factory.mktemp("retention"), 2, push_s=PUSH_S,
-                  echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
-                  echod_root=Path(tempfile.mkdtemp(prefix="echod-retention-")))
-    # Before the first job, fleetd knows both nodes' clocks (one job's lags are then compared
-    # across every rank from its first collective, in the raw survey and in fleetd's).
-    assert wait_for(lambda: sum(name == "ingero_fleet_clock_offset_seconds"
-                                for name, _ in scrape(stack.fleet_port)) == 2, 30), stack.logs()
-    yield stack
-    assert stack.stop() == [0] * 4, stack.logs()
+def stack(two_nodes):
+    """The stack this module shares with test_cli and test_rank_verdicts (conftest's
+    ``two_nodes``), fleetd knowing both nodes' clocks before the first job (one job's lags are
+    then compared across every rank from its first collective, in the raw survey and in
+    fleetd's). conftest runs this module last on it: what the retention below thins of the
+    earlier modules' jobs, none of them reads again."""
+    return two_nodes
 
 
 def held(verdicts: list[dict]) -> list[dict]:
