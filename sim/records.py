@@ -49,6 +49,13 @@ def entry_lags(paths: dict[int, str | Path], op: str = "ncclAllReduce") -> dict[
     at the same step, from their records (``paths``: rank → record): how late each rank
     really was in the job as it ran, whatever the machine around it did. The entry times are
     CLOCK_MONOTONIC, so ranks compared must share one host (the sim's nodes do)."""
+    return {rank: statistics.median(values)
+            for rank, values in step_lags(paths, op).items() if values}
+
+
+def step_lags(paths: dict[int, str | Path], op: str = "ncclAllReduce") -> dict[int, list[float]]:
+    """Each rank's lag (seconds) entering ``op`` at every step all ranks entered it, behind the
+    median of all ranks' entries there (``entry_lags`` takes their median)."""
     entries = {rank: {c["step"]: c["entry_ns"] for c in read_record(path).ops(op)}
                for rank, path in paths.items()}
     steps = sorted(set.intersection(*(set(e) for e in entries.values()))) if entries else []
@@ -57,4 +64,4 @@ def entry_lags(paths: dict[int, str | Path], op: str = "ncclAllReduce") -> dict[
         median = statistics.median(e[step] for e in entries.values())
         for rank, e in entries.items():
             lags[rank].append((e[step] - median) / 1e9)
-    return {rank: statistics.median(values) for rank, values in lags.items() if values}
+    return lags

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ingero.stack.launch import wait_for
-from sim.records import entry_lags
+from sim.records import step_lags
 
 from .support import LATE_IN_RECORD_S, needs_ebpf
 
@@ -69,14 +70,20 @@ def test_demo_json_names_the_late_rank_and_its_cause(scenario, rank, kind, cause
     kept = json.loads(done.stdout)["kept"]
     try:
         job = Path(kept["stop"]).parent / f"job-{json.loads(done.stdout)['job']}"
-        lags = entry_lags({int(p.stem.split("-")[1]): p for p in job.glob("rank-*.jsonl")})
+        lags = step_lags({int(p.stem.split("-")[1]): p for p in job.glob("rank-*.jsonl")})
     finally:
         subprocess.run([kept["stop"]], timeout=120, check=True)
+    median = statistics.median(lags[rank])
+    late_share = sum(lag >= LATE_IN_RECORD_S for lag in lags[rank]) / len(lags[rank])
     # Beside another busy process on these two cores the other ranks lose about as much to it
-    # as rank 2 to its hogs, and the job as it ran (its records say) may have no straggler
-    # (rank 2 0.7 ms late at its median once so): then nobody may be named.
-    if cause == "host_preemption" and lags[rank] < LATE_IN_RECORD_S:
-        assert json.loads(done.stdout)["verdicts"] == [], (lags, done.stdout)
+    # as rank 2 to its hogs, and the job as it ran (its records say) may have rank 2 late at
+    # fewer than half its steps (0.7 ms late at its median once, 1.1 ms another time): then
+    # nobody may be named, or rank 2 alone, for its hogs, if it was late at a quarter of its
+    # steps at least (fleetd's hysteresis; the lag it gives is the median of the late ones).
+    if cause == "host_preemption" and median < LATE_IN_RECORD_S:
+        if json.loads(done.stdout)["verdicts"]:
+            assert late_share >= 0.25, (median, late_share, done.stdout)
+            assert_named(done, rank, kind, cause)
     else:
         assert_named(done, rank, kind, cause)
     assert leftovers() == before, "the demo left a directory or a process behind"
