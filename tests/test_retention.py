@@ -13,7 +13,6 @@ import pytest
 import echod.tools  # noqa: F401  (registers the tools)
 from echod.registry import REGISTRY
 from sim import scenario as scenarios
-from sim.cluster import Cluster
 
 from .support import assert_same_lags, lag_quartiles, needs_ebpf, said
 
@@ -49,10 +48,8 @@ def run(stack, job_id: str, stragglers=(), steps: int = 240) -> None:
     scenario = scenarios.parse({"name": f"job-{job_id}", "stragglers": list(stragglers), "job": {
         "nodes": 2, "ranks_per_node": 2, "steps": steps, "step_ms": 20, "launcher": "srun",
         "allreduce_bytes": 1 << 20, "timeout_s": 60, "job_id": job_id}})
-    with Cluster(scenario, stack.root / f"job-{job_id}") as cluster:
-        result = cluster.wait()
+    result = stack.run(scenario)
     assert result.ok, result.describe()
-    assert stack.wait_judged(job_id, result), stack.logs()
 
 
 def rows(stack, sql: str) -> set[tuple]:
