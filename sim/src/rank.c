@@ -4,6 +4,7 @@
  * gradient all-reduce and any extra collectives, the optimizer kernel, then a host sync that
  * waits for it all; a temporary allocation and an occasional blocking copy, as real steps have.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -274,12 +275,31 @@ int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times
 
 /* The loss read after the forward pass, as loss.item() does: a sync that covers only the rank's
  * own kernels (self-work), so a slow GPU shows in it. */
+/* The sim's own word for when the device finished a stream's work (looked up, not linked:
+ * the rank runs on NVIDIA's libcudart too, which has no such thing). */
+static int64_t stream_done_ns(cudaStream_t stream)
+{
+    static int64_t (*done)(cudaStream_t);
+    static int looked;
+    if (!looked) {
+        done = (int64_t (*)(cudaStream_t))dlsym(RTLD_DEFAULT, "ingero_sim_stream_done_ns");
+        looked = 1;
+    }
+    return done ? done(stream) : -1;
+}
+
 int read_loss(struct training *t, int step)
 {
     int every = t->cfg->loss_every;
     if (!every || step % every || !synced_step(t->cfg, step))
         return 0;
-    return cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream));
+    int64_t entry = now_ns();
+    if (cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream)))
+        return 1;
+    int64_t done = stream_done_ns(t->stream);
+    t->loss_sync_ns[step] = now_ns() - entry;
+    t->loss_device_ns[step] = done < 0 ? -1 : done > entry ? done - entry : 0;
+    return 0;
 }
 
 /* Host time that varies from step to step (Python, the data loader): uniform in [0, jitter]. */
@@ -374,7 +394,8 @@ static int finish(struct training *t, int failed, int64_t start_ns)
 {
     struct rank_summary summary = {
         .steps_done = t->steps_done, .collectives = t->seq, .step_ns = t->step_ns,
-        .sync_wait_ns = t->sync_wait_ns, .status = failed ? "error" : "ok", .error = t->error,
+        .sync_wait_ns = t->sync_wait_ns, .loss_sync_ns = t->loss_sync_ns,
+        .loss_device_ns = t->loss_device_ns, .status = failed ? "error" : "ok", .error = t->error,
         .start_ns = start_ns, .end_ns = now_ns(), .net_ns = network_namespace(),
     };
     record_summary(t->record_fd, t->cfg, t->comm_hash, &summary);
@@ -400,7 +421,10 @@ int main(int argc, char **argv)
     t.record_fd = record_open(cfg.record_path);
     t.step_ns = calloc((size_t)cfg.steps, sizeof *t.step_ns);
     t.sync_wait_ns = calloc((size_t)cfg.steps, sizeof *t.sync_wait_ns);
-    if (t.record_fd < 0 || !t.step_ns || !t.sync_wait_ns) {
+    t.loss_sync_ns = calloc((size_t)cfg.steps, sizeof *t.loss_sync_ns);
+    t.loss_device_ns = calloc((size_t)cfg.steps, sizeof *t.loss_device_ns);
+    if (t.record_fd < 0 || !t.step_ns || !t.sync_wait_ns || !t.loss_sync_ns
+        || !t.loss_device_ns) {
         perror(cfg.record_path);
         return EXIT_USAGE;
     }

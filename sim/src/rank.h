@@ -112,7 +112,7 @@ struct collective_call {
 struct rank_summary {
     int steps_done;
     uint64_t collectives;
-    const int64_t *step_ns, *sync_wait_ns;
+    const int64_t *step_ns, *sync_wait_ns, *loss_sync_ns, *loss_device_ns;
     const char *status, *error;
     int64_t start_ns, end_ns;
     uint64_t net_ns;          /* inode of the network namespace the rank ran in */

@@ -79,7 +79,7 @@ static void json_safe(char *out, size_t size, const char *text)
 void record_summary(int fd, const struct rank_config *cfg, uint64_t comm_hash,
                     const struct rank_summary *s)
 {
-    size_t size = 256 + (size_t)cfg->steps * 48;
+    size_t size = 256 + (size_t)cfg->steps * 96;
     char line[size], error[256];
     json_safe(error, sizeof error, s->error);
     size_t n = (size_t)snprintf(line, size, "{\"type\":\"summary\",");
@@ -92,6 +92,8 @@ void record_summary(int fd, const struct rank_config *cfg, uint64_t comm_hash,
                           s->start_ns, s->end_ns, s->net_ns);
     n += put_series(line + n, size - n, "step_ns", s->step_ns, s->steps_done);
     n += put_series(line + n, size - n, "sync_wait_ns", s->sync_wait_ns, s->steps_done);
+    n += put_series(line + n, size - n, "loss_sync_ns", s->loss_sync_ns, s->steps_done);
+    n += put_series(line + n, size - n, "loss_device_ns", s->loss_device_ns, s->steps_done);
     if (n + 2 < size) {
         line[n++] = '}';
         line[n++] = '\n';

@@ -40,6 +40,7 @@ struct training {
     float *loss_host;
     struct ingero_sim_kernel forward, backward, optimizer;
     int64_t *step_ns, *sync_wait_ns;
+    int64_t *loss_sync_ns, *loss_device_ns;   /* the loss read's sync, and the device's part */
     int steps_done;
     unsigned int seed;          /* for the per-step jitter */
     struct input_pipeline input;

@@ -42,6 +42,10 @@ cudaError_t ingero_sim_stream_synchronize(cudaStream_t stream);
 cudaError_t ingero_sim_device_synchronize(void);
 cudaError_t ingero_sim_device_alloc(void **ptr, size_t bytes);
 cudaError_t ingero_sim_device_free(void *ptr);
+/* When the stream's queued work ends (virtual time, CLOCK_MONOTONIC ns; with a collective
+ * queued, when its last finished item ended); -1: no such stream. After a sync on it, when
+ * the device was done with what the sync waited for. */
+int64_t ingero_sim_stream_done_ns(cudaStream_t stream);
 int ingero_sim_device_count(void);
 int64_t ingero_sim_timeout_ns(void);
 /* Wake the device thread: a remote event (a peer's arrival) may have completed a part. */

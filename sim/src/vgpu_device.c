@@ -3,8 +3,10 @@
  * every stream's queue, completes items whose virtual end time real time has reached, publishes
  * collective arrivals, and sleeps on a condition variable until the next end time, a new item
  * at a stream head, or a peer's arrival (rung by libnccl's transport threads). Hosts waiting in a
- * sync sleep on a second condition variable that the device broadcasts after each completion.
+ * sync sleep on a second condition variable that the device broadcasts after each completion,
+ * or, where the sync's end is known, alone until then (and leave the items to the device).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +383,36 @@ static void *device_main(void *unused)
         pthread_cond_timedwait(&dev.work, &dev.lock, &deadline);
     }
     return NULL;
+}
+
+/* Caller holds the lock. When the stream will be done with all its queued work, where that
+ * is known now: kernels, copies and event records only, whose virtual times follow from their
+ * lengths; -1 where a collective or an event wait is queued (it ends when peers or another
+ * stream say). */
+int64_t vgpu_known_end(const struct CUstream_st *s)
+{
+    int64_t end = s->free_at_ns;
+    for (const struct vgpu_item *item = s->head; item; item = item->next) {
+        if (item->kind != ITEM_WORK && item->kind != ITEM_EVENT_RECORD)
+            return -1;
+        int64_t start = item->start_ns >= 0 ? item->start_ns : sim_max(end, item->enqueued_ns);
+        end = start + (item->kind == ITEM_WORK ? item->duration_ns : 0);
+    }
+    return end;
+}
+
+/* Caller holds the lock, and gives it up: sleep until virtual time ``until`` (from
+ * vgpu_known_end), when the device will be done with what the caller waits for. A real GPU's
+ * driver wakes a thread blocked in a sync once, when its GPU is done, whoever else runs on
+ * the CPU; waiting on the device thread instead (its broadcast at every item, then the lock it
+ * holds), a host on a busy CPU was late twice over, and spent in line for its CPU times that
+ * its GPU was still working. The device thread retires the items on its own time. */
+void vgpu_sleep_until(int64_t until)
+{
+    struct timespec at = sim_timespec(until);
+    vgpu_unlock();
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR)
+        continue;
 }
 
 /*

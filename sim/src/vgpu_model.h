@@ -67,6 +67,8 @@ HIDDEN void vgpu_add_stream(struct CUstream_st *s);
 HIDDEN cudaError_t vgpu_sticky_error(void);
 HIDDEN void vgpu_poke(void);
 HIDDEN cudaError_t vgpu_wait(int (*done)(void *arg), void *arg);
+HIDDEN void vgpu_sleep_until(int64_t until);
+HIDDEN int64_t vgpu_known_end(const struct CUstream_st *s);
 HIDDEN cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item);
 HIDDEN struct vgpu_item *vgpu_item_work(int64_t duration_ns);
 HIDDEN struct vgpu_item *vgpu_item_event(int wait, struct CUevent_st *ev, uint64_t record);

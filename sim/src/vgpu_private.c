@@ -54,6 +54,19 @@ SIM_API cudaError_t ingero_sim_device_free(void *ptr)
     return vgpu_release(ptr, MEM_DEVICE);
 }
 
+SIM_API int64_t ingero_sim_stream_done_ns(cudaStream_t stream)
+{
+    struct CUstream_st *s = vgpu_stream(stream);
+    if (!s)
+        return -1;
+    vgpu_lock();
+    int64_t done = vgpu_known_end(s);   /* its items may not be retired yet */
+    if (done < 0)
+        done = s->free_at_ns;
+    vgpu_unlock();
+    return done;
+}
+
 SIM_API int ingero_sim_device_count(void)
 {
     return vgpu_knobs()->device_count;

@@ -130,6 +130,11 @@ cudaError_t vgpu_stream_sync(cudaStream_t stream)
         return cudaErrorInvalidResourceHandle;
     vgpu_lock();
     struct stream_target t = { s, s->enqueued };
+    int64_t until = vgpu_known_end(s);
+    if (until >= 0 && !s->error) {  /* only kernels and copies, which do not fail */
+        vgpu_sleep_until(until);
+        return cudaSuccess;
+    }
     cudaError_t result = vgpu_wait(stream_reached, &t);
     if (!result)
         result = s->error;
