@@ -141,6 +141,33 @@ def test_sched_switch_names_the_competing_process(tmp_path):
     assert {r.rank for r in ranks} >= {contended}
 
 
+def test_a_sync_lasts_as_long_as_the_gpu_kept_it_not_its_busy_hosts_wake_up(tmp_path):
+    """Two busy loops at nice -10 share rank 2's CPU: woken from a sync, it often waits behind
+    them for its CPU, for milliseconds. That wait is its host's, not its GPU's: a sync on its
+    own kernels (the loss read) must last until its GPU was done (the sim's record says when),
+    or its GPU looks slow."""
+    contended = 2
+    trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
+    ranks = run_job(tmp_path, job("late-wake", steps=60, step_ms=20, stragglers=[
+        {"rank": contended, "kind": "cpu_contention", "hogs": 2, "nice": -10}]))
+    events, lost = trace.stop()
+    assert lost == 0
+    rank = next(r for r in ranks if r.rank == contended)
+    traced = [e["attrs"]["duration_ns"] for e in sorted(events, key=lambda e: e["t"])
+              if e["kind"] == "sync" and e["attrs"]["pid"] == rank.pid
+              and not e["attrs"]["peer_wait"]]
+    summary = read_record(rank.record_path).summary
+    held, device = (np.array(summary[name], float) for name in ("loss_sync_ns", "loss_device_ns"))
+    read = held > 0
+    assert len(traced) == read.sum(), (len(traced), read.sum())
+    late = held[read] - device[read]
+    delayed = late > 1e6
+    assert delayed.sum() >= 5, f"the hogs hardly delayed its wake-ups ({late}): no test"
+    error = np.abs(np.array(traced) - device[read])
+    assert np.median(error[delayed]) < 0.25 * np.median(late[delayed]), (error, late)
+    assert np.median(error) < 0.5e6, (error, late)
+
+
 def test_late_library_and_restarted_rank_are_followed(tmp_path):
     trace = Trace(tmp_path, "trace")  # no library attached up front: found by rescanning /proc
     first = run_job(tmp_path, job("first", ranks_per_node=1, steps=60, step_ms=20))
