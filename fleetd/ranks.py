@@ -998,9 +998,8 @@ class RankAnalysis:
         against all."""
         if job.peers is None:
             ranks = sorted(job.facts)
-            measures = [[job.facts[r].floor(job.facts[r].self_work_ns) for r in ranks]] + [
-                [job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
-                for name in ("allocation_ns", "peer_wait_ns")]
+            measures = [[job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
+                        for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
             io = [sum(b for t, _r, b in job.facts[r].blockio if t >= now - HOST_FACTS_S)
                   for r in ranks]
             pids = {f.pid for f in job.facts.values() if f.pid is not None}

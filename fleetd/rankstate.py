@@ -61,16 +61,6 @@ class RankFacts:
         """Seconds, from durations in ns (a few dozen: Python's median beats numpy's here)."""
         return statistics.median(values) / 1e9 if values else None
 
-    @staticmethod
-    def floor(values: deque) -> float | None:
-        """The lower quartile, in seconds, of durations in ns that only ever come out long:
-        a sync on the rank's own kernels lasts as long as they run, plus however late its
-        host wakes from it (on a busy CPU, often; a median of 16 ranks' syncs on two cores
-        made one rank's kernels 1.3 times its peers')."""
-        if len(values) < 2:
-            return RankFacts.median(values)
-        return statistics.quantiles(values, n=4)[0] / 1e9
-
 
 @dataclass
 class Verdict:
@@ -122,9 +112,9 @@ class Verdict:
 
 @dataclass
 class PeerFacts:
-    """Per rank of a job (in ``ranks`` order): its self-work (the lower quartile of its syncs on
-    its own kernels), median allocation and peer-wait (seconds, NaN where unmeasured), who else
-    took its CPU, and its recent block I/O (bytes)."""
+    """Per rank of a job (in ``ranks`` order): its median self-work (syncs on its own kernels),
+    allocation and peer-wait (seconds, NaN where unmeasured), who else took its CPU, and its
+    recent block I/O (bytes)."""
 
     ranks: list[int]
     work: np.ndarray

@@ -90,8 +90,7 @@ FIXES = {
 class Facts:
     """What the rules weigh for one late rank; None where nothing was measured."""
 
-    self_work_s: float | None = None          # the rank's self-work sync (fleetd: its syncs'
-                                              # lower quartile; echod: their median)
+    self_work_s: float | None = None          # the rank's median self-work sync
     peers_self_work_s: float | None = None    # the median of its peers' (the same measure)
     self_work_samples: int = 0
     preemptions: dict[tuple[str, int], int] = field(default_factory=dict)  # (comm, pid) → n
