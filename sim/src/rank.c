@@ -273,9 +273,7 @@ int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times
     return 0;
 }
 
-/* The loss read after the forward pass, as loss.item() does: a sync that covers only the rank's
- * own kernels (self-work), so a slow GPU shows in it. */
-/* The sim's own word for when the device finished a stream's work (looked up, not linked:
+/* The sim's own word for when the device finishes a stream's work (looked up, not linked:
  * the rank runs on NVIDIA's libcudart too, which has no such thing). */
 static int64_t stream_done_ns(cudaStream_t stream)
 {
@@ -288,6 +286,8 @@ static int64_t stream_done_ns(cudaStream_t stream)
     return done ? done(stream) : -1;
 }
 
+/* The loss read after the forward pass, as loss.item() does: a sync that covers only the rank's
+ * own kernels (self-work), so a slow GPU shows in it. */
 int read_loss(struct training *t, int step)
 {
     int every = t->cfg->loss_every;
@@ -296,8 +296,8 @@ int read_loss(struct training *t, int step)
     int64_t entry = now_ns();
     if (cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream)))
         return 1;
-    int64_t done = stream_done_ns(t->stream);
-    t->loss_sync_ns[step] = now_ns() - entry;
+    int64_t back = now_ns(), done = stream_done_ns(t->stream);
+    t->loss_sync_ns[step] = back - entry;
     t->loss_device_ns[step] = done < 0 ? -1 : done > entry ? done - entry : 0;
     return 0;
 }

@@ -415,6 +415,19 @@ void vgpu_sleep_until(int64_t until)
         continue;
 }
 
+/* Caller holds the lock. Retire what real time has reached, before the host reads any
+ * completion: a sync that slept until its stream's end left its items to the device thread,
+ * which may not have run yet, and CUDA promises a stream idle and its events complete once a
+ * sync on it returned. */
+void vgpu_catch_up(void)
+{
+    int64_t ignored = INT64_MAX;
+    if (advance_all(sim_now_ns(), &ignored)) {
+        pthread_cond_broadcast(&dev.progress);
+        vgpu_poke();    /* the device thread's next wake-up may have changed */
+    }
+}
+
 /*
  * Host side: sleep (lock held) until done(arg). The device thread fails collectives after the
  * timeout, so this returns by then; the backstop only guards against a device that stopped
@@ -423,6 +436,7 @@ void vgpu_sleep_until(int64_t until)
 cudaError_t vgpu_wait(int (*done)(void *arg), void *arg)
 {
     int64_t patience = 2 * dev.knobs.timeout_ns + NS_PER_S;
+    vgpu_catch_up();
     int64_t backstop = sim_now_ns() + patience;
     uint64_t seen = dev.completions;
     while (!done(arg)) {

@@ -68,6 +68,7 @@ HIDDEN cudaError_t vgpu_sticky_error(void);
 HIDDEN void vgpu_poke(void);
 HIDDEN cudaError_t vgpu_wait(int (*done)(void *arg), void *arg);
 HIDDEN void vgpu_sleep_until(int64_t until);
+HIDDEN void vgpu_catch_up(void);
 HIDDEN int64_t vgpu_known_end(const struct CUstream_st *s);
 HIDDEN cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item);
 HIDDEN struct vgpu_item *vgpu_item_work(int64_t duration_ns);

@@ -106,6 +106,7 @@ cudaError_t vgpu_stream_query(cudaStream_t stream)
     if (!s)
         return cudaErrorInvalidResourceHandle;
     vgpu_lock();
+    vgpu_catch_up();
     cudaError_t result = s->error ? s->error
                          : s->completed < s->enqueued ? cudaErrorNotReady : cudaSuccess;
     vgpu_unlock();
@@ -245,6 +246,7 @@ cudaError_t vgpu_event_query(cudaEvent_t event)
     if (!ev)
         return cudaErrorInvalidResourceHandle;
     vgpu_lock();
+    vgpu_catch_up();
     cudaError_t result = ev->completed < ev->recorded ? cudaErrorNotReady : ev->error;
     vgpu_unlock();
     return result;
@@ -286,6 +288,7 @@ cudaError_t vgpu_event_elapsed(float *ms, cudaEvent_t start, cudaEvent_t end)
     if (!a || !b || ((a->flags | b->flags) & cudaEventDisableTiming))
         return cudaErrorInvalidResourceHandle;
     vgpu_lock();
+    vgpu_catch_up();
     cudaError_t result = cudaSuccess;
     if (!a->recorded || !b->recorded)
         result = cudaErrorInvalidResourceHandle;
