@@ -20,8 +20,10 @@ struct call_start {
     u64 size;
     u32 op;
     u32 kind;        /* memcpy direction */
-    u64 waited;      /* how long the thread, runnable, waited for its CPU before it last got
-                      * it back in the call (host.bpf.c's sched_switch sets it) */
+    u64 waited;      /* how long the thread, runnable, waited for a CPU since it was last
+                      * woken in the call (host.bpf.c's sched_switch keeps it) */
+    u32 slept;       /* it slept in the call: woken, it was done waiting for its GPU */
+    u32 pad;
 };
 
 /* tgid → kernel launches counted in the kernel (cudaLaunchKernel and cuLaunchKernel). */
@@ -119,12 +121,12 @@ int ctx_sync_enter(struct pt_regs *ctx)
 }
 
 /* A sync's return: how long it waited, and whether a collective was behind the wait. The
- * wait is the device's: until the thread was woken (or, preempted, put back in line) for the
- * last time in the call, without its wait for a CPU after that. A busy host wakes a rank late
- * from nearly every sync (with two nice -10 loops on its CPU, 1.5 ms at the median, against
- * 6 ms of kernels): counted in, that lateness makes its kernels look slow. Where the thread
- * spins on its GPU rather than sleeps, a preemption that ended before the GPU was done is
- * taken out too: the wait is then a lower bound. */
+ * wait is the device's: until the thread was last woken in the call, without its waits for a
+ * CPU after that (or, where it never slept, without its last preemption). A busy host wakes a
+ * rank late from many syncs (with two nice -10 loops on its CPU, a third of them by 1.4 ms
+ * to 24 ms, against 6 ms of kernels): counted in, that lateness makes its kernels look slow.
+ * Where the thread spins on its GPU rather than sleeps, a preemption that ended before the
+ * GPU was done is taken out too: the wait is then a lower bound. */
 static __always_inline int sync_return(struct pt_regs *ctx, u32 first_op, u32 last_op)
 {
     u64 id = bpf_get_current_pid_tgid();

@@ -14,11 +14,12 @@
  * priority waits behind them at nearly every wake-up, mostly for less than a millisecond,
  * and those waits added up are most of what it loses (with three nice -10 hogs, 1 ms
  * charged about 40% of its time against the 60% its lag says). A thread in a CUDA call
- * (cuda.bpf.c's calls, compiled before this part) learns its last such wait: a sync leaves
- * it out of how long its GPU kept it.
+ * (cuda.bpf.c's calls, compiled before this part) learns such waits since it was last woken
+ * in it: a sync leaves them out of how long its GPU kept it.
  */
 #ifndef INGERO_COMMON
 #include "common.bpf.c"
+#include "cuda.bpf.c"       /* its calls in flight */
 #endif
 
 #ifndef MAX_THREADS
@@ -135,11 +136,16 @@ TRACEPOINT_PROBE(sched, sched_switch)
                 total->preemptions++;
             }
         }
-        /* a call in flight (a sync) learns how late its thread got its CPU back */
+        /* a call in flight (a sync) learns how long its thread waited for a CPU since it was
+         * last woken; one that never slept in it (it spins), its last preemption */
         u64 call_id = (u64)tgid << 32 | next_tid;
         struct call_start *call = calls.lookup(&call_id);
-        if (call)
-            call->waited = since->preempted ? delta : waited;
+        if (call && !since->preempted) {
+            call->waited = waited;
+            call->slept = 1;
+        } else if (call) {
+            call->waited = call->slept ? call->waited + delta : delta;
+        }
         if (since->preempted && since->by != 0)
             charge_time(tgid, since->by, delta);
         if (waited >= RUNQ_BLAME_NS && args->prev_pid != 0)
