@@ -765,8 +765,9 @@ class RankAnalysis:
         """Whether the rank's lateness was passed down to it. Its host came from a sync that
         waited on a collective of another communicator (a pipeline stage's send, another
         group's collective) at most of its entries since the onset (``entries``, on
-        fleetd's clock, as the syncs are kept); and from that sync's return to its entry
-        it took no longer than its peers did from theirs, by a share of its lag: its host
+        fleetd's clock, as the syncs are kept); and from that sync's end (its GPU done, its
+        thread woken) to its entry it took no longer than its peers did from theirs, by a
+        share of its lag (a host slow to get back its CPU is late on its own): its host
         came late only because its GPU was kept waiting elsewhere (its own kernels are no
         slower: asked before). The rank that held it up is judged where it was late."""
         gaps = np.full(len(ranks), np.nan)

@@ -29,9 +29,10 @@ class RankFacts:
     # its node timed it (placed on fleetd's clock when weighed: ``RankAnalysis._waits_placed``)
     # and the collective each covered: (communicator, sequence number), -1 where not known
     peer_wait_on: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
-    sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # returns
-    sync_on: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))   # and what
-    # each waited on: the communicator of the collective it covered (None: its own kernels)
+    sync_end: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))  # ends (the
+    # return, less the thread's wait for a CPU once woken: ingerod's duration) and what each
+    sync_on: deque = field(default_factory=lambda: deque(maxlen=2 * FACTS_KEPT))
+    # waited on: the communicator of the collective it covered (None: its own kernels)
     allocation_ns: deque = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     # (t, comm, pid, count, the preemptor's process, ns it kept the rank off its CPU)
     preemptions: deque = field(default_factory=lambda: deque(maxlen=4096))

@@ -141,8 +141,9 @@ def named(preemptor: tuple[str, int | None]) -> str:
 
 
 def _blame(f: Facts) -> tuple[str, str, list[str]]:
-    # Preemption first: a rank starved of CPU also wakes late from its syncs, so its self-work
-    # looks long too; a slow GPU does not bring another process onto the rank's CPU.
+    # Preemption first: a slow GPU does not bring another process onto the rank's CPU, while a
+    # rank starved of CPU may still look slow at its kernels (the agent leaves its waits for a
+    # CPU once woken out of its syncs, not a wait it cannot see, nor an older agent's).
     if preempted(f):
         held = "" if f.preempted_s is None else f" for {f.preempted_s:.2f} s"
         return "host_preemption", "high", [
@@ -191,13 +192,14 @@ def preempted(f: Facts) -> bool:
     CPU a busy loop beside it takes for 2 ms a step, is late by its host work, and one whose
     kernels' syncs take 6 ms more than its peers' each step, kept off its CPU 1 ms a step,
     has slow kernels. Where its kernels look slow, the preemption need only explain their
-    extra time, not its lag (a rank kept off its CPU wakes late from its syncs, and in the sim
-    its device thread runs late too: its lag and its kernels' time grow together), but it must
+    extra time, not its lag (a rank kept off its CPU may still carry waits for it in its syncs
+    that the agent cannot see: its lag and its kernels' time grow together), but it must
     take a sixth of its time or more: a rank whose kernels are slow wakes at other times than
     its peers and is exposed to a busy process beside the job more than they are. Three hogs
     on one rank's CPU took 33-47% of its time, its kernels' extra 15-30%: preempted. A busy
     loop beside the job took 6-9% of the time of a rank whose kernels took 2.3 times its
-    peers' (6% of its time), and about as much as it lost against them: slow kernels."""
+    peers' (6% of its time), and about as much as it lost against them: slow kernels (both
+    measured before the agent left late wake-ups out of syncs)."""
     if f.preemption_count < PREEMPTION_BURST:
         return False
     if f.preempted_s is None or not f.window_s:
