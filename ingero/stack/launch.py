@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,10 +15,33 @@ from pathlib import Path
 from ingero import curve
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that is free now, below the kernel's ephemeral range, and never
+    handed out before by this process. A daemon binds it later: a port from bind(0) is one
+    the kernel hands every bind(0) and connect() meanwhile, and the next call here could get
+    it again before the first daemon bound it (test_fleet_e2e's fleetd once found its metrics
+    port taken so)."""
+    try:
+        below = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 32768
+    low = max(1024, below - 16384)
+    for _ in range(4096):
+        port = random.randrange(low, below)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {low}-{below - 1}")
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.05):
