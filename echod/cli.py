@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from datetime import UTC
 
@@ -26,6 +27,8 @@ from .retention import Policy
 from .retention import apply as apply_retention
 from .slurmjobs import SlurmStates
 from .tokens_cli import token_group
+
+log = logging.getLogger("echod")
 
 
 @contextlib.contextmanager
@@ -83,22 +86,28 @@ def ticks(*calls):
 
 
 def writer(engine):
-    """store.write_batch, with a database that cannot commit turned into DatabaseUnavailable
-    (the batch comes again), and a batch the database refuses for its content acknowledged as
-    rejected (so that it does not come again and again)."""
+    """store.write_batch (which refuses the rows the database refuses, and stores the rest),
+    with any other database error turned into DatabaseUnavailable (the batch is not
+    acknowledged: it comes again, and the loop backs off), and any other error acknowledged
+    as the batch refused, logged: a batch that fails on a bug of echod's must not come again
+    and again, nor stop echod for every cluster."""
+    import psycopg
+
     def write(batch: dict):
         try:
             return store.write_batch(engine, batch)
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+        except (sqlalchemy.exc.DBAPIError, psycopg.Error) as exc:
+            if store.batch_fault(exc):   # one write_apart could not pin on its rows
+                return store.IngestResult(0, 0, [("batch", -1, first_line(exc))])
             engine.dispose()
             raise DatabaseUnavailable(first_line(exc)) from None
-        except sqlalchemy.exc.DBAPIError as exc:
-            return store.IngestResult(0, 0, [("batch", -1, first_line(exc))])
+        except Exception as exc:
+            log.exception("storing a batch failed")
+            return store.IngestResult(0, 0, [("batch", -1, f"echod failed on it: {exc!r}")])
     return write
 
 
-def first_line(exc: sqlalchemy.exc.DBAPIError) -> str:
-    return str(exc.orig or exc).strip().splitlines()[0]
+first_line = store.first_line
 
 
 def upgrade(engine, notifier: Notifier | None = None) -> str:

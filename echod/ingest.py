@@ -27,6 +27,7 @@ from ingero.errors import FrameError
 from ingero.router import SecureRouter
 
 from .errors import DatabaseUnavailable
+from .store import reason_label
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog
 from ingero.sdnotify import Notifier
 
@@ -156,6 +157,9 @@ class IngestServer:
         except FrameError as exc:
             self.metrics.rejected_frames.labels(exc.reason).inc()
             self.complaints.warning(exc.reason, "dropped a bad frame (%s): %s", exc.reason, exc)
+            seq = wire.forward_seq(frames)
+            if seq is not None:     # refused, said so: fleetd would send it again forever
+                self._send_ack(identity, wire.ForwardAck(seq, 0, 0, 1, [wire.COLUMNS]))
             return
         events, good, bad = batch.events, [], []
         if isinstance(batch, wire.ForwardColumns):
@@ -210,12 +214,16 @@ class IngestServer:
             received = [s["t"] for s in batch.scores if isinstance(s.get("t"), (int, float))]
             if received:
                 self.metrics.delay.set(max(0.0, now - min(received)))
+        for table, _index, reason in result.rejected:
+            self.metrics.rejected_rows.labels(reason_label(table, reason)).inc()
         if result.rejected:
             table, index, reason = result.rejected[0]
             self.complaints.warning("rows", "batch %d: %d row(s) rejected, e.g. %s[%d]: %s",
                                     batch.seq, len(result.rejected), table, index, reason)
-        ack = wire.ForwardAck(batch.seq, result.stored, result.duplicates, rejected,
-                              [wire.COLUMNS])
+        self._send_ack(identity, wire.ForwardAck(batch.seq, result.stored, result.duplicates,
+                                                 rejected, [wire.COLUMNS]))
+
+    def _send_ack(self, identity: bytes, ack: wire.ForwardAck) -> None:
         try:
             self.socket.send_multipart([identity, *wire.encode(ack)], zmq.NOBLOCK)
         except zmq.Again:

@@ -97,6 +97,8 @@ def merge(old: dict, new: dict) -> dict:
             merged[name] = max(old.get(name) or value, value)
         elif name == "restarts":
             merged[name] = max(old.get(name) or 0, value)
+        elif name == "user":
+            merged[name] = old.get(name) or value
         else:
             merged[name] = value
     return merged
@@ -120,8 +122,11 @@ def upsert_jobs(connection: Connection, jobs: dict[tuple[str, str], dict]) -> No
         connection.execute(statement.on_conflict_do_update(
             index_elements=[Job.cluster, Job.id],
             set_={**{c: func.coalesce(getattr(new, c), getattr(Job, c))
-                     for c in ("user", "account", "partition", "ntasks", "slurm_cluster",
+                     for c in ("account", "partition", "ntasks", "slurm_cluster",
                                "slurm_id")},
+                  # the first record's user stands: a later one (forged with a stolen agent
+                  # key, say) would hand the job's events to whoever it names
+                  "user": func.coalesce(Job.user, new.user),
                   "nodes": NODES_UNION,
                   "gpus": func.greatest(Job.gpus, new.gpus),
                   "restarts": func.greatest(Job.restarts, new.restarts),

@@ -11,6 +11,10 @@ class EchoMetrics:
         self.batches = Counter("ingero_echo_ingest_batches", "Batches committed", registry=r)
         self.rows = Counter("ingero_echo_ingest_rows", "Rows by outcome: stored, duplicate "
                             "(a replay) or rejected (malformed)", ["outcome"], registry=r)
+        self.rejected_rows = Counter("ingero_echo_rows_rejected", "Rows refused, by the field "
+                                     "at fault (attrs.bytes, t, id, ...): 'database' where "
+                                     "PostgreSQL refused the row, 'batch' for a whole batch, "
+                                     "'other' for anything else", ["reason"], registry=r)
         self.rejected_frames = Counter("ingero_echo_frames_rejected", "Frames dropped as "
                                        "malformed", ["reason"], registry=r)
         self.db_errors = Counter("ingero_echo_db_unavailable", "Batches left unacknowledged "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -272,7 +273,10 @@ def check_long_text(name: str, value: Any) -> str | None:
 
 
 def seconds_ns(name: str, row: dict) -> int | None:
+    """Seconds as integer ns, within what the store's 64-bit columns hold (292 years)."""
     value = check_number(name, row.get(name), optional=True)
+    if value is not None and not abs(value) < 2**63 / 1e9:
+        _fail(name, f"{value} s out of range")
     return None if value is None else int(round(value * 1e9))
 
 
@@ -475,10 +479,114 @@ def note_row(checked: CheckedBatch, section: str, row: dict, staged: tuple) -> N
 
 def write_batch(engine: Engine, batch: dict, now: float | None = None) -> IngestResult:
     """Store a forwarded batch ({"events": [...], "scores": [...], "thresholds": [...]}) in one
-    transaction, committed on return. ``now`` (unix seconds) bounds how far ahead times may be."""
+    transaction, committed on return. ``now`` (unix seconds) bounds how far ahead times may be.
+    Where the database refuses the batch for what it holds (a value its checks let through), the
+    batch is stored in parts (``write_apart``), and only the rows at fault are refused."""
     checked = check_batch(batch, time.time() if now is None else now)
     if not checked.accepted():
         return IngestResult(0, 0, checked.rejected)
+    accepted = checked.accepted()
+    try:
+        stored = write_checked(engine, checked)
+    except Exception as exc:
+        if not batch_fault(exc):
+            raise
+        stored, refused = write_apart(engine, checked)
+        accepted -= refused
+    return IngestResult(stored, accepted - stored + checked.superseded, checked.rejected)
+
+
+# The errors that are the batch's (SQLSTATE classes 22 data exception and 23 integrity
+# constraint violation: what a value can cause), not the database's: another try stores what
+# the batch holds no better. Any other (a connection cut, a permission or schema taken away)
+# is the database's: the batch waits for it, unacknowledged.
+BATCH_FAULTS = ("22", "23")
+
+
+def batch_fault(exc: BaseException) -> bool:
+    """Whether the database refused a statement for the data in it: by its SQLSTATE, or a
+    value psycopg could not send (a DataError raised before the server saw it)."""
+    import psycopg
+
+    orig = getattr(exc, "orig", None) or exc
+    state = getattr(orig, "sqlstate", None)
+    if state is not None:
+        return state[:2] in BATCH_FAULTS
+    return isinstance(orig, psycopg.DataError)
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+
+
+_REASON = re.compile(r"[a-z_]{1,24}(?:\.(?:" + "|".join(name for name, _ in LIFTED) + r"))?")
+
+
+def reason_label(section: str, why: str) -> str:
+    """A refusal's reason as a metric label, from a set the code fixes (a batch's own texts,
+    an attribute's name say, never become one)."""
+    if why.startswith("refused by the database"):
+        return "database"
+    if section == "batch":
+        return "batch"
+    field_name = why.split(":", 1)[0]
+    return field_name if ":" in why and _REASON.fullmatch(field_name) else "other"
+
+
+def write_apart(engine: Engine, checked: "CheckedBatch") -> tuple[int, int]:
+    """Store a batch the database refused in halves, and each half that it refuses in halves
+    again, down to a row (or a chunk of events, or a job record) refused on its own with the
+    database's reason: about log2(rows) transactions for each row at fault. Returns the rows
+    stored and the rows refused; those refused join ``checked.rejected``."""
+    stored, refused, parts = 0, 0, [units(checked)]
+    stats: dict[str, list[tuple]] = {}
+    for row in checked.chunk_stats:
+        stats.setdefault(row[1], []).append(row)        # by the chunk they summarise
+    while parts:
+        part = parts.pop()
+        try:
+            stored += write_checked(engine, one := subset(checked, part, stats))
+            continue
+        except Exception as exc:
+            if not batch_fault(exc):
+                raise
+            why = first_line(exc)
+        if len(part) > 1:
+            parts += [part[len(part) // 2:], part[:len(part) // 2]]
+        else:
+            refused += one.accepted()
+            checked.rejected.append((part[0][0], part[0][1], f"refused by the database: {why}"))
+    return stored, refused
+
+
+def units(checked: "CheckedBatch") -> list[tuple[str, Any]]:
+    """What a batch is made of, each refused whole or not at all: (section, row index),
+    ("chunks", index), ("jobs", key)."""
+    return [*((section, k) for section, rows in checked.rows.items() for k in range(len(rows))),
+            *(("chunks", k) for k in range(len(checked.chunks))),
+            *(("jobs", key) for key in checked.jobs)]
+
+
+def subset(checked: "CheckedBatch", part: list[tuple[str, Any]],
+           stats: dict[str, list[tuple]]) -> "CheckedBatch":
+    """The batch's ``part`` as a batch of its own (its nodes and days whole: upserted alike);
+    ``stats``: the chunks' summary rows by chunk id."""
+    out = CheckedBatch(nodes=checked.nodes, days=checked.days)
+    for section, which in part:
+        if section == "chunks":
+            chunk = checked.chunks[which]
+            out.chunks.append(chunk)
+            out.chunk_stats += stats.get(chunk.id, [])
+            out.chunked += len(chunk.numbers)
+        elif section == "jobs":
+            out.jobs[which] = checked.jobs[which]
+        else:
+            out.rows.setdefault(section, []).append(checked.rows[section][which])
+    return out
+
+
+def write_checked(engine: Engine, checked: "CheckedBatch") -> int:
+    """One transaction: a checked batch's rows, chunks, nodes and jobs; the rows stored."""
     with engine.begin() as connection:
         connection.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"),
                            {"key": RETENTION_LOCK})
@@ -490,8 +598,7 @@ def write_batch(engine: Engine, batch: dict, now: float | None = None) -> Ingest
             stored += store_chunks(connection, checked)
         upsert_nodes(connection, checked.nodes)
         upsert_jobs(connection, checked.jobs)
-    return IngestResult(stored, checked.accepted() - stored + checked.superseded,
-                        checked.rejected)
+    return stored
 
 
 def copy_and_move(connection: Connection, sink: Sink, rows: list[tuple]) -> int:

@@ -12,6 +12,7 @@ import re
 
 MAX_HOSTS = 100_000
 _GROUP = re.compile(r"\[([^\[\]]*)\]")
+_NUMBER = re.compile(r"[0-9]{1,18}")     # ASCII digits: '²' is a digit to str.isdigit
 
 
 class BadHostList(ValueError):
@@ -22,6 +23,8 @@ def expand(hostlist: str, limit: int = MAX_HOSTS) -> list[str]:
     """Every host name of ``hostlist``, in order, without duplicates."""
     names: dict[str, None] = {}
     for item in _split_top(hostlist):
+        if _count(item) > limit:        # counted before a name is made: r[0-99999]n[0-99999]
+            raise BadHostList(f"more than {limit} hosts")
         for name in _expand_item(item):
             names[name] = None
             if len(names) > limit:
@@ -50,6 +53,23 @@ def _split_top(hostlist: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
+def _count(item: str) -> int:
+    """How many names an item expands to (before duplicates go)."""
+    count = 1
+    for group in _GROUP.findall(item):
+        count *= sum(len(_bounds(piece)) for piece in group.split(","))
+    return count
+
+
+def _bounds(piece: str) -> range:
+    low, dash, high = piece.strip().partition("-")
+    if not _NUMBER.fullmatch(low) or (dash and not _NUMBER.fullmatch(high)):
+        raise BadHostList(f"bad range {piece!r}")
+    if dash and int(high) < int(low):
+        raise BadHostList(f"range {piece!r} runs backwards")
+    return range(int(low), int(high if dash else low) + 1)
+
+
 def _expand_item(item: str) -> list[str]:
     match = _GROUP.search(item)
     if match is None:
@@ -61,15 +81,9 @@ def _expand_item(item: str) -> list[str]:
 def _ranges(spec: str) -> list[str]:
     parts = []
     for piece in spec.split(","):
-        low, dash, high = piece.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise BadHostList(f"bad range {piece!r}")
-        if not dash:
-            parts.append(low)
-            continue
-        if int(high) < int(low):
-            raise BadHostList(f"range {piece!r} runs backwards")
-        if int(high) - int(low) >= MAX_HOSTS:
+        numbers = _bounds(piece)
+        if len(numbers) > MAX_HOSTS:
             raise BadHostList(f"range {piece!r} too long")
-        parts += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+        width = len(piece.strip().partition("-")[0])
+        parts += [str(n).zfill(width) for n in numbers]
     return parts

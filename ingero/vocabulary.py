@@ -28,8 +28,13 @@ POINT_TO_POINT = ("ncclSend", "ncclRecv")
 # text); the rest stays in ``attrs``.
 INT32 = (-2**31, 2**31 - 1)
 UINT63 = (0, 2**63 - 1)
+# What one call may move or allocate (64 TiB, past any GPU's or host's memory) and how long it
+# may last (19.5 hours): past them a value measures nothing (a failed cudaMalloc carries the
+# size it was asked for, whatever that was), and a summary's sums over a push's events (up to
+# 2^16 of them) would not fit the store's 64-bit integers.
+CALL_BOUNDS = (0, 2**46)
 LIFTED = (("rank", INT32), ("op", None), ("comm_hash", None), ("seq", UINT63),
-          ("bytes", UINT63), ("duration_ns", UINT63))
+          ("bytes", CALL_BOUNDS), ("duration_ns", CALL_BOUNDS))
 
 # Slurm's job states as sacct -s names them, by code.
 STATE_CODES = {"BF": "BOOT_FAIL", "CA": "CANCELLED", "CD": "COMPLETED", "DL": "DEADLINE",

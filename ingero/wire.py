@@ -494,9 +494,11 @@ class Forward(Message):
     }
 
 
+    SECTIONS: ClassVar[tuple[str, ...]] = ("events", "scores", "thresholds", "verdicts",
+                                           "peer_lag")
+
     def row_count(self) -> int:
-        return sum(len(getattr(self, section)) for section in
-                   ("events", "scores", "thresholds", "verdicts", "peer_lag"))
+        return sum(len(getattr(self, section)) for section in self.SECTIONS)
 
 
 MAX_FORWARD_PUSHES = 4096
@@ -597,6 +599,26 @@ def _unpack(body: bytes, columns: bool = False) -> dict:
     if not isinstance(value, dict):
         raise BadSchema("body is not a map")
     return value
+
+
+def forward_seq(frames: list[bytes]) -> int | None:
+    """The batch number of a frame that claims to be a ``Forward`` (or ``ForwardColumns``)
+    but fails its checks, read from the head of its body alone (fleetd encodes ``seq``
+    first); None when even that is unreadable. echod acknowledges such a batch as refused."""
+    if len(frames) != 2 or len(frames[0]) != HEADER_SIZE:
+        return None
+    magic, major, _minor, kind, _reserved = _HEADER.unpack(frames[0])
+    if magic != MAGIC or major != MAJOR or kind not in (Forward.TYPE, ForwardColumns.TYPE):
+        return None
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frames[1]) or 1)
+    unpacker.feed(frames[1])
+    try:
+        if unpacker.read_map_header() < 1 or unpacker.unpack() != "seq":
+            return None
+        seq = unpacker.unpack()
+    except Exception:           # msgpack raises several kinds for a body cut short
+        return None
+    return seq if type(seq) is int and 0 <= seq < 2**63 else None
 
 
 def decode(frames: list[bytes], max_bytes: int = MAX_FRAME_BYTES) -> Message:

@@ -167,11 +167,67 @@ def test_a_batch_held_up_in_postgresql_holds_up_no_other(pipeline, keys):
     assert (stored["held"], stored["free"]) == (9, 4)
 
 
+def test_a_connection_cut_in_the_middle_of_a_write_is_backed_off_and_nothing_lost(
+        pipeline, keys):
+    """The writer has COPYed a batch into its staging table and waits to move it (a lock held
+    here); its connection is cut then, as a database restart or a failover cuts it. echod backs
+    off and does not acknowledge the batch; fleetd sends it again; it is stored once."""
+    engine, producer = pipeline["engine"], Producer(pipeline["fleet"], keys, "cut")
+    producer.push(10)               # today's partition made first: the write waits no sooner
+    assert wait_for(lambda: per_node(engine).get("cut") == 10, 60), per_node(engine)
+    with engine.connect() as locker:
+        locker.execute(text("LOCK TABLE event_rows IN SHARE MODE"))
+        producer.push(50)
+        assert wait_for(lambda: locked_out(engine), 30), pipeline["echod"].log()
+        with engine.connect() as cutter:
+            cut = cutter.execute(text(
+                "WITH writer AS MATERIALIZED (SELECT pid FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() "
+                "AND query LIKE '%INSERT INTO event_rows%') "
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM writer"))
+            assert cut.scalar() == 1
+        locker.rollback()
+    assert producer.collect_acks(20) == 2
+    assert wait_for(lambda: per_node(engine).get("cut") == 60, 60), per_node(engine)
+    time.sleep(1)
+    assert per_node(engine)["cut"] == 60, "loss or duplication"
+    assert pipeline["echod"].alive(), pipeline["echod"].log()
+    assert "database unavailable" in pipeline["echod"].log()
+    assert metric(pipeline["fleet_port"], "ingero_fleet_forward_resent_total") > 0
+    producer.close()
+
+
 def locked_out(engine) -> bool:
     """Whether some backend waits for a lock (the held batch's, on the nodes row)."""
     with engine.connect() as connection:
         return connection.execute(text(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")).scalar() > 0
+
+
+def test_a_batch_that_fails_its_checks_is_acknowledged_as_refused_not_left_to_come_again(
+        pipeline, keys):
+    """A batch past what a message may hold (fleetd splits its own; an older one, or another
+    sender, may not) is refused whole, and said so: unanswered, it would come again forever."""
+    too_long = wire.Forward(77, "test", events("long", 1) * (wire.MAX_FORWARD_ROWS + 1))
+    ack = forward(keys, pipeline["ingest"], too_long)
+    assert (ack.ack, ack.stored, ack.rejected) == (77, 0, 1)
+    assert "bad_msgpack" in pipeline["echod"].log() and pipeline["echod"].alive()
+    assert forward(keys, pipeline["ingest"], wire.Forward(78, "test", events("after", 3))) \
+        .stored == 3
+
+
+def test_a_row_the_database_refuses_is_refused_alone_and_echod_serves_on(pipeline, keys):
+    """The database refuses a row the checks let through (a constraint of its own here; a
+    64-bit sum past its range, say): echod stores the rest of the batch, refuses that row,
+    and goes on serving every cluster."""
+    with pipeline["engine"].begin() as connection:
+        connection.execute(text("ALTER TABLE event_rows ADD CONSTRAINT no_duration_1013 "
+                                "CHECK (duration_ns IS DISTINCT FROM 1013) NOT VALID"))
+    ack = forward(keys, pipeline["ingest"], wire.Forward(5, "test", events("refused", 40)))
+    assert (ack.stored, ack.rejected) == (39, 1)
+    assert pipeline["echod"].alive() and "no_duration_1013" in pipeline["echod"].log()
+    assert forward(keys, pipeline["ingest"], wire.Forward(6, "test", events("next", 3))) \
+        .stored == 3
 
 
 def test_bad_rows_are_rejected_one_by_one(pipeline, keys):

@@ -196,6 +196,45 @@ def test_bad_rows_are_rejected_one_by_one_and_the_good_ones_stored(engine):
         assert session.scalars(select(Threshold.cohort)).all() == ["job:4242"]
 
 
+def test_a_call_past_what_any_call_moves_is_refused_alone_and_a_minutes_sums_fit(engine):
+    """A failed cudaMalloc carries the size it was asked for: 2^62 bytes twice would sum past
+    a 64-bit integer in the minute's summary, and the batch, with every cluster's rows in it,
+    would never commit. Past 64 TiB a size is refused as a row; what is left sums."""
+    now = time.time()
+    asked = [{**event("node01", k, now - 5, bytes=2**62, result=2), "kind": "alloc"}
+             for k in range(3)]
+    fine = [{**event("node01", 10 + k, now - 5, bytes=2**46, duration_ns=2**46,
+                     result=0), "kind": "alloc"} for k in range(3)]
+    result = write_batch(engine, {"events": asked + fine})
+    assert result.stored == 3
+    assert [(i, why.split(":")[0]) for _, i, why in result.rejected] == [
+        (0, "attrs.bytes"), (1, "attrs.bytes"), (2, "attrs.bytes")]
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT sum(bytes) FROM call_stats")).scalar() == \
+            3 * 2**46
+
+
+def test_rows_the_database_refuses_are_refused_alone_and_the_rest_of_the_batch_stored(engine):
+    """Whatever the database refuses that the checks let through (here a constraint of its
+    own), only the rows at fault are refused: the batch is stored in halves, and halves of
+    those, and a batch of many clusters' rows is never dropped, nor sent again forever."""
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE event_rows ADD CONSTRAINT no_seq_13 "
+                                "CHECK (seq IS DISTINCT FROM 13) NOT VALID"))
+    now = time.time()
+    events = [{**event("node01", k, now - 10), "attrs": {"seq": k}} for k in range(40)]
+    result = write_batch(engine, {"events": events, "scores": [score("node01", now)]})
+    assert result.stored == 40
+    assert [(s, i) for s, i, _ in result.rejected] == [("events", 13)]
+    assert "refused by the database" in result.rejected[0][2] and \
+        "no_seq_13" in result.rejected[0][2], result.rejected
+    with Session(engine) as session:
+        assert len(session.scalars(select(Event.id)).all()) == 39
+        assert session.scalars(select(HealthScore.node)).all() == ["node01"]
+    replay = write_batch(engine, {"events": events, "scores": [score("node01", now)]})
+    assert (replay.stored, replay.duplicates, len(replay.rejected)) == (0, 40, 1)
+
+
 # -- partitions and retention ------------------------------------------------------------------
 
 def test_events_of_three_days_land_in_three_partitions_and_retention_drops_the_oldest(engine):
@@ -358,6 +397,28 @@ def test_a_verdict_without_its_raise_time_is_rejected_alone(engine):
                                   "events": [event("node01", 1, now)]})
     assert result.stored == 1 and result.rejected[0][:2] == ("verdicts", 0)
     assert "first_seen" in result.rejected[0][2]
+
+
+def test_a_later_job_record_never_changes_whose_job_it_is(engine):
+    """jobs.user decides who reads a job through MUNGE: a second job_start naming another user
+    (forged with a stolen agent key, in the same batch or a later one) changes nothing."""
+    now = time.time()
+
+    def start(seq: int, user: str, node: str = "node01") -> dict:
+        return {**event(node, seq, now - 60 + seq), "kind": "job_start",
+                "attrs": {"job": "4242", "user": user, "nodelist": "node0[1-2]"}}
+    write_batch(engine, {"events": [start(1, "alice")]})
+    write_batch(engine, {"events": [start(2, "mallory", "node02"), start(3, "mallory")]})
+    with engine.connect() as connection:
+        assert connection.execute(text('SELECT "user" FROM jobs')).all() == [("alice",)]
+
+
+def test_a_verdicts_lag_past_what_the_store_holds_is_rejected_alone(engine):
+    now = time.time()
+    result = write_batch(engine, {"verdicts": [verdict(0, now, lag_p50_s=1e300)],
+                                  "events": [event("node01", 1, now)]})
+    assert result.stored == 1 and result.rejected[0][:2] == ("verdicts", 0)
+    assert "lag_p50_s: 1e+300 s out of range" in result.rejected[0][2]
 
 
 def test_peer_lag_rows_are_stored_once(engine):

@@ -174,8 +174,11 @@ def test_host_lists_expand_as_slurm_writes_them(text, hosts):
 
 
 @pytest.mark.parametrize("text", ["n[1-", "n]1[", "n[a-b]", "n[3-1]", "n[[1]]",
-                                  "n[0-99999999]"])
+                                  "n[0-99999999]", "n[²-3]", "n[٣]", "n[0-99999]x[0-99999]",
+                                  "n[1-" + "9" * 40 + "]"])
 def test_bad_host_lists_are_refused(text):
+    """Refused with BadHostList; a cross product is counted before it is built (built, the
+    10^10 names of the one here would not fit in memory)."""
     with pytest.raises(hostlist.BadHostList):
         hostlist.expand(text)
 
