@@ -3,9 +3,12 @@
 Ranks call a communicator's collectives in the same order, so (communicator, sequence) names one
 instance on every rank without trusting clocks. Entries arrive in pushes, from several nodes, in
 any order; they are written into a ring of open instances (a row per sequence number, a column
-per communicator rank) with numpy indexing, never a Python loop per event. An instance that all
-ranks entered moves to the history the rules read; one that some ranks never enter stays open,
-and after the hang timeout its missing ranks are named.
+per communicator rank) with numpy indexing, never a Python loop per event. The ring starts
+small and doubles, up to its capacity, only when an instance would take a row still open: a
+job keeps a few instances open at once, and memory goes with what is used, not with the
+number of ranks an event claims. An instance that all ranks entered moves to the history the
+rules read; one that some ranks never enter stays open, and after the hang timeout its missing
+ranks are named.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from ingero.analysis.stragglers import missing_ranks
 
 OPEN_CAPACITY = 1024     # instances a communicator may have open at once
+OPEN_FIRST = 8           # rows of a new communicator's ring
 HISTORY = 256            # complete instances kept for the rules
 
 
@@ -55,9 +59,11 @@ class CommWindow:
         self.bar = np.inf         # the lag bar of its last judgement
         self.last_added = created # when entries last came (fleetd's clock)
         self.destroyed = False    # the job destroyed it (ncclCommDestroy)
-        self.open = np.full((capacity, nranks), np.nan)
-        self.open_seq = np.full(capacity, -1, np.int64)
-        self.open_op = np.full(capacity, -1, np.int64)
+        self.capacity = capacity
+        rows = min(capacity, OPEN_FIRST)
+        self.open = np.full((rows, nranks), np.nan)
+        self.open_seq = np.full(rows, -1, np.int64)
+        self.open_op = np.full(rows, -1, np.int64)
         self.history_size = history
         self.entries = np.empty((0, nranks))
         self.seq = np.empty(0, np.int64)
@@ -75,7 +81,8 @@ class CommWindow:
         dropped and counted, never written over a newer open instance's row."""
         good = (batch.column >= 0) & (batch.column < self.nranks) & (batch.seq >= 0)
         newest = max(int(self.latest.max()), int(batch.seq[good].max(initial=-1)))
-        stale = good & (batch.seq <= newest - len(self.open_seq))
+        stale = good & (batch.seq <= newest - self.capacity)
+        self._grow(np.unique(batch.seq[good & ~stale]))
         self.too_late += int(stale.sum())
         good &= ~stale
         seq, column = batch.seq[good], batch.column[good]
@@ -96,6 +103,24 @@ class CommWindow:
         self.open[rows, column] = batch.t[good]
         np.maximum.at(self.latest, column, seq)
         return int((~good).sum())
+
+    def _grow(self, seq: np.ndarray) -> None:
+        """Double the ring (up to its capacity) while one of ``seq`` (distinct) would take a
+        row that another instance holds open, or one another of them takes. Open instances
+        sit in distinct rows, so they do in a ring twice as long too."""
+        while len(self.open_seq) < self.capacity:
+            rows = seq % len(self.open_seq)
+            held = self.open_seq[rows]
+            if not ((held >= 0) & (held != seq)).any() and len(np.unique(rows)) == len(seq):
+                return
+            rows = min(2 * len(self.open_seq), self.capacity)
+            used = np.flatnonzero(self.open_seq >= 0)
+            at = self.open_seq[used] % rows
+            grown = np.full((rows, self.nranks), np.nan)
+            grown[at] = self.open[used]
+            open_seq, open_op = np.full(rows, -1, np.int64), np.full(rows, -1, np.int64)
+            open_seq[at], open_op[at] = self.open_seq[used], self.open_op[used]
+            self.open, self.open_seq, self.open_op = grown, open_seq, open_op
 
     def settle(self, unseen: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray,
                                                                  np.ndarray]:

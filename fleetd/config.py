@@ -60,6 +60,10 @@ SETTINGS = [
             "Seconds between threshold recomputes.", "SECONDS"),
     Setting("max_nodes", 10_000, integer(1, 1_000_000),
             "Most nodes tracked at once; pushes from further nodes are refused and counted.", "N"),
+    Setting("max_ranks", 65_536, integer(2, 1 << 20),
+            "Most ranks a job or communicator may have: an event naming a larger "
+            "communicator, or a rank past it, is refused and counted (each rank of a "
+            "communicator costs memory in its window, and a process may claim any size).", "N"),
     Setting("max_frame_bytes", 4 * 1024 * 1024, integer(1024, 64 * 1024 * 1024),
             "Largest message accepted; larger ones are dropped and counted.", "BYTES"),
     Setting("echod", None, optional(zmq_endpoint),
@@ -69,6 +73,10 @@ SETTINGS = [
             "echod's public key file (fleetd's own key pair authenticates it to echod).", "FILE"),
     Setting("forward_batch_rows", 2000, integer(1, wire.MAX_FORWARD_ROWS - wire.MAX_EVENTS - 1),
             "Rows gathered before a batch is sealed and sent to echod.", "N"),
+    Setting("forward_batch_bytes", 2 * 1024 * 1024, integer(64 * 1024, 64 * 1024 * 1024),
+            "Bytes a batch to echod may hold, encoded: a larger one is split (a push of "
+            "columns larger alone goes as its rows), so that echod takes every batch; keep it "
+            "below echod's max_frame_bytes (4 MiB by default).", "BYTES"),
     Setting("forward_interval", 0.2, number(0.01, 60.0),
             "Seconds after its first row that a batch is sealed, however small.", "SECONDS"),
     Setting("forward_window", 8, integer(1, 1000),

@@ -20,7 +20,9 @@ import socket as pysocket
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import zmq
 
 from ingero import curve, wire
@@ -42,12 +44,12 @@ class Gathering:
     verdicts: list[dict] = field(default_factory=list)
     peer_lag: list[dict] = field(default_factory=list)
     pushes: list[bytes] = field(default_factory=list)
-    pushed: int = 0               # the events those pushes hold
+    counts: list[int] = field(default_factory=list)     # the events each of those holds
     since: float | None = None
 
     def rows(self) -> int:
         return (len(self.events) + len(self.scores) + len(self.thresholds) + len(self.verdicts)
-                + len(self.peer_lag) + self.pushed)
+                + len(self.peer_lag) + sum(self.counts))
 
     def by_class(self) -> list[tuple[int, dict[str, list]]]:
         """The rows as one batch per class, the classes that have any."""
@@ -79,14 +81,21 @@ class Forwarder:
 
     # -- gathering -----------------------------------------------------------------------------
 
-    def add_push(self, push: wire.Push, recv_at: float, clock=None) -> None:
+    def add_push(self, push: wire.Push, recv_at: float, clock=None, kept=None) -> None:
         """A fresh push's events and score; ``clock`` is its node's offset estimate (an
-        ``ingero.analysis.clock.Offset``), so that echod can correct the node's times too."""
-        if self.columnar is not False and push.body is not None:   # a ColumnPush: as it came
+        ``ingero.analysis.clock.Offset``), so that echod can correct the node's times too.
+        ``kept``: the events fleetd took (``RankAnalysis.screen``): where it refused some, the
+        rest go as rows."""
+        maps, mask = kept if kept is not None else (push.events, None)
+        whole = len(maps) == len(push.events) and (mask is None or mask.all())
+        if whole and self.columnar is not False and push.body is not None:   # as it came
             self.gathering.pushes.append(push.body)
-            self.gathering.pushed += push.event_count()
-        else:
+            self.gathering.counts.append(push.event_count())
+        elif whole:
             self.gathering.events += push.stored_rows()
+        else:
+            columns = push.columns.rows(np.flatnonzero(mask)) if mask is not None else []
+            self.gathering.events += push.stored_rows(columns + maps)
         self.gathering.scores.append({
             "t": recv_at, "cluster": push.cluster, "node": push.node, "job": push.job,
             "boot_id": push.boot_id, "seq": push.seq,
@@ -113,19 +122,40 @@ class Forwarder:
             self.gathering.since = self.clock()
 
     def seal(self) -> None:
-        """Write the gathered rows to the spool, one batch per class. Call ``commit`` before
-        answering the agents whose rows they hold."""
+        """Write the gathered rows to the spool, one batch per class (or several: ``keep``).
+        Call ``commit`` before answering the agents whose rows they hold."""
         g, self.gathering = self.gathering, Gathering()
         for cls, sections in g.by_class():
-            seq = self.spool.take_seq()
-            rows = sum(len(rows) for rows in sections.values())
-            if sections.get("pushes"):
-                message = wire.ForwardColumns(seq, self.source, **sections)
-                rows += g.pushed - len(g.pushes)
-            else:
-                message = wire.Forward(seq, self.source, **{
-                    name: rows for name, rows in sections.items() if name != "pushes"})
-            self.spool.add(seq, cls, wire.encode(message), rows)
+            pushes = sections.pop("pushes", [])
+            self.keep(cls, [(name, row) for name, rows in sections.items() for row in rows]
+                      + [("pushes", (body, n)) for body, n in zip(pushes, g.counts)])
+
+    def keep(self, cls: int, items: list[tuple[str, Any]]) -> None:
+        """Spool ``items`` ((section, row), or ("pushes", (body, its events))) as one batch,
+        or, where that would be past ``forward_batch_bytes`` or a list past what a message
+        holds, as two of half the items each, and so on: no batch is past what echod takes,
+        and one push of columns past it alone goes as its rows."""
+        seq = self.spool.take_seq()
+        sections: dict[str, list] = {}
+        for name, item in items:
+            sections.setdefault(name, []).append(item)
+        pushes = sections.pop("pushes", [])
+        message = wire.ForwardColumns(seq, self.source, **sections,
+                                      pushes=[body for body, _ in pushes]) if pushes \
+            else wire.Forward(seq, self.source, **sections)
+        frames = wire.encode(message)
+        fits = sum(map(len, frames)) <= self.cfg.forward_batch_bytes and all(
+            len(rows) <= wire.MAX_FORWARD_ROWS for rows in sections.values()) and \
+            len(pushes) <= wire.MAX_FORWARD_PUSHES
+        if fits or (len(items) == 1 and not pushes):
+            self.spool.add(seq, cls, frames, sum(map(len, sections.values()))
+                           + sum(n for _, n in pushes))
+        elif len(items) > 1:
+            self.keep(cls, items[:len(items) // 2])
+            self.keep(cls, items[len(items) // 2:])
+        else:                   # one push of columns, too large for a batch: as its rows
+            rows = wire.ForwardColumns(0, self.source, pushes=[pushes[0][0]]).as_forward()
+            self.keep(cls, [("events", row) for row in rows.events])
 
     def commit(self) -> None:
         """Seal what is gathered and make it durable: the agents may be answered."""
@@ -151,7 +181,9 @@ class Forwarder:
                 if frames is None:
                     continue
                 if entry.columnar and self.columnar is None:
-                    frames = wire.encode(wire.decode(frames).as_forward())
+                    frames = self.as_rows(entry, frames, rewrite=False)
+                    if frames is None:
+                        continue
                 if not self._send(frames):
                     break
                 if entry.sent_at is not None:
@@ -195,9 +227,24 @@ class Forwarder:
         log.info("echod %s pushes of columns", "takes" if columnar else "does not take")
         for entry in [e for e in self.spool.entries.values() if e.columnar and not columnar]:
             frames = self.spool.frames(entry)
-            if frames is not None:
-                self.spool.rewrite(entry, wire.encode(wire.decode(frames).as_forward()))
+            if frames is not None and self.as_rows(entry, frames) is not None:
                 entry.sent_at = None
+
+    def as_rows(self, entry, frames: list[bytes], rewrite: bool = True) -> list[bytes] | None:
+        """A spooled batch of columns as rows, for an echod that takes no columns (or may
+        not: none has answered yet), in its place where ``rewrite``. Where its rows are past
+        what one batch holds, they take its place as several batches (None is returned)."""
+        as_rows = wire.decode(frames, sum(map(len, frames))).as_forward()
+        encoded = wire.encode(as_rows)
+        if sum(map(len, encoded)) <= self.cfg.forward_batch_bytes and \
+                as_rows.row_count() <= wire.MAX_FORWARD_ROWS:
+            if rewrite:
+                self.spool.rewrite(entry, encoded)
+            return encoded
+        self.spool.discard(entry.seq)
+        self.keep(entry.cls, [(name, row) for name in wire.Forward.SECTIONS
+                              for row in getattr(as_rows, name)])
+        return None
 
     def flush(self, timeout: float) -> int:
         """On stop: spool what is gathered and give echod ``timeout`` to take it all; returns

@@ -112,6 +112,14 @@ class FleetMetrics:
                                  "communicators their agent did not see created (kept out of "
                                  "alignment)", registry=r)
         self._unaligned = 0
+        self.refused_events = Counter("ingero_fleet_events_refused", "Events refused at "
+                                      "intake (neither judged nor stored), by reason: "
+                                      "too_many_ranks (a communicator larger than --max-ranks), "
+                                      "bad_rank (a rank out of range), foreign_uid (a process "
+                                      "of another user than the job's)", ["reason"],
+                                      registry=r)
+        for reason in ("too_many_ranks", "bad_rank", "foreign_uid"):
+            self.refused_events.labels(reason)
         self.incomplete = Gauge("ingero_fleet_incomplete_collectives", "Collective instances "
                                 "dropped because an entry never arrived though its rank went on "
                                 "(an event lost on the way)", registry=r)
@@ -165,6 +173,9 @@ class FleetMetrics:
         self.jobs.set(len(ranks.jobs))
         self.unaligned.inc(ranks.unaligned - self._unaligned)
         self._unaligned = ranks.unaligned
+        for reason, count in ranks.refused.items():
+            self.refused_events.labels(reason).inc(count)
+        ranks.refused.clear()
         self.incomplete.set(ranks.incomplete)
         for verdict in changed:
             if verdict.revision == 0:

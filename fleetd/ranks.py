@@ -18,7 +18,7 @@ import logging
 import math
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -279,10 +279,68 @@ class RankAnalysis:
         self.failures = RateLimitedLog(log, 60.0)
         self.interval_s = 1.0         # the longest push interval heard of, as of the tick
         self.users: dict[tuple, tuple[str, float]] = {}   # (cluster, job) → (user, when said)
+        self.max_ranks = cfg.max_ranks
+        self.owners: dict[tuple, tuple[int, float]] = {}  # (cluster, job) → (its uid, when)
+        self.refused: Counter[str] = Counter()    # events refused at intake, by reason
 
     # -- intake --------------------------------------------------------------------------------
 
-    def observe(self, push: Push, now: float) -> None:
+    def screen(self, push: Push, now: float) -> tuple[list[dict], np.ndarray | None]:
+        """The events of a push fleetd takes, from what their processes may claim: its maps
+        kept, and a mask over its columns (None: it has none). Refused and counted, by reason:
+        a communicator past --max-ranks or a rank out of range (``_admit``), and an event of a
+        process whose user is not the job's (``foreign_uid``: the uid its Slurm prolog
+        recorded, else the first its events carried), which may name any job and rank it
+        likes in its environment."""
+        before = self.refused.copy()
+        cols = getattr(push, "columns", None)
+        records = push.events + (cols.rows(np.flatnonzero(cols.of_kind("job_start")))
+                                 if cols is not None and cols.n else [])
+        for event in records:
+            uid = event["attrs"].get("uid")
+            if event["kind"] == "job_start" and type(uid) is int:
+                self.owners[(push.cluster, str(push.job_of(event)))] = (uid, now)
+        kept = [event for event in push.events if self._admit(event["attrs"])
+                and self._owned(push.cluster, push.job_of(event), event["attrs"].get("uid"), now)]
+        admitted = None
+        if cols is not None and cols.n:
+            admitted = self._admit_columns(cols) & self._owned_columns(push, cols, now)
+        if self.refused != before:
+            self.failures.warning(f"refused {push.node}", "node %s: refused %s", push.node,
+                                  ", ".join(f"{n} event(s) {reason}" for reason, n
+                                            in (self.refused - before).items()))
+        return kept, admitted
+
+    def _owned(self, cluster: str, job: str | None, uid, now: float) -> bool:
+        """Whether an event of user ``uid`` may be of ``job`` (the first user a job is seen
+        with owns it until its record says otherwise)."""
+        if job is None or type(uid) is not int:
+            return True
+        owner = self.owners.setdefault((cluster, str(job)), (uid, now))[0]
+        if owner == uid:
+            return True
+        self.refused["foreign_uid"] += 1
+        return False
+
+    def _owned_columns(self, push: Push, cols, now: float) -> np.ndarray:
+        uid = cols.ints("uid")
+        job, jobs = cols.coded("job")
+        ok = np.ones(cols.n, bool)
+        if not (uid >= 0).any():
+            return ok
+        for code, name in [*enumerate(jobs), (-1, push.job)]:
+            mine = (job == code) & (uid >= 0)
+            if name is None or not mine.any():
+                continue
+            first = int(uid[np.flatnonzero(mine)[0]])
+            owner = self.owners.setdefault((push.cluster, str(name)), (first, now))[0]
+            foreign = mine & (uid != owner)
+            ok &= ~foreign
+            self.refused["foreign_uid"] += int(foreign.sum())
+        return ok
+
+    def observe(self, push: Push, now: float,
+                screened: tuple[list[dict], np.ndarray | None] | None = None) -> None:
         """A fresh push's events: collectives as the node timed them (corrected when judged),
         the other facts less the node's offset now (0 while unknown: they are weighed in
         seconds, not compared across nodes). A push of columns is taken whole arrays at a
@@ -295,10 +353,10 @@ class RankAnalysis:
         collectives: dict[tuple, list] = defaultdict(list)    # → (seq, column, t, op) rows
         chunks: dict[tuple, list] = defaultdict(list)         # → the same, as arrays
         cols = getattr(push, "columns", None)
-        events = push.events
+        events, admitted = screened or self.screen(push, now)
         if cols is not None and cols.n:
-            bulk = self.intake.bulk(cols)
-            events = events + cols.rows(np.flatnonzero(~bulk))
+            bulk = self.intake.bulk(cols) & admitted
+            events = events + cols.rows(np.flatnonzero(~bulk & admitted))
         for event in events:
             a = event["attrs"]
             job = self._job(push.cluster, push.job_of(event),
@@ -349,6 +407,30 @@ class RankAnalysis:
                     facts.blind_since = since
         log.info("node %s's agent restarted: its ranks' collectives on the communicators it "
                  "made before are not placed from then on", node)
+
+    def _admit(self, a: dict) -> bool:
+        """Whether an event's rank and communicator size are in range (``_admit_columns``
+        for a push of columns); one that is not is refused and counted."""
+        nranks, rank, column = a.get("nranks"), a.get("rank"), a.get("comm_rank")
+        reason = None
+        if isinstance(nranks, int) and nranks > self.max_ranks:
+            reason = "too_many_ranks"
+        elif (isinstance(rank, int) and not 0 <= rank < self.max_ranks) or (
+                isinstance(column, int) and isinstance(nranks, int) and column >= nranks >= 1):
+            reason = "bad_rank"
+        if reason is not None:
+            self.refused[reason] += 1
+        return reason is None
+
+    def _admit_columns(self, cols) -> np.ndarray:
+        nranks, column = cols.ints("nranks"), cols.ints("comm_rank")
+        rank = cols.ints("rank", missing=0)
+        too_many = nranks > self.max_ranks
+        bad = ~too_many & (((rank < 0) | (rank >= self.max_ranks))
+                           | ((nranks >= 1) & (column >= nranks)))
+        self.refused["too_many_ranks"] += int(too_many.sum())
+        self.refused["bad_rank"] += int(bad.sum())
+        return ~(too_many | bad)
 
     def _collective(self, job: JobState, node: str, event: dict, a: dict, into: dict,
                     t: float) -> None:
@@ -466,6 +548,8 @@ class RankAnalysis:
         tracked = {(job.cluster, job.job) for job in self.jobs.values()}
         self.users = {key: said for key, said in self.users.items()
                       if key in tracked or now - said[1] <= self.job_ttl}
+        self.owners = {key: said for key, said in self.owners.items()
+                       if key in tracked or now - said[1] <= self.job_ttl}
         self.pending_rows += [v.row() for v in changed]
         self.live_by_node = defaultdict(set)
         for verdict in self.active():

@@ -251,9 +251,12 @@ class FleetServer:
             self.metrics.batches.inc()
             self.metrics.events.inc(push.event_count())
             self.clocks.observe(push.node, push.clock, push.host_boot)
-            self.ranks.observe(push, time.time())
+            now = time.time()
+            screened = self.ranks.screen(push, now)
+            self.ranks.observe(push, now, screened)
             if self.forwarder is not None:
-                self.forwarder.add_push(push, recv_at, self.clocks.offsets.get(push.node))
+                self.forwarder.add_push(push, recv_at, self.clocks.offsets.get(push.node),
+                                        kept=screened)
             log.debug("accepted push node=%s boot=%s seq=%d", push.node, push.boot_id, push.seq)
         else:
             self.metrics.resent.inc()

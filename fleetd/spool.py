@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingero import wire
+from ingero.errors import FrameError
 from ingero.framefile import decode, encode, write_file
 from ingero.runtime import RateLimitedLog
 
@@ -92,13 +93,14 @@ class Spool:
         for seq, cls, path in sorted(found):
             try:
                 frames = decode(path.read_bytes())
-            except (OSError, ValueError) as exc:
+                rows = self._rows(frames)
+            except (OSError, ValueError, FrameError) as exc:
                 log.warning("spool: dropped unreadable batch %s: %s", path.name, exc)
                 self.metrics.spool_corrupt.inc()      # how many rows it held is unknown
                 path.unlink(missing_ok=True)
                 continue
-            entry = Entry(seq, cls, self._rows(frames), path.stat().st_size,
-                          path.stat().st_mtime, columnar=_columnar(frames))
+            entry = Entry(seq, cls, rows, path.stat().st_size, path.stat().st_mtime,
+                          columnar=_columnar(frames))
             self.entries[seq] = entry
             self.bytes += entry.size
         self.next_seq = max(self.entries, default=-1) + 1
@@ -111,7 +113,8 @@ class Spool:
 
     @staticmethod
     def _rows(frames: list[bytes]) -> int:
-        return wire.decode(frames).row_count()
+        """Its rows, however large the batch (an older fleetd's may be past today's bound)."""
+        return wire.decode(frames, sum(map(len, frames))).row_count()
 
     # -- batches in --------------------------------------------------------------------------
 
@@ -215,6 +218,10 @@ class Spool:
         self._publish()
 
     def acknowledged(self, seq: int) -> bool:
+        return self.discard(seq)
+
+    def discard(self, seq: int) -> bool:
+        """Forget a batch (stored, or spooled again in another form); False if unknown."""
         entry = self.entries.pop(seq, None)
         if entry is None:
             return False

@@ -25,7 +25,7 @@ import zmq
 
 from ingero import __version__, columns, shards, wire
 from ingero.errors import ConfigError, IngeroError
-from ingero.runtime import SignalFlags, Watchdog, serve_metrics
+from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog, serve_metrics
 from ingero.sdnotify import Notifier
 
 from .detection import Detector
@@ -37,6 +37,7 @@ from .queue import PushQueue
 from .sources import open_source
 
 log = logging.getLogger("ingerod")
+complaints = RateLimitedLog(log, 60.0)
 
 MAX_PENDING_EVENTS = wire.MAX_EVENTS * 16
 COLUMNS_FROM = 128    # events: a smaller push costs fleetd less as maps (numpy's cost per call)
@@ -198,7 +199,7 @@ class Agent:
                                          and self.control.nudged.is_set()):
                     self.read_spool_now()
                 now = self.clock()
-                self.source.poll(now)
+                self.poll(now)
                 self.tick(now)
                 self._mode_change(self.detector.mode(self.state, self.reachable(now), now)[0])
                 self.watchdog.tick(now)
@@ -217,7 +218,9 @@ class Agent:
             verdict = self.detector.judge(assessment.score, assessment.state,
                                           self.reachable(now), now)
         except Exception:
-            log.exception("sampling failed; skipping this cycle")
+            self.metrics.refused.labels("loop_error").inc()
+            complaints.warning("sample", "sampling failed; skipping this cycle",
+                               exc_info=True)
             return
         self.state = assessment.state
         self._mode_change(verdict.mode)
@@ -230,6 +233,8 @@ class Agent:
         self.add_events(sample.events)
         self.add_events(self.spool.scan(self.cfg.node))
         self.metrics.count_lost(self.source.lost_events())
+        for reason, count in self.source.take_refused().items():
+            self.metrics.refused.labels(reason).inc(count)
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,
                           verdict.straggler, self.reachable(now))
         if self.textfile is not None:
@@ -257,6 +262,16 @@ class Agent:
             if now - self.last_pushed.get(k, now) > QUIET_PUSHES * self.cfg.push_interval:
                 self.heard[k] = []   # no word of this shard's jobs for a while: it judges
                 self.heard_ranks(named(self.heard))                  # none of ours now
+
+    def poll(self, now: float) -> None:
+        """Drain the source between pushes; an error here costs this pass only (what the
+        node's processes show is theirs to choose: none of it may stop the agent)."""
+        try:
+            self.source.poll(now)
+        except Exception:
+            self.metrics.refused.labels("loop_error").inc()
+            complaints.warning("poll", "reading the traced processes failed; going on",
+                               exc_info=True)
 
     def go_home(self, now: float) -> None:
         """The node's score goes to the shard of the job it had the most events of this cycle

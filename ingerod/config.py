@@ -43,6 +43,19 @@ SETTINGS = [
             "ebpf: CUDA/NCCL library files to attach at start, comma-separated, so processes "
             "that map them are traced from their first call (others attach when found).",
             "PATHS"),
+    Setting("trusted_library_dirs", [], path_list,
+            "ebpf: directories whose CUDA/NCCL libraries are attached whoever owns the files "
+            "(a site's shared software tree). Elsewhere a library file owned by a user, not "
+            "root, counts against that user's libraries_per_user.", "DIRS"),
+    Setting("libraries_per_user", 16, integer(0, 10_000),
+            "ebpf: library files owned by one user (a virtual environment's NCCL, cudart and "
+            "libtorch_cuda) attached at most; past it a user's further files are refused, "
+            "counted and logged: every file costs the agent open descriptors and a parse of "
+            "the file as root.", "N"),
+    Setting("library_grace", 600.0, number(1.0, 86_400.0),
+            "ebpf: seconds a library file no traced process maps stays attached (the next job "
+            "from the same environment is traced from its first call); then it is detached, "
+            "and no longer counts against its owner's libraries_per_user.", "SECONDS"),
     Setting("launch_duty_cycle", 1.0, number(0.0, 1.0),
             "ebpf: fraction of each launch_duty_period during which kernel launches are "
             "counted (each launch costs a uprobe trap; 1 = always).", "FRACTION"),

@@ -9,7 +9,13 @@ linked statically into libtorch_cuda.so; such a file counts as an NCCL library.
 Who a process is comes from its launcher's variables: the launcher that spawned it (torchrun's
 RANK, Open MPI's OMPI_COMM_WORLD_*, PMIx, PMI) before Slurm's task id, which under torchrun or
 mpirun is the per-node launcher's and not the rank's. NCCL has the last word: the rank and size
-a process passed to ncclCommInitRank for the communicator spanning the job (``said``).
+a process passed to ncclCommInitRank for the communicator spanning the job (``said``). Which job
+it belongs to comes from the kernel first: the Slurm job cgroup it runs in, where it has one.
+
+Everything a process shows is its owner's to choose: its environment, names and cgroup paths
+below a delegated subtree. So what is read is read in bounded amounts, only the variables used
+are kept, and every value is parsed strictly into a bounded range (ASCII digits: '²' is a digit
+to str.isdigit but not to int); a value that does not parse is as good as unset.
 
 A rank is a process tree. Each candidate gets a role (``roles``): a *helper* was started by a
 rank and carries its identity (PyTorch's data-loader and compile workers, which map libcudart
@@ -48,7 +54,27 @@ LAUNCHER_VARIABLES = {
 }
 UNNAMED_RUN = "none"             # torchrun's run id when --rdzv-id is not given
 ANCESTRY_DEPTH = 8               # how far up the process tree a helper's rank is looked for
-_JOB_IN_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+# The variables read from a process's environment (``match_env`` may name others); the rest
+# is never kept. How much of it is read: real ones are a few KiB, a user may make theirs MBs.
+IDENTITY_VARIABLES = frozenset(
+    [name for names in LAUNCHER_VARIABLES.values() for name in names if name]
+    + ["SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+       "TORCHELASTIC_RESTART_COUNT"])
+ENVIRON_BYTES = 256 * 1024
+MAX_VALUE = 256                  # characters of a kept variable's value
+MAX_WORLD = 1 << 20              # ranks in one job, and so in any of its communicators
+MAX_COUNT = 1 << 31              # restarts, requeues
+_DECIMAL = re.compile(r"[0-9]{1,10}")
+_SLURM_JOB = re.compile(r"[0-9]{1,10}")
+_RUN_ID = re.compile(r"[A-Za-z0-9._:+-]{1,64}")
+_STEP = re.compile(r"[A-Za-z0-9._+-]{1,32}")
+# Slurm's job cgroup, anchored at the hierarchy's root: under cgroup v2, slurmstepd's scope
+# below slices only (a user's delegated subtree lies below their user@ service, and a
+# directory made there cannot read as this); under v1, a controller's /slurm[_node]/uid_N/.
+_SLURM_CGROUP = re.compile(r"^(?:0::(?:/[^/\n]+\.slice)*/slurmstepd\.scope"
+                           r"|[0-9]+:[^:\n]*:/slurm(?:_[^/\n]+)?/uid_[0-9]+)"
+                           r"/job_([0-9]{1,10})(?:/|$)", re.MULTILINE)
+CGROUP_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,7 @@ class LibraryFile:
     path: str = field(compare=False)
     device: int
     inode: int
+    owner: int = field(compare=False, default=0)    # the file's user id
 
 
 @dataclass
@@ -71,13 +98,15 @@ class TracedProcess:
     local_rank: int | None = None
     world_size: int | None = None
     libraries: set[LibraryFile] = field(default_factory=set)
-    environ: dict[str, str] = field(default_factory=dict, repr=False)
+    environ: dict[str, str] | None = field(default=None, repr=False)   # None: not read
+    uid: int | None = None       # its real user id, as the kernel says
     started: int | None = None   # clock ticks after boot: with the pid, which process it is
     ppid: int | None = None
     told_by: str | None = None   # which launcher's variables gave rank and world size
     requeue: int | None = None   # SLURM_RESTART_COUNT: the job's how-manieth requeue
     restart: int | None = None   # TORCHELASTIC_RESTART_COUNT: torchrun's elastic restarts
     said: tuple[int, int] | None = None   # (rank, world size) NCCL was given for the job's
+    unparsed: tuple[str, ...] = ()    # identity variables set to what does not parse
     role: str = "rank"           # rank, helper or launcher (see ``roles``)
     owner: int | None = None     # a helper's rank process
 
@@ -88,7 +117,7 @@ class TracedProcess:
             return False
         if pids and self.pid not in pids:
             return False
-        return all(self.environ.get(k) == v for k, v in match_env.items())
+        return all((self.environ or {}).get(k) == v for k, v in match_env.items())
 
     def identity(self) -> tuple:
         """What a forked child inherits unchanged: the same for a rank and its helpers."""
@@ -99,8 +128,8 @@ class TracedProcess:
         """What every event of this process carries: a helper's are its rank's, and say so; a
         launcher's name no rank."""
         who = owner if self.role == "helper" and owner is not None else self
-        tags = {"pid": self.pid, "job": who.job, "step": who.step, "requeue": who.requeue,
-                "restart": who.restart}
+        tags = {"pid": self.pid, "uid": self.uid, "job": who.job, "step": who.step,
+                "requeue": who.requeue, "restart": who.restart}
         if self.role != "launcher":
             rank, world = who.said or (who.rank, who.world_size)
             tags.update(rank=rank, local_rank=who.local_rank, world_size=world)
@@ -114,7 +143,7 @@ class TracedProcess:
         where a launcher that spawns ranks says one (a smaller one is a group within the job;
         Slurm's task count may be of per-node launchers, so NCCL's larger size wins over it).
         True when it changed who the process is."""
-        if nranks < 1 or not 0 <= comm_rank < nranks:
+        if not 0 < nranks <= MAX_WORLD or not 0 <= comm_rank < nranks:
             return False
         if self.world_size is not None and (nranks < self.world_size or (
                 nranks > self.world_size and self.told_by != "slurm")):
@@ -134,7 +163,7 @@ def library_file(path: str) -> LibraryFile | None:
         st = os.stat(path)
     except OSError:
         return None
-    return LibraryFile(kind, path, st.st_dev, st.st_ino) if kind else None
+    return LibraryFile(kind, path, st.st_dev, st.st_ino, st.st_uid) if kind else None
 
 
 def library_kind(path: str) -> str | None:
@@ -177,51 +206,99 @@ def resolve(proc: Path, pid: int, kind: str, path: str) -> LibraryFile | None:
     try:
         plain = os.stat(path)
         if (plain.st_dev, plain.st_ino) == (st.st_dev, st.st_ino):
-            return LibraryFile(kind, path, st.st_dev, st.st_ino)
+            return LibraryFile(kind, path, st.st_dev, st.st_ino, st.st_uid)
     except OSError:
         pass
-    return LibraryFile(kind, str(through_root), st.st_dev, st.st_ino)
+    return LibraryFile(kind, str(through_root), st.st_dev, st.st_ino, st.st_uid)
 
 
-def read_environ(proc: Path, pid: int) -> dict[str, str]:
+def read_head(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a /proc file; None when it cannot be read."""
     try:
-        raw = (proc / str(pid) / "environ").read_bytes()
+        with open(path, "rb") as f:
+            return f.read(limit)
     except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+        return None
+
+
+def read_environ(proc: Path, pid: int, names: frozenset[str] = frozenset()) -> dict | None:
+    """The identity variables (and ``names``) of a process's environment, from its first
+    ENVIRON_BYTES; None when it cannot be read or reads empty (a process exiting, or one whose
+    memory is busy, reads so). A value is kept to MAX_VALUE characters and one more, which no
+    identity or match may have: too long to be one, it still reads as set."""
+    raw = read_head(proc / str(pid) / "environ", ENVIRON_BYTES)
+    if not raw:
+        return None
+    wanted, kept = IDENTITY_VARIABLES | names, {}
+    items = raw.split(b"\0")
+    if len(raw) == ENVIRON_BYTES:
+        items.pop()                     # cut short: the last one may be part of a variable
+    for item in items:
+        name, eq, value = item.partition(b"=")
+        key = name.decode(errors="replace")
+        if eq and key in wanted:
+            kept[key] = value[:MAX_VALUE + 1].decode(errors="replace")
+    return kept
 
 
 def job_from_cgroup(proc: Path, pid: int) -> str | None:
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
-        return None
-    match = _JOB_IN_CGROUP.search(text)
+    """The Slurm job whose cgroup the process runs in: the kernel's word, which the process
+    cannot change (see ``_SLURM_CGROUP``)."""
+    raw = read_head(proc / str(pid) / "cgroup", CGROUP_BYTES)
+    match = _SLURM_CGROUP.search(raw.decode(errors="replace")) if raw else None
     return match.group(1) if match else None
 
 
-def _int(env: dict[str, str], name: str | None) -> int | None:
-    value = env.get(name, "") if name else ""
-    return int(value) if value.lstrip("-").isdigit() else None
+def read_uid(proc: Path, pid: int) -> int | None:
+    """The process's real user id (its status's first Uid), None once it is gone."""
+    raw = read_head(proc / str(pid) / "status", 4096)
+    for line in (raw or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def counter(env: dict[str, str], name: str | None, high: int) -> int | None:
+    """A variable as a count in [0, high): plain ASCII digits, else None."""
+    value = env.get(name) if name else None
+    if value is None or not _DECIMAL.fullmatch(value):
+        return None
+    number = int(value)
+    return number if number < high else None
 
 
 def launcher_identity(env: dict[str, str]) -> tuple[str | None, int | None, int | None,
                                                     int | None]:
     """(launcher, rank, local rank, world size) from the first launcher whose rank variable
-    is set."""
+    is set and reads as a rank; a world size must hold the rank."""
     for launcher, (rank, local, world) in LAUNCHER_VARIABLES.items():
-        if _int(env, rank) is not None:
-            return launcher, _int(env, rank), _int(env, local), _int(env, world)
+        said = counter(env, rank, MAX_WORLD)
+        if said is not None:
+            size = counter(env, world, MAX_WORLD + 1)
+            return (launcher, said, counter(env, local, MAX_WORLD),
+                    size if size is not None and said < size else None)
     return None, None, None, None
 
 
-def job_of(env: dict[str, str], proc: Path, pid: int) -> str | None:
-    """The Slurm job (its id, else the job cgroup), else the launcher's own run id: torchrun's
-    --rdzv-id on bare metal, when one was given."""
-    run = env.get("TORCHELASTIC_RUN_ID")
-    return (env.get("SLURM_JOB_ID") or job_from_cgroup(proc, pid)
-            or (run if run and run != UNNAMED_RUN else None))
+def unparsed(env: dict[str, str]) -> tuple[str, ...]:
+    """The identity variables set to what does not parse (each reads as unset)."""
+    shapes = {"SLURM_JOB_ID": _SLURM_JOB, "TORCHELASTIC_RUN_ID": _RUN_ID, "SLURM_STEP_ID": _STEP}
+    return tuple(sorted(name for name, value in env.items() if name in IDENTITY_VARIABLES
+                        and not shapes.get(name, _DECIMAL).fullmatch(value)))
+
+
+def job_of(env: dict[str, str], cgroup_job: str | None) -> str | None:
+    """The Slurm job: its cgroup's, else (no Slurm cgroup: proctrack/linuxproc, or none
+    mounted) the id in its environment; else the launcher's own run id: torchrun's --rdzv-id
+    on bare metal, when one was given."""
+    if cgroup_job is not None:
+        return cgroup_job
+    job = env.get("SLURM_JOB_ID", "")
+    if _SLURM_JOB.fullmatch(job):
+        return job
+    run = env.get("TORCHELASTIC_RUN_ID", "")
+    return run if run != UNNAMED_RUN and _RUN_ID.fullmatch(run) else None
 
 
 def read_stat(proc: Path, pid: int) -> tuple[int | None, int | None]:
@@ -237,24 +314,26 @@ def start_time(proc: Path, pid: int) -> int | None:
     return read_stat(proc, pid)[1]
 
 
-def identify(proc: Path, pid: int) -> TracedProcess:
-    """Job, step, rank, local rank and world size, as the launcher told the process."""
+def identify(proc: Path, pid: int, names: frozenset[str] = frozenset()) -> TracedProcess:
+    """Job, step, rank, local rank and world size, as the kernel and the launcher tell."""
     ppid, started = read_stat(proc, pid)
-    env = read_environ(proc, pid)
-    try:
-        comm = (proc / str(pid) / "comm").read_text().strip()
-    except OSError:
-        comm = "?"
-    told_by, rank, local_rank, world_size = launcher_identity(env)
-    return TracedProcess(pid=pid, comm=comm, job=job_of(env, proc, pid),
-                         step=env.get("SLURM_STEP_ID"), rank=rank, local_rank=local_rank,
-                         world_size=world_size, environ=env, started=started, ppid=ppid,
-                         told_by=told_by, requeue=_int(env, "SLURM_RESTART_COUNT"),
-                         restart=_int(env, "TORCHELASTIC_RESTART_COUNT"))
+    env = read_environ(proc, pid, names)
+    said = env or {}
+    comm = (read_head(proc / str(pid) / "comm", 64) or b"?").decode(errors="replace").strip()
+    told_by, rank, local_rank, world_size = launcher_identity(said)
+    step = said.get("SLURM_STEP_ID", "")
+    return TracedProcess(pid=pid, comm=comm, job=job_of(said, job_from_cgroup(proc, pid)),
+                         step=step if _STEP.fullmatch(step) else None, rank=rank,
+                         local_rank=local_rank, world_size=world_size, environ=env,
+                         started=started, ppid=ppid, told_by=told_by,
+                         requeue=counter(said, "SLURM_RESTART_COUNT", MAX_COUNT),
+                         restart=counter(said, "TORCHELASTIC_RESTART_COUNT", MAX_COUNT),
+                         uid=read_uid(proc, pid), unparsed=unparsed(said))
 
 
 def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
-         known: dict[int, TracedProcess] | None = None) -> dict[int, TracedProcess]:
+         known: dict[int, TracedProcess] | None = None,
+         names: frozenset[str] = frozenset()) -> dict[int, TracedProcess]:
     """Every process that maps CUDA or NCCL. A process in ``known`` (the same pid and start
     time) that was read whole, environment and job, keeps that identity while its
     environment reads the same or cannot be read (its memory is busy, or it is exiting: a
@@ -280,12 +359,13 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
             continue        # gone since its maps were read (reaped mid-scan): gone, not a stranger
         before = (known or {}).get(pid)
         same = before is not None and before.started == started
-        whole = same and before.environ and before.job is not None
-        exec_d = whole and read_environ(proc, pid) not in ({}, before.environ)
+        whole = same and before.environ is not None and before.job is not None
+        now = read_environ(proc, pid, names) if whole else None
+        exec_d = now is not None and now != before.environ
         if whole and not exec_d:
             process = dataclasses.replace(before, libraries=libraries)
         else:
-            process = identify(proc, pid)
+            process = identify(proc, pid, names)
             if process.started is None:
                 continue    # gone while it was read
             process.libraries = libraries

@@ -9,10 +9,13 @@ health signals and the events that go to fleetd, each tagged with the process's 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from types import SimpleNamespace
+
+from ingero.runtime import RateLimitedLog
 
 from .discovery import TracedProcess, identify, library_file, roles, scan
 from .events import decode
@@ -21,6 +24,7 @@ from .health import EmaBaseline, Sample, clamp
 from .probes import Tracer
 
 log = logging.getLogger("ingerod")
+complaints = RateLimitedLog(log, 60.0)
 
 MAX_BUFFERED = 65_536
 DEPARTED_GRACE = 30.0  # seconds an exited process's identity is kept for its last events
@@ -92,6 +96,12 @@ class EbpfSource:
         self.exits: list[dict] = []           # traced processes seen gone since the last sample
         self.exit_seen: set[int] = set()      # processes whose exit the kernel reported
         self.thread_groups: dict[int, int] = {}  # tid → tgid of the tasks that preempted targets
+        self.refused: Counter[str] = Counter()   # reason → what was refused, since last asked
+        self.user_libraries: dict[int, set] = {}  # owner uid → its files attached
+        self.refused_libraries: set = set()
+        self.preloaded: set = set()              # the configured files: attached for good
+        self.unmapped_since: dict = {}           # attached file → when none mapped it last
+        self.trusted = tuple(os.path.join(str(d), "") for d in cfg.trusted_library_dirs)
         self.preload()
         self.rescan(now)
 
@@ -106,15 +116,17 @@ class EbpfSource:
                 log.warning("library %s: not found or not a CUDA/NCCL library", path)
             else:
                 self.tracer.attach(library)
+                self.preloaded.add(library)
 
     def wanted(self, process: TracedProcess) -> bool:
         return process.matches(self.cfg.job, self.cfg.match_env, self.cfg.pids)
 
     def rescan(self, now: float) -> None:
         """Follow processes that come and go, and attach libraries loaded late."""
-        found = scan(self.proc, known=self.processes)
+        found = scan(self.proc, known=self.processes, names=frozenset(self.cfg.match_env))
         for pid in found.keys() - self.processes.keys():
             self._say_tracing(found[pid])
+            self._say_unparsed(found[pid])
         for pid in self.processes.keys() - found.keys():
             if self.wanted(self.processes[pid]):
                 log.info("pid %d (%s) is gone", pid, self.processes[pid].role)
@@ -126,14 +138,65 @@ class EbpfSource:
         for pid, (_p, since) in list(self.departed.items()):
             if now - since > DEPARTED_GRACE:
                 del self.departed[pid]
+        mapped = set(self.preloaded)
         for process in found.values():
             if self.wanted(process):
+                mapped |= process.libraries
                 for library in process.libraries:
-                    self.tracer.attach(library)
+                    if self.admit(library):
+                        self.tracer.attach(library)
+        self.detach_unmapped(mapped, now)
+        self.refused_libraries &= mapped
         self.processes = found
         self._say_roles()
         self.follow()
         self.next_rescan = now + self.cfg.rescan_interval
+
+    def detach_unmapped(self, mapped: set, now: float) -> None:
+        """Detach the files no traced process has mapped for library_grace seconds: a
+        long-lived agent would otherwise hold every virtual environment's files of every job
+        it ever traced (and a user's would count against their libraries_per_user for good)."""
+        for library in mapped:
+            self.unmapped_since.pop(library, None)
+        for library in set(self.tracer.attached) - mapped:
+            since = self.unmapped_since.setdefault(library, now)
+            if now - since > self.cfg.library_grace:
+                self.tracer.detach(library)
+                self.user_libraries.get(library.owner, set()).discard(library)
+                del self.unmapped_since[library]
+
+    def admit(self, library) -> bool:
+        """Whether to attach a library file: root's and those under trusted_library_dirs
+        always; a user's, up to libraries_per_user of theirs (any user can write a file named
+        libnccl.so and map it)."""
+        if library in self.tracer.attached or library.owner == 0 \
+                or library.path.startswith(self.trusted):
+            return True
+        theirs = self.user_libraries.setdefault(library.owner, set())
+        if library in theirs:
+            return True
+        if len(theirs) < self.cfg.libraries_per_user:
+            theirs.add(library)
+            return True
+        if library not in self.refused_libraries:
+            self.refused_libraries.add(library)
+            self.refused["library_cap"] += 1
+            complaints.warning(f"library_cap:{library.owner}", "not attaching %s: uid %d "
+                               "already has %d library files attached (libraries_per_user)",
+                               library.path, library.owner, len(theirs))
+        return False
+
+    def _say_unparsed(self, p: TracedProcess) -> None:
+        if p.unparsed:
+            self.refused["bad_variable"] += 1
+            complaints.warning("bad_variable", "pid %d (%s, uid %s): %s read as unset: not a "
+                               "plain number or id in range", p.pid, p.comm, p.uid,
+                               ", ".join(p.unparsed))
+
+    def take_refused(self) -> Counter:
+        """What was refused since the last call, by reason."""
+        refused, self.refused = self.refused, Counter()
+        return refused
 
     def follow(self) -> None:
         wanted = {pid for pid, p in self.processes.items() if self.wanted(p)}
@@ -146,9 +209,11 @@ class EbpfSource:
         place in the process tree with it (a rank's new worker is its helper)."""
         known = self.processes.get(pid) or self.departed.get(pid, (None, 0))[0]
         if known is None:
-            known = self.processes[pid] = identify(self.proc, pid)
+            known = self.processes[pid] = identify(self.proc, pid,
+                                                   frozenset(self.cfg.match_env))
             roles(self.processes, self.proc)
             self._say_tracing(known)
+            self._say_unparsed(known)
             self._say_roles()
             if not self.wanted(known):
                 self.follow()

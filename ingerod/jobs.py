@@ -32,7 +32,7 @@ REQUEST_BYTES = 1024
 CONNECTION_TIMEOUT_S = 1.0
 
 # record field → event attribute (the names echod's jobs table reads)
-RECORD_ATTRS = ("user", "account", "partition", "nodelist", "node_count", "ntasks", "gpus",
+RECORD_ATTRS = ("user", "uid", "account", "partition", "nodelist", "node_count", "ntasks", "gpus",
                 "gpu_ids", "exit_code", "state", "slurm_cluster", "restart_count",
                 "array_job_id", "array_task_id", "het_job_id", "het_job_offset")
 

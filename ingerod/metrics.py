@@ -14,6 +14,8 @@ from ingero.runtime import build_info
 from .detection import MODES
 from .health import WEIGHTS
 
+REFUSALS = ("bad_variable", "library_cap", "loop_error")
+
 log = logging.getLogger("ingerod")
 
 
@@ -59,11 +61,18 @@ class AgentMetrics:
                                         "records fleetd acknowledged", registry=r)
         self.job_records_rejected = Counter("ingero_agent_job_records_rejected", "Unreadable "
                                             "files in the job spool", registry=r)
+        self.refused = Counter("ingero_agent_refused", "What the agent would not take from "
+                               "the node's processes, by reason: bad_variable (an identity "
+                               "variable that does not parse), library_cap (a user's library "
+                               "file past libraries_per_user), loop_error (an error in one pass "
+                               "of the loop, which goes on)", ["reason"], registry=r)
         self.control_rejected = Counter("ingero_agent_control_rejected", "Bad requests on the "
                                         "control socket", registry=r)
         self.build = build_info("ingero_agent", r)
         for name in WEIGHTS:
             self.signal.labels(name)
+        for reason in REFUSALS:
+            self.refused.labels(reason)
         for mode in MODES:
             self.mode.labels(mode)
 

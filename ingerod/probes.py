@@ -143,6 +143,22 @@ class Tracer:
             self.bpf.attach_uretprobe(name=path.encode(), sym=probe.symbol.encode(),
                                       fn_name=probe.ret.encode())
 
+    def detach(self, library: LibraryFile) -> None:
+        """Take a file's probes off again (no traced process maps it any more)."""
+        for probe in self.attached.pop(library, []):
+            name, sym = library.path.encode(), probe.symbol.encode()
+            try:
+                if probe.entry and (not probe.hot or (library.path, probe.symbol)
+                                    in self.hot_attached):
+                    self.bpf.detach_uprobe(name=name, sym=sym)
+                if probe.ret:
+                    self.bpf.detach_uretprobe(name=name, sym=sym)
+            except Exception:   # bcc raises plain Exception; the file may be gone
+                log.debug("%s: could not detach %s", library.path, probe.symbol)
+            self.hot_attached.discard((library.path, probe.symbol))
+        self.missing.pop(library, None)
+        log.info("%s: detached (no traced process maps it)", library.path)
+
     def set_hot(self, enabled: bool) -> None:
         """Duty-cycle the launch counters: detach them for a while, attach them again."""
         for library, probes in self.attached.items():

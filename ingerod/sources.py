@@ -1,14 +1,16 @@
 """Signal sources: where a node's health signals and events come from.
 
 Every source has ``sample(now) -> Sample`` once per push interval, ``poll(now)`` on every pass
-of the agent's loop (to keep kernel buffers drained), ``lost_events()`` and ``close()``. ``synthetic`` reports scores it is
-told (fixed, re-read from a file, or scripted over time) for tests and demos; ``ebpf`` traces
-the training job's NCCL and CUDA calls and its host.
+of the agent's loop (to keep kernel buffers drained), ``lost_events()``, ``take_refused()``
+(what it refused since, by reason) and ``close()``. ``synthetic`` reports scores it is told
+(fixed, re-read from a file, or scripted over time) for tests and demos; ``ebpf`` traces the
+training job's NCCL and CUDA calls and its host.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,6 +76,9 @@ class SyntheticSource:
 
     def lost_events(self) -> int:
         return 0
+
+    def take_refused(self) -> Counter:
+        return Counter()
 
     def close(self) -> None:
         pass

@@ -242,7 +242,8 @@ class TwoNodes(Stack):
         super().__init__(root, 2, push_s=self.PUSH_S, hang_timeout_s=self.HANG_TIMEOUT_S,
                          skew={1: self.SKEW_S},
                          echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
-                         echod_root=Path(tempfile.mkdtemp(prefix="echod-two-nodes-")))
+                         echod_root=Path(tempfile.mkdtemp(prefix="echod-two-nodes-")),
+                         agent_flags=("--library-grace", "20"))
         # fleetd knows both nodes' clocks before the first job: each job's lags are compared
         # across every rank from its first collective, whichever module runs first
         if not wait_for(lambda: sum(name == "ingero_fleet_clock_offset_seconds"

@@ -13,9 +13,10 @@ from ingerod.discovery import scan
 
 
 def fake_process(proc, pid: int, library, environ: bytes, started: int, ppid: int = 1,
-                 comm: str = "ingero-sim-rank") -> None:
+                 comm: str = "ingero-sim-rank", uid: int = 0) -> None:
     d = proc / str(pid)
     d.mkdir(parents=True, exist_ok=True)
+    (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     (d / "maps").write_text(f"7f00-7f01 r-xp 00000000 00:00 1 {library}\n" if library else "")
     (d / "environ").write_bytes(environ)
     (d / "comm").write_text(f"{comm}\n")
@@ -36,20 +37,20 @@ def test_a_rank_stays_itself_when_its_environment_cannot_be_read_again(tmp_path)
     library.parent.mkdir()
     library.write_bytes(b"\x7fELF")
     proc = tmp_path / "proc"
-    env = b"SLURM_JOB_ID=7001\0SLURM_PROCID=3\0SLURM_NODEID=1\0"
+    env = b"SLURM_JOB_ID=7001\0SLURM_PROCID=3\0SLURM_STEP_ID=1\0"
     fake_process(proc, 4242, library, env, started=1000)
     first = scan(proc, own_pid=1)
     assert first[4242].job == "7001" and first[4242].rank == 3
-    assert first[4242].environ["SLURM_NODEID"] == "1"
+    assert first[4242].environ["SLURM_STEP_ID"] == "1"
 
     fake_process(proc, 4242, library, b"", started=1000)     # the re-read fails (exiting, busy)
     again = scan(proc, own_pid=1, known=first)
-    assert again[4242].job == "7001" and again[4242].environ["SLURM_NODEID"] == "1"
+    assert again[4242].job == "7001" and again[4242].environ["SLURM_STEP_ID"] == "1"
     assert scan(proc, own_pid=1)[4242].job is None           # what a fresh read would say
 
     fake_process(proc, 4242, library, b"SLURM_JOB_ID=9\0", started=2000)   # a new process
     reused = scan(proc, own_pid=1, known=again)
-    assert reused[4242].job == "9" and "SLURM_NODEID" not in reused[4242].environ
+    assert reused[4242].job == "9" and "SLURM_STEP_ID" not in reused[4242].environ
 
 
 def test_a_rank_reaped_between_two_reads_of_a_scan_is_gone_not_a_stranger(tmp_path):
@@ -135,9 +136,9 @@ def test_a_ranks_workers_are_its_helpers_and_torchruns_agent_is_no_rank(tmp_path
     fake_process(proc, 200, library, env(**worker), started=3, ppid=100, comm="python")
     fake_process(proc, 300, None, env(**worker), started=4, ppid=200, comm="python")  # a pool
     fake_process(proc, 301, library, env(**worker), started=5, ppid=300,
-                 comm="pt_data_worker")
+                 comm="pt_data_worker", uid=1000)
     fake_process(proc, 302, library, env(**worker), started=5, ppid=200,
-                 comm="pt_data_worker")
+                 comm="pt_data_worker", uid=1000)
     found = scan(proc, own_pid=1)
     assert set(found) == {100, 200, 301, 302}
     assert found[100].role == "launcher" and "rank" not in found[100].tags()
@@ -145,7 +146,7 @@ def test_a_ranks_workers_are_its_helpers_and_torchruns_agent_is_no_rank(tmp_path
     for pid in (301, 302):
         helper = found[pid]
         assert helper.role == "helper" and helper.owner == 200
-        assert helper.tags(found[200]) == {"pid": pid, "job": "88", "step": "0",
+        assert helper.tags(found[200]) == {"pid": pid, "uid": 1000, "job": "88", "step": "0",
                                            "requeue": None, "restart": None, "rank": 9,
                                            "local_rank": 1, "world_size": 16,
                                            "role": "helper"}
@@ -182,3 +183,58 @@ def test_a_launchers_child_read_between_fork_and_exec_is_read_again_once_it_has_
     exec_d = scan(proc, own_pid=1, known=forked)
     assert exec_d[200].role == "rank" and exec_d[200].tags()["rank"] == 5
     assert exec_d[100].role == "launcher" and "rank" not in exec_d[100].tags()
+
+
+@pytest.mark.parametrize("value", ["--1", "-1", "²", "٣", "99999999999999999999", "1048576",
+                                   " 3", "3\n", "0x3", ""])
+def test_a_rank_that_does_not_parse_as_a_plain_number_in_range_reads_as_unset(tmp_path,
+                                                                               value):
+    """A user chooses their processes' environment: what int() or str.isdigit would take
+    ('²', a rank past 2^64 that msgpack cannot carry) must not stop the agent or name a rank."""
+    library, proc = fake_library(tmp_path, "libcudart.so.12"), tmp_path / "proc"
+    fake_process(proc, 70, library, env(SLURM_JOB_ID=5, RANK=value, WORLD_SIZE=value,
+                                        SLURM_PROCID=2, SLURM_NTASKS=4), started=1)
+    found = scan(proc, own_pid=1)[70]
+    assert (found.rank, found.world_size, found.told_by) == (2, 4, "slurm")   # the next one
+    assert ("RANK" in found.unparsed) == (not value.isascii() or not value.isdigit()
+                                          or len(value) > 10)
+
+
+def test_identity_texts_of_the_wrong_shape_read_as_unset(tmp_path):
+    library, proc = fake_library(tmp_path, "libcudart.so.12"), tmp_path / "proc"
+    fake_process(proc, 71, library, env(SLURM_JOB_ID="7" * 300, SLURM_STEP_ID="0; rm",
+                                        TORCHELASTIC_RUN_ID="x" * 65, RANK=0), started=1)
+    found = scan(proc, own_pid=1)[71]
+    assert (found.job, found.step, found.rank) == (None, None, 0)
+    assert found.unparsed == ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")
+
+
+def test_of_a_huge_environment_only_the_head_is_read_and_only_the_variables_used_kept(
+        tmp_path):
+    library, proc = fake_library(tmp_path, "libcudart.so.12"), tmp_path / "proc"
+    head = env(SLURM_JOB_ID=5, RANK=3, HOME="/home/u")
+    tail = b"".join(f"PAD{k}=".encode() + b"x" * 4000 + b"\0" for k in range(1500))
+    fake_process(proc, 72, library, head + tail + env(WORLD_SIZE=8), started=1)
+    found = scan(proc, own_pid=1, names=frozenset({"HOME"}))[72]
+    assert (found.job, found.rank, found.world_size) == ("5", 3, None)   # past the read
+    assert found.environ == {"SLURM_JOB_ID": "5", "RANK": "3", "HOME": "/home/u"}
+
+
+@pytest.mark.parametrize("cgroup, job", [
+    ("0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n", "77"),     # v2
+    ("0::/slurmstepd.scope/job_77/step_batch/user/task_0\n", "77"),   # slurmd in no slice
+    ("4:freezer:/slurm/uid_1000/job_77/step_0/task_0\n0::/user.slice\n", "77"),  # v1
+    ("4:freezer:/slurm_node3/uid_1000/job_77/step_0\n", "77"),        # several slurmds
+    # a user's delegated subtree may hold any directory names: never a Slurm cgroup
+    ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_9/\n",
+     "5"),
+    ("0::/user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_9/\n", "5"),
+    ("4:freezer:/docker/abc/slurm/uid_0/job_9\n", "5"),
+    ("0::/\n", "5"),
+])
+def test_the_job_is_the_slurm_cgroups_and_the_environment_only_where_there_is_none(
+        tmp_path, cgroup, job):
+    library, proc = fake_library(tmp_path, "libcudart.so.12"), tmp_path / "proc"
+    fake_process(proc, 73, library, env(SLURM_JOB_ID=5, RANK=0), started=1)
+    (proc / "73" / "cgroup").write_text(cgroup)
+    assert scan(proc, own_pid=1)[73].job == job

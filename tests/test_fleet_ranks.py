@@ -1039,3 +1039,55 @@ def test_a_short_job_whose_last_push_ends_its_communicator_is_judged_to_the_end(
     ra.tick(now)
     assert [(v.rank, v.kind) for v in ra.active()] == [(5, "persistent")]
     assert not ra.jobs[("c", "42", (None, None, None))].comms
+
+
+def test_a_communicator_past_max_ranks_or_a_rank_out_of_range_is_refused_and_counted():
+    """A process may claim any communicator size (a stub libnccl passing 400,000 to
+    ncclCommInitRank): a window's memory goes with its ranks, so such events are refused at
+    intake, in either wire form, and the job's real communicator is judged as before."""
+    ra = analysis(max_ranks=1024)
+    claims = [collective(0, s, T0 + s * STEP, nranks=400_000, comm="00000000deadbeef")
+              for s in range(30)]
+    def claiming(**attrs) -> dict:
+        event = collective(3, 0, T0)
+        return {**event, "attrs": {**event["attrs"], **attrs}}
+    claims += [claiming(rank=-2), claiming(rank=5000), claiming(comm_rank=8)]
+    ra.observe(push("n0", claims), T0 + 1)
+    assert ra.refused == {"too_many_ranks": 30, "bad_rank": 3}, ra.refused
+    assert all("00000000deadbeef" not in job.comms for job in ra.jobs.values())
+    feed(ra, late=lambda r, s: 0.05 if r == 6 else 0.0)
+    assert [v.rank for v in ra.active()] == [6]
+
+
+def test_a_communicators_open_ring_grows_with_the_instances_open_not_its_ranks():
+    window = CommWindow(COMM, 4096)
+    t, ops = np.zeros(1), np.zeros(1, np.int64)
+    window.add(Entries(np.array([0]), np.array([0]), t, ops))
+    assert window.open.shape == (8, 4096)
+    for seq in range(1, 100):       # rank 0 runs 100 instances ahead of the others
+        window.add(Entries(np.array([seq]), np.array([0]), t, ops))
+    assert window.open.shape == (128, 4096)
+    assert sorted(window.open_seq[window.open_seq >= 0].tolist()) == list(range(100))
+    window.add(Entries(np.arange(100), np.full(100, 1), np.ones(100), np.zeros(100, np.int64)))
+    assert np.isfinite(window.open[window.open_seq >= 0][:, :2]).all()
+    assert window.overwritten == window.too_late == 0
+
+
+def test_events_of_another_user_than_the_jobs_are_refused_in_either_wire_form():
+    """A process may put any job id and rank in its environment: its events carry its uid,
+    and those of a user other than the job's (its prolog's record says whose; without one,
+    the first user seen) are refused, so no rank, death or verdict is planted in the job."""
+    ra = analysis()
+    record = {"id": "n0:slurm:42:job_start", "t": T0, "kind": "job_start",
+              "attrs": {"job": "42", "user": "alice", "uid": 1000}}
+    owned = [{**e, "attrs": {**e["attrs"], "uid": 1000}} for e in steps(range(8), 0, 30)]
+    planted = [{**e, "id": f"x{k}", "attrs": {**e["attrs"], "uid": 1001, "rank": 9}}
+               for k, e in enumerate(steps([3], 0, 30, late=lambda r, s: 0.2))]
+    for node, events in (("n0", [record] + owned[:120]), ("n1", owned[120:] + planted)):
+        exchanged(ra, node, 0.0)
+        ra.observe(push(node, events), T0 + 2)
+    assert ra.refused["foreign_uid"] == 30
+    (job,) = ra.jobs.values()
+    assert 9 not in job.facts and ra.owners[("c", "42")][0] == 1000
+    feed(ra, start=30, late=lambda r, s: 0.05 if r == 6 else 0.0)
+    assert [v.rank for v in ra.active()] == [6]

@@ -7,6 +7,8 @@ import zmq
 from fleetd.forward import Forwarder
 from fleetd.metrics import FleetMetrics
 from ingero import columns, wire
+from ingero.framefile import encode as encode_file
+from ingero.framefile import write_file
 
 SIG = {"throughput": 1.0, "compute": 1.0, "memory": 1.0, "cpu": 1.0}
 
@@ -21,7 +23,7 @@ def test_batches_are_sealed_as_they_fill_between_ticks(tmp_path):
     cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-forward-test",
                           forward_batch_rows=100, forward_interval=60.0, forward_window=8,
                           forward_resend_after=5.0, spool_dir=tmp_path,
-                          spool_max_bytes=64 << 20)
+                          spool_max_bytes=64 << 20, forward_batch_bytes=2 << 20)
     forwarder = Forwarder(cfg, context, FleetMetrics())
     try:
         for seq in range(50):  # 50 pushes of 60 events, no tick in between
@@ -58,7 +60,7 @@ def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_ro
     cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-columns-test",
                           forward_batch_rows=1000, forward_interval=60.0, forward_window=8,
                           forward_resend_after=60.0, spool_dir=tmp_path,
-                          spool_max_bytes=64 << 20)
+                          spool_max_bytes=64 << 20, forward_batch_bytes=2 << 20)
     forwarder = Forwarder(cfg, context, FleetMetrics())
 
     def ack(*capabilities):
@@ -103,4 +105,46 @@ def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_ro
     finally:
         forwarder.close()
         echod.close()
+        context.term()
+
+
+def test_a_batch_past_what_echod_takes_is_split_and_a_push_of_columns_alone_goes_as_rows(
+        tmp_path):
+    """A push of 65,536 events of columns is larger alone than a batch may be (and as rows
+    holds more than a message's 20,000): it is spooled as batches of its rows, each within
+    forward_batch_bytes and the row bound, every row once. A spool an older fleetd left with a
+    batch past today's bound is read back at start, not crashed on."""
+    context = zmq.Context()
+    cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-split-test",
+                          forward_batch_rows=2000, forward_interval=60.0, forward_window=8,
+                          forward_resend_after=5.0, spool_dir=tmp_path,
+                          spool_max_bytes=1 << 30, forward_batch_bytes=256 * 1024)
+    forwarder = Forwarder(cfg, context, FleetMetrics())
+    try:
+        big = column_push(1, 65_536)
+        assert len(big.body) > cfg.forward_batch_bytes
+        forwarder.add_push(push(0, 1999), 1.8e9)
+        forwarder.add_push(big, 1.8e9)
+        forwarder.commit()
+        ids = []
+        for entry in forwarder.spool.entries.values():
+            frames = forwarder.spool.frames(entry)
+            assert sum(map(len, frames)) <= cfg.forward_batch_bytes
+            batch = wire.decode(frames)
+            assert batch.row_count() <= wire.MAX_FORWARD_ROWS
+            ids += [row["id"] for row in batch.events]
+        assert len(ids) == len(set(ids)) == 1999 + 65_536
+        assert sum(e.rows for e in forwarder.spool.entries.values()) == 1999 + 65_536 + 2
+    finally:
+        forwarder.close()
+    old = wire.Forward(7, "old", [{"id": f"n:b:{k}", "t": 1.8e9, "kind": "k", "node": "n",
+                                   "attrs": {"pad": "x" * 200}} for k in range(19_000)])
+    frames = wire.encode(old)
+    assert sum(map(len, frames)) > wire.MAX_FRAME_BYTES
+    write_file(tmp_path / "000000000099.0.batch", encode_file(frames), sync=False)
+    again = Forwarder(cfg, context, FleetMetrics())
+    try:
+        assert again.spool.entries[99].rows == 19_000
+    finally:
+        again.close()
         context.term()

@@ -253,9 +253,11 @@ def test_launch_counter_duty_cycle_detaches_and_reattaches(tmp_path):
 
     from ingerod.ebpf_source import EbpfSource
 
-    cfg = SimpleNamespace(job=None, match_env={}, libraries=sim_libraries().split(","),
-                          rescan_interval=60.0, gpu_memory_bytes=2**30,
-                          launch_duty_cycle=0.25, launch_duty_period=4.0)
+    from ingerod.config import SETTINGS
+
+    cfg = SimpleNamespace(**{s.name: s.default for s in SETTINGS})
+    vars(cfg).update(libraries=sim_libraries().split(","), rescan_interval=60.0,
+                     gpu_memory_bytes=2**30, launch_duty_cycle=0.25, launch_duty_period=4.0)
     source = EbpfSource(cfg, 0.0)
     try:
         hot = {(p, s) for p, s in source.tracer.hot_attached}
