@@ -72,6 +72,7 @@ class CommWindow:
         self.op_counts: dict[int, int] = {}
         self.overwritten = 0      # open instances pushed out of the ring unfinished
         self.latest = np.full(nranks, -1, np.int64)   # the furthest instance each rank entered
+        self.first_seq = -1       # the first instance any entry came for (-1: none yet)
         self.incomplete = 0       # instances dropped because an entry never came (lost)
         self.too_late = 0         # entries for instances the ring no longer holds
 
@@ -102,6 +103,8 @@ class CommWindow:
             self.open_op[claimed] = batch.op[good][fresh]
         self.open[rows, column] = batch.t[good]
         np.maximum.at(self.latest, column, seq)
+        if len(seq) and (self.first_seq < 0 or seq.min() < self.first_seq):
+            self.first_seq = int(seq.min())
         return int((~good).sum())
 
     def _grow(self, seq: np.ndarray) -> None:

@@ -598,13 +598,20 @@ class RankAnalysis:
                 now: float) -> np.ndarray:
         """Per column, whether no agent can tell where its rank is: its agent restarted since
         the communicator was made (blind), or no agent has ever told of the rank while the
-        communicator ran a few push intervals (uncovered: its node runs none)."""
+        communicator ran a few push intervals (uncovered: its node runs none). Where this
+        fleetd came to the communicator after its start (its first instance is not the first:
+        fleetd restarted mid-job, and the previous run took the entries before), a rank that
+        entered none of the instances it has is not known to be anywhere either: its last
+        entries may have gone to the previous run."""
         unseen = np.zeros(window.nranks, bool)
         settled = now - window.created >= max(UNCOVERED_AFTER_S,
                                               UNCOVERED_AFTER * self.interval_s)
+        joined = window.first_seq > 0
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
-            if facts is None or not facts.node:
+            if joined and window.latest[column] < 0:
+                unseen[column] = True
+            elif facts is None or not facts.node:
                 unseen[column] = settled and window.latest[column] < 0
             elif facts.blind_since is not None:      # made before its agent restarted
                 unseen[column] = facts.blind_since >= window.created - self.interval_s

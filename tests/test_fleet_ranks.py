@@ -1091,3 +1091,22 @@ def test_events_of_another_user_than_the_jobs_are_refused_in_either_wire_form():
     assert 9 not in job.facts and ra.owners[("c", "42")][0] == 1000
     feed(ra, start=30, late=lambda r, s: 0.05 if r == 6 else 0.0)
     assert [v.rank for v in ra.active()] == [6]
+
+
+def test_after_a_restart_a_rank_whose_entries_went_to_the_last_run_is_not_missing():
+    """fleetd restarted at the end of a job: the agents send again what it had not acked, so
+    the new run's first instance of the communicator is the job's 11th, which rank 3's entries
+    (acked by the last run) never reach; rank 3 exits, its peers wait on. Not observed is never
+    missing: no hang and no death, for a fault of ingero's own. From a start fleetd saw, the
+    same is a death."""
+    def run(first: int) -> list:
+        ra = analysis()
+        events = steps([r for r in range(8) if r != 3], first, first + 1)
+        ra.observe(push("n0", events + [crash(3, T0 + 0.6, exit_status=0)]), T0 + 0.7)
+        named = []
+        for late in (2.5, 5.0, 9.0):
+            ra.observe(push("n0", []), T0 + late - 0.5)
+            named += [(v.rank, v.kind) for v in ra.tick(T0 + late) if v.cleared is None]
+        return named
+    assert run(10) == []
+    assert (3, "died") in run(0)
