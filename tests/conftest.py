@@ -181,9 +181,10 @@ def spawn(tmp_path):
 def two_nodes(tmp_path_factory):
     """One product on two simulated nodes (support.TwoNodes: echod, fleetd, two node-wide
     agents, node1's clock 250 ms ahead) shared by the modules that each run sim jobs of their own
-    on it and read only those (test_cli, test_rank_verdicts, test_retention): its start is paid
-    once, and beside the stages of the suite (it compiles, starts and fits clocks; no timing is
-    judged until they are done). It stops after the last of them (``pytest_runtest_teardown``)."""
+    on it and read only those (test_cli, test_hostile_users, test_rank_verdicts, test_retention):
+    its start is paid once, and beside the stages of the suite (it compiles, starts and fits
+    clocks; no timing is judged until they are done). It stops after the last of them
+    (``pytest_runtest_teardown``)."""
     import sim
 
     from .support import TwoNodes

@@ -233,8 +233,9 @@ LATE_IN_RECORD_S = 0.010   # a rank this late at its median step (its record) is
 class TwoNodes(Stack):
     """The product on this machine as the demo runs it (``ingero.stack.local``): echod, fleetd
     and two node-wide ingerods, node1's clock ``SKEW_S`` ahead (faketime), so every verdict read
-    from it is made through a corrected clock. conftest's ``two_nodes`` shares one among the
-    modules that each run jobs of their own and read only those."""
+    from it is made through a corrected clock; the agents detach a library file 20 s after the
+    last process mapping it is gone (test_hostile_users reads that). conftest's ``two_nodes``
+    shares one among the modules that each run jobs of their own and read only those."""
 
     SKEW_S, PUSH_S, HANG_TIMEOUT_S = 0.25, 1.0, 4.0
 

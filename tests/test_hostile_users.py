@@ -204,3 +204,69 @@ def test_a_user_claiming_anothers_job_plants_nothing_in_it_nor_stops_the_store(
     assert sql("SELECT count(*) FROM events WHERE job = '3603' AND kind = 'alloc'") == [[0]]
     assert "attrs.bytes: 4611686018427387904 out of range" in stack.echod.daemon.log()
     assert all(d.alive() for d in [stack.echod.daemon, *stack.daemons]), stack.logs()
+
+
+# A libnccl of the user's own that claims whatever communicator it is told: ncclCommInitRank
+# hands back a handle at once, ncclAllReduce returns at once.
+STUB_NCCL = r"""
+typedef struct { char internal[128]; } ncclUniqueId;
+static char handle;
+int ncclCommInitRank(void **comm, int nranks, ncclUniqueId id, int rank)
+{ (void)nranks; (void)id; (void)rank; *comm = &handle; return 0; }
+int ncclAllReduce(const void *s, void *r, unsigned long n, int t, int op, void *comm, void *st)
+{ (void)s; (void)r; (void)n; (void)t; (void)op; (void)comm; (void)st; return 0; }
+"""
+CLAIM = """
+import ctypes, sys, time
+nccl = ctypes.CDLL(sys.argv[1])
+print("mapped", flush=True)
+sys.stdin.readline()
+comm, unique = ctypes.c_void_p(), (ctypes.c_char * 128)()
+nccl.ncclCommInitRank(ctypes.byref(comm), 400_000, unique, 0)
+for _ in range(200):
+    nccl.ncclAllReduce(None, None, ctypes.c_ulong(1), 0, 0, comm, None)
+    time.sleep(0.005)
+"""
+
+
+def peak_kib(pid: int) -> int:
+    """A process's peak resident memory so far (VmHWM)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def test_a_communicator_of_400000_ranks_claimed_costs_fleetd_nothing(stack: TwoNodes,
+                                                                       as_nobody):
+    """A user's own libnccl initialises a communicator of 400,000 ranks and all-reduces on it:
+    its events reach fleetd, which refuses them at intake (a window over so many ranks took
+    fleetd past its unit's 4 GiB before); fleetd's peak memory stays where it was."""
+    own = as_nobody.work / "stub"
+    own.mkdir()
+    (own / "stub.c").write_text(STUB_NCCL)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(own / "libnccl.so.2"),
+                    str(own / "stub.c")], check=True)
+    (as_nobody.work / "claim.py").write_text(CLAIM)
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(own)], check=True)
+    before = peak_kib(stack.fleetd.process.pid)
+    claimer = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+         "/usr/bin/python3", str(as_nobody.work / "claim.py"), str(own / "libnccl.so.2")],
+        env={"PATH": "/usr/bin:/bin", "INGERO_SIM_NODE": "0", "SLURM_JOB_ID": "3604",
+             "RANK": "0"}, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert claimer.stdout.readline() == b"mapped\n"
+        # attached (its two probes: "no symbol for" the others)
+        assert wait_for(lambda: f"{own}/libnccl.so.2: " in stack.agents[0].log(), 30), \
+            stack.agents[0].log()[-3000:]
+        claimer.stdin.write(b"go\n")
+        claimer.stdin.flush()
+        assert claimer.wait(30) == 0
+        assert wait_for(lambda: metric(stack.fleet_port, "ingero_fleet_events_refused_total",
+                                       reason="too_many_ranks") >= 200, 30), \
+            stack.fleetd.log()[-3000:]
+    finally:
+        claimer.kill()
+        claimer.wait()
+    grown = peak_kib(stack.fleetd.process.pid) - before
+    assert grown < 64 * 1024, f"fleetd's peak grew {grown} KiB"
+    assert stack.fleetd.alive()
