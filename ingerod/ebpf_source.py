@@ -28,6 +28,8 @@ complaints = RateLimitedLog(log, 60.0)
 
 MAX_BUFFERED = 65_536
 DEPARTED_GRACE = 30.0  # seconds an exited process's identity is kept for its last events
+DETACH_PER_SAMPLE = 1  # files detached at most per sample: each of its ~20 probes takes a
+                       # while to come off (seconds a file on a VM), and pushes must go on
 # Communicator inits whose rank and size say who the process is in the job (a split says who
 # it is in a part of it; ncclCommInitAll makes every rank of a group in one process).
 IDENTITY_INITS = ("ncclCommInitRank", "ncclCommInitRankConfig")
@@ -101,6 +103,7 @@ class EbpfSource:
         self.refused_libraries: set = set()
         self.preloaded: set = set()              # the configured files: attached for good
         self.unmapped_since: dict = {}           # attached file → when none mapped it last
+        self.detach_due: list = []               # files to detach, a few per sample
         self.trusted = tuple(os.path.join(str(d), "") for d in cfg.trusted_library_dirs)
         self.preload()
         self.rescan(now)
@@ -153,17 +156,23 @@ class EbpfSource:
         self.next_rescan = now + self.cfg.rescan_interval
 
     def detach_unmapped(self, mapped: set, now: float) -> None:
-        """Detach the files no traced process has mapped for library_grace seconds: a
-        long-lived agent would otherwise hold every virtual environment's files of every job
-        it ever traced (and a user's would count against their libraries_per_user for good)."""
+        """Mark for detaching the files no traced process has mapped for library_grace
+        seconds: a long-lived agent would otherwise hold every virtual environment's files of
+        every job it ever traced (and a user's would count against their libraries_per_user
+        for good). They come off a few per sample (``detach_some``), not in the loop's pass."""
         for library in mapped:
             self.unmapped_since.pop(library, None)
-        for library in set(self.tracer.attached) - mapped:
-            since = self.unmapped_since.setdefault(library, now)
-            if now - since > self.cfg.library_grace:
+        self.detach_due = [library for library in set(self.tracer.attached) - mapped
+                           if now - self.unmapped_since.setdefault(library, now)
+                           > self.cfg.library_grace]
+
+    def detach_some(self) -> None:
+        for library in self.detach_due[:DETACH_PER_SAMPLE]:
+            if library in self.tracer.attached and library in self.unmapped_since:
                 self.tracer.detach(library)
                 self.user_libraries.get(library.owner, set()).discard(library)
                 del self.unmapped_since[library]
+        self.detach_due = self.detach_due[DETACH_PER_SAMPLE:]
 
     def admit(self, library) -> bool:
         """Whether to attach a library file: root's and those under trusted_library_dirs
@@ -307,6 +316,7 @@ class EbpfSource:
     # -- the sample ------------------------------------------------------------------------------
 
     def sample(self, now: float) -> Sample:
+        self.detach_some()
         self.poll(now)
         elapsed = max(now - self.last_sample, 1e-3)
         self.last_sample = now

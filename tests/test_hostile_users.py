@@ -155,7 +155,7 @@ def test_what_a_user_puts_in_their_processes_neither_stops_nor_blinds_the_agents
     stub_holder.kill()
     stub_holder.wait()
     assert wait_for(lambda: stack.agents[0].log().count("detached (no traced process maps it)")
-                    >= LIBRARIES_PER_USER, 90), stack.agents[0].log()[-3000:]
+                    >= LIBRARIES_PER_USER, 180), stack.agents[0].log()[-3000:]
 
 
 def test_a_user_claiming_anothers_job_plants_nothing_in_it_nor_stops_the_store(
