@@ -135,7 +135,9 @@ def test_what_a_user_puts_in_their_processes_neither_stops_nor_blinds_the_agents
     assert wait_for(lambda: all(refused(node, "bad_variable") >= len(claims)
                                 for node in (0, 1)), 10), stack.logs()
     log0 = stack.agents[0].log()
-    assert re.search(rf"uid {NOBODY}\): RANK(, WORLD_SIZE)? read as unset", log0), log0[-3000:]
+    # one line for them all (rate limited), naming whichever process the agent read first
+    assert re.search(rf"uid {NOBODY}\): (RANK|WORLD_SIZE|SLURM_JOB_ID)(, [A-Z_]+)* read as "
+                     "unset", log0), log0[-3000:]
     assert f"already has {LIBRARIES_PER_USER} library files attached" in log0, log0[-3000:]
     fds = len(os.listdir(f"/proc/{stack.agents[0].process.pid}/fd"))
     assert fds < 1024, fds         # what a unit without LimitNOFILE would allow

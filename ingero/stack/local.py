@@ -22,6 +22,7 @@ from ingero.vocabulary import POINT_TO_POINT
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine
 JUDGED_TIMEOUT_S = 90          # from a sim job's end until fleetd's word on all of it is stored
+AGENT_STOP_S = 120             # drained, then its probes detached (0.1 s each, serially)
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -289,8 +290,9 @@ class Stack:
     def stop(self) -> list[int]:
         """Agents, fleetd, then echod: the exit status of each, in that order. fleetd stops
         once every agent has drained what it had for it (said "stopping:"), echod once fleetd
-        has forwarded what it held; the agents meanwhile detach their probes (the kernel
-        takes about 0.1 s a uprobe here, some 10 s an agent), which need neither."""
+        has forwarded what it held; the agents meanwhile detach their probes, which need
+        neither (the kernel takes about 0.1 s a uprobe here, one after another: some 10 s for
+        the sim's libraries, and a user who maps libraries_per_user copies adds 26 s)."""
         fleet = len(self.fleetds)
         agents = self.daemons[fleet:]
         said = [agent.log().count("stopping:") for agent in agents]   # a restart's log goes on
@@ -300,7 +302,7 @@ class Stack:
                              for a, n in zip(agents, said)), 30)
         fleet_statuses = stop_all(self.daemons[:fleet], 30)
         echod_status = self.echod.stop()
-        return [a.stop(30) for a in agents] + fleet_statuses + [echod_status]
+        return [a.stop(AGENT_STOP_S) for a in agents] + fleet_statuses + [echod_status]
 
 
 def scraped(port: int, names: tuple[str, ...]) -> list[tuple[str, float]]:
