@@ -731,7 +731,8 @@ class RankAnalysis:
         named = frozenset(column for column, rank in enumerate(ranks)
                           if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
                           and v.kind == "persistent")
-        judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries))
+        judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries),
+                          warming=int((steps < self.policy.warm_up).sum()))
         window.bar = judgement.bar_s
         lag = peer_lag(entries)
         found = {}

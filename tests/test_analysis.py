@@ -117,6 +117,23 @@ def test_a_stall_every_k_steps_is_periodic_with_period_k():
     assert found.findings[0].period == 7 and found.findings[0].occurrences == len(range(3, 60, 7))
 
 
+def test_lateness_in_a_communicators_warm_up_makes_no_period():
+    """Beside a busy loop, rank 15 of a healthy 16-rank job was 11-33 ms late at its steps 1,
+    3, 5 and 7 (the sim's own records): at fleetd's tick after step 9 that is every other
+    step, four times. Startup is irregular in any job; a period is sought after it."""
+    entries = job(10, 16)
+    entries[1:9:2, 15] += 0.03
+    assert kinds(judge(entries)) == {15: "periodic"}, "the rule alone sees a period"
+    assert judge(entries, warming=8).findings == []
+    # a stall every 5 steps from the first: named, counted from after the warm-up
+    entries = job(40, 8)
+    entries[::5, 2] += 0.08
+    found = judge(entries, warming=8)
+    assert kinds(found) == {2: "periodic"}
+    assert (found.findings[0].period, found.findings[0].onset) == (5, 10)
+    assert found.findings[0].occurrences == len(range(10, 40, 5))
+
+
 def test_irregular_rare_lateness_is_not_named():
     entries = job(60, 8)
     entries[[5, 6, 19, 40], 4] += 0.05

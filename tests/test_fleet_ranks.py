@@ -576,6 +576,15 @@ def test_a_tick_over_many_jobs_lets_fleetd_serve_between_them():
     assert {v.job for v in ra.tick(T0 + 2.5)} == {"4"}, "the job that came meanwhile, next tick"
 
 
+def test_a_rank_late_at_every_other_step_of_the_start_only_is_never_named():
+    """Startup lateness by chance (a busy machine, the first collectives connecting): late at
+    steps 1, 3, 5 and 7, the whole of the first push, then on time."""
+    ra = analysis()
+    changed = feed(ra, late=lambda r, s: 0.03 if r == 7 and s in (1, 3, 5, 7) else 0.0,
+                   until=40)
+    assert changed == [], [(v.rank, v.kind, v.period) for v in changed]
+
+
 def test_a_rank_named_periodic_is_not_renamed_persistent_by_two_stray_late_steps():
     ra = analysis()
     stalls = lambda r, s: 0.08 if r == 5 and (s % 5 == 3 or s in (47, 51)) else 0.0   # noqa: E731

@@ -49,6 +49,11 @@ class LagPolicy:
     regular_share: float = 0.75       # of a period's instances late, and of the late ones
                                       # on its grid
     stall_over_bar: float = 2.0       # a periodic stall stands well clear of the bar
+    warm_up: int = 8                  # a communicator's first instances, where no period is
+                                      # sought: any job's first steps are irregular (NCCL
+                                      # connects at the first collective, allocators and
+                                      # autotuners warm up), and a rank late at three of them
+                                      # by chance lines up with a fourth
 
 
 @dataclass(frozen=True)
@@ -165,12 +170,15 @@ def period(late: np.ndarray, policy: LagPolicy,
 
 
 def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
-          named: frozenset[int] = frozenset(), slack: np.ndarray | None = None) -> Judgement:
+          named: frozenset[int] = frozenset(), slack: np.ndarray | None = None,
+          warming: int = 0) -> Judgement:
     """Every straggler among the columns of ``entries``, by the rules above; ``named`` are the
     columns already under a persistent verdict. ``slack`` (seconds, per column) is how far a
     column's times may be off, its node's clock uncertainty: an instance counts as late only
     when its least lag the clocks allow (``least_lag``) is over the bar, so a lag the clocks
-    could explain, its own or its peers', names no one."""
+    could explain, its own or its peers', names no one. The first ``warming`` rows are the
+    communicator's warm-up (``LagPolicy.warm_up``): they count for a persistent verdict and its
+    onset (a rank slow from the first step is late from there), never towards a period."""
     entries = np.atleast_2d(np.asarray(entries, float))
     lag = peer_lag(entries)
     step = step_interval(entries)
@@ -188,7 +196,8 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
     findings = []
     for column in range(columns):
         finding = _judge_rank(lag[-recent:, column], lag[:, column], late[:, column], bar,
-                              policy, policy.keep_share if column in named else 0.5, step)
+                              policy, policy.keep_share if column in named else 0.5, step,
+                              warming)
         if finding is not None:
             kind, start, every = finding
             counted = slice(start, None, every) if every else slice(None)  # a period: its stalls
@@ -261,17 +270,18 @@ def recent_instances(entries: np.ndarray, policy: LagPolicy) -> int:
 
 
 def _judge_rank(recent_lag: np.ndarray, lag: np.ndarray, late: np.ndarray, bar: float,
-                policy: LagPolicy, share: float, step: float | None
+                policy: LagPolicy, share: float, step: float | None, warming: int = 0
                 ) -> tuple[str, int, int | None] | None:
     """(kind, onset, period) for one rank, or None when it is not a straggler: persistent
-    when more than ``share`` of its recent instances are late."""
+    when more than ``share`` of its recent instances are late; periodic by ``period`` over the
+    rows after the first ``warming``."""
     recent = late[-len(recent_lag):][np.isfinite(recent_lag)]
     if recent.size and recent.sum() > share * recent.size:
         return "persistent", onset(late), None
-    found = period(late, policy, lag)
+    found = period(late[warming:], policy, lag[warming:])
     if found is None:
         return None
-    every, first = found
+    every, first = found[0], found[1] + warming
     on_grid = late[first::every]
     stall = float(np.median(lag[first::every][on_grid]))
     if stall >= policy.stall_over_bar * bar and stall >= policy.min_lag_of_step * every * (
