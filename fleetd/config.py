@@ -35,6 +35,11 @@ SETTINGS = [
     Setting("insecure_plaintext_zmq", False, boolean,
             "Accept agents without CURVE: no encryption and no authentication of who pushes.",
             is_flag=True),
+    Setting("insecure_any_node_key", False, boolean,
+            "Let any authorised agent key push as any node and cluster: a key stolen from one "
+            "node then speaks for all of them. By default a key authorised as NODE.key pushes "
+            "as node NODE only, one authorised as NODE@CLUSTER.key as NODE of CLUSTER only.",
+            is_flag=True),
     Setting("metrics_addr", "127.0.0.1:9470", listen_address,
             "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
     Setting("k", 2.0, number(0.1, 10.0),

@@ -2,7 +2,10 @@
 
 Keys are ZeroMQ certificate files: ``NAME.key`` holds the public key and may be copied anywhere,
 ``NAME.key_secret`` holds both keys and stays on its host, readable by root only. fleetd admits
-an agent only if the agent's public key file is in fleetd's authorised-keys directory.
+an agent only if the agent's public key file is in fleetd's authorised-keys directory, and takes
+from it only what that file's name says it may speak for: an agent key authorised as
+``NODE.key`` pushes as node NODE, one authorised as ``NODE@CLUSTER.key`` as node NODE of cluster
+CLUSTER only (``bound_to``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ def _load(path: Path) -> tuple[bytes, bytes | None]:
     return public, secret
 
 
+def bound_to(name: str) -> tuple[str, str | None]:
+    """(node, cluster or None for any) that a key authorised under ``name`` speaks for."""
+    node, _, cluster = name.partition("@")
+    return node, cluster or None
+
+
 def authorized_keys(directory: Path) -> list[Path]:
     if not directory.is_dir():
         raise KeyFileError(f"authorised-keys directory {directory} does not exist")
@@ -70,16 +79,24 @@ class FleetAuthenticator(ThreadAuthenticator):
     def __init__(self, context: zmq.Context, on_refused=None):
         super().__init__(context)
         self.on_refused = on_refused
+        self.names: dict[str, str] = {}      # a public key (Z85) -> the name it is authorised as
 
     def load(self, directory: Path) -> int:
         """(Re)read the authorised public keys; returns how many there are."""
         keys = authorized_keys(directory)
+        names = {}
+        for path in keys:
+            try:
+                names[load_public(path).decode()] = path.stem
+            except KeyFileError:
+                pass                     # ZeroMQ skips it too: it admits nobody
         self.configure_curve(domain="*", location=str(directory))
+        self.names = names
         return len(keys)
 
-    def admitted(self) -> set[bytes]:
-        """The authorised public keys loaded, in Z85."""
-        return set(self.certs.get("*", {}))
+    def name_of(self, user_id: str | None) -> str | None:
+        """The name the key a message came under is authorised as (None: not authorised)."""
+        return self.names.get(user_id) if self.admits(user_id) else None
 
     def admits(self, user_id: str | None) -> bool:
         """Whether the peer a message came from (its ZAP User-Id: its public key in Z85) is

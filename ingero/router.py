@@ -29,7 +29,6 @@ class SecureRouter:
         self.log = log
         self.auth = None
         self.socket = None
-        self.revoked = False        # a key was taken out since start: senders are checked
 
     def open(self, bind: str) -> str:
         """Bind; returns the endpoint bound. Key and bind errors stop the daemon at start."""
@@ -60,22 +59,31 @@ class SecureRouter:
         if self.auth is None:
             return
         try:
-            before = self.auth.admitted()
             count = self.auth.load(self.cfg.authorized_keys)
-            self.revoked |= bool(before - self.auth.admitted())
             self.log.info("SIGHUP: %d authorised %s key(s) loaded", count, self.peers)
         except IngeroError as exc:
             self.log.error("SIGHUP: could not reload authorised keys: %s", exc)
 
-    def admits(self, frame: zmq.Frame) -> bool:
-        """Whether a received message (one of its frames, received with copy=False) comes from
-        a peer still authorised; every message does without CURVE."""
+    def receive(self) -> tuple[list[bytes], str | None]:
+        """One waiting message (zmq.Again when none) and the name its sender's key is
+        authorised as (``curve.bound_to`` reads it): '' without CURVE, where anyone may send;
+        None when its key is no longer authorised (taken out, then SIGHUP: that ends the say
+        of the connection it already has, not only its next handshake). The first frame, the
+        peer's routing id of a few bytes, is read as a zmq.Frame for its User-Id; the others
+        are copied once."""
+        first = self.socket.recv(zmq.NOBLOCK, copy=False)
+        frames = [first.bytes]
+        while self.socket.rcvmore:
+            frames.append(self.socket.recv())
+        return frames, self.sender(first)
+
+    def sender(self, frame: zmq.Frame) -> str | None:
         if self.auth is None:
-            return True
+            return ""
         try:
-            return self.auth.admits(frame.get("User-Id"))
+            return self.auth.name_of(frame.get("User-Id"))
         except zmq.ZMQError:           # no User-Id: not a message ZAP let through
-            return False
+            return None
 
     def close(self) -> None:
         if self.socket is not None:

@@ -18,6 +18,7 @@ import click
 import yaml
 
 from .errors import ConfigError
+from .vocabulary import NAME, NAME_RULE
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ def text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError("expected a non-empty string")
     return value.strip()
+
+
+def name(value: Any) -> str:
+    """A node's or cluster's name (``vocabulary.NAME``)."""
+    value = text(value)
+    if not NAME.fullmatch(value):
+        raise ValueError(f"not a node or cluster name ({NAME_RULE})")
+    return value
 
 
 def optional_text(value: Any) -> str | None:

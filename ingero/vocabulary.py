@@ -4,6 +4,14 @@ the tools filter on. A name of the domain is spelled here and imported everywher
 
 from __future__ import annotations
 
+import re
+
+# A node's or cluster's name: what Slurm takes as a NodeName or ClusterName and a file name
+# allows (an agent key is authorised as NODE.key or NODE@CLUSTER.key), never ':' (event ids
+# are namespaced NODE:...) nor '@'.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
 # What a rank did, traced by the probes (bpf/*.bpf.c).
 TRACED_KINDS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
 # What its host did to it, from tracepoints and /proc.

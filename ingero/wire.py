@@ -23,7 +23,7 @@ import msgpack
 
 from . import columns as columnar
 from .errors import BadSchema, BadVersion, FrameError, FrameTooLarge
-from .vocabulary import SIGNALS
+from .vocabulary import NAME, NAME_RULE, SIGNALS
 
 MAGIC = b"INGR"
 MAJOR = 1
@@ -65,6 +65,13 @@ def check_text(name: str, value: Any, max_len: int = MAX_TEXT, empty_ok: bool = 
         _fail(name, f"longer than {max_len} characters")
     if not value and not empty_ok:
         _fail(name, "empty")
+    return value
+
+
+def check_name(name: str, value: Any) -> str:
+    """A node's or cluster's name (``vocabulary.NAME``)."""
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        _fail(name, f"not a node or cluster name ({NAME_RULE})")
     return value
 
 
@@ -272,7 +279,7 @@ class Hello(Message):
     interval: float = 5.0
     agent_version: str = ""
     CHECKS: ClassVar[dict[str, Any]] = {
-        "node": check_text, "cluster": check_text, "boot_id": check_text,
+        "node": check_name, "cluster": check_name, "boot_id": check_text,
         "capabilities": _text_list, "interval": _interval,
         "agent_version": lambda n, v: check_text(n, v, 64, empty_ok=True),
     }
@@ -341,7 +348,7 @@ class Push(Message):
                 for event in (self.all_events() if events is None else events)]
 
     CHECKS: ClassVar[dict[str, Any]] = {
-        "seq": lambda n, v: check_int(n, v), "node": check_text, "cluster": check_text,
+        "seq": lambda n, v: check_int(n, v), "node": check_name, "cluster": check_name,
         "boot_id": check_text, "score": _unit, "signals": check_signals, "state": _state,
         "sent_at": _seconds, "interval": _interval, "job": _optional(check_text),
         "job_nodes": _optional(_count), "events": _event_list,

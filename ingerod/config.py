@@ -3,8 +3,8 @@
 import socket
 
 from ingero.settings import (Setting, boolean, choice, env_matches, integer, listen_address,
-                             log_level, number, optional, optional_text, path, path_list, pid_list,
-                             text, zmq_endpoints)
+                             log_level, name, number, optional, optional_text, path, path_list,
+                             pid_list, text, zmq_endpoints)
 
 DEFAULT_CONFIG = "/etc/ingero/ingerod.yaml"
 
@@ -14,9 +14,9 @@ SETTINGS = [
             "comma-separated, when fleetd is sharded: the shards in order (0, 1, ...), the "
             "same list on every node; each job's events go to the shard that owns the job.",
             "ENDPOINT[,...]"),
-    Setting("node", socket.gethostname(), text, "This node's name [default: the host name].",
+    Setting("node", socket.gethostname(), name, "This node's name [default: the host name].",
             "NAME"),
-    Setting("cluster", "default", text, "Cluster name; the cohort when no job is named.",
+    Setting("cluster", "default", name, "Cluster name; the cohort when no job is named.",
             "NAME"),
     Setting("job", None, optional_text,
             "Slurm job id this agent reports for; its cohort on fleetd [default: $SLURM_JOB_ID].",

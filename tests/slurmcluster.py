@@ -345,10 +345,10 @@ def stack_beside(cluster: SlurmCluster, **kw):
     cluster.settings(INGERO_PYTHON=sys.executable, INGERO_JOBS_DIR=spool,
                      INGERO_CONTROL_SOCKET=sock, INGERO_HOOK_AGENT="node")
     (root / "stack").mkdir(mode=0o755)
-    stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, agent_flags=(
-        "--node", cluster.host, "--jobs-dir", str(spool), "--control-socket", str(sock),
-        "--libraries", ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))),
-        **kw)
+    stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, names=(cluster.host,),
+                  agent_flags=("--jobs-dir", str(spool), "--control-socket", str(sock),
+                               "--libraries", ",".join(str(p) for p in sorted(
+                                   sim.lib_dir().glob("lib*.so.[0-9]*")))), **kw)
     if not wait_for(sock.exists, 60):
         stack.stop()
         raise RuntimeError(f"ingerod's control socket did not come up:\n{stack.logs()}")

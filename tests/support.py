@@ -66,7 +66,9 @@ class Producer:
 
     SIGNALS = {"throughput": 0.9, "compute": 0.9, "memory": 0.9, "cpu": 0.9}
 
-    def __init__(self, endpoint: str, keys, node: str, cluster: str = "ingest"):
+    def __init__(self, endpoint: str, keys, node: str, cluster: str = "ingest",
+                 secret: Path | None = None):
+        """Under the agents' shared key, or the ``secret`` key file given."""
         import uuid
 
         import zmq
@@ -80,7 +82,7 @@ class Producer:
         # for the one still open, forever (a whole CI run hung so, in pyzmq's __del__).
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.linger = 0
-        curve.connect_curve(self.socket, curve.load_keypair(keys.agent_secret),
+        curve.connect_curve(self.socket, curve.load_keypair(secret or keys.agent_secret),
                             curve.load_public(keys.fleet_public))
         self.socket.connect(endpoint)
         self.seq = self.next_event = 0

@@ -563,6 +563,8 @@ def test_configs_load_with_the_daemons_settings(deployment):
                           echod_config.DEFAULT_CONFIG, {})
     cli = client.settings(str(etc / "ingero.yaml"), {})
     assert agent.fleet == ["tcp://localhost:7470"]
+    # the name its key is authorised under on the head: fleetd takes its pushes as that node
+    assert agent.node == "localhost" and (etc / "authorized_agents/localhost.key").exists()
     assert agent.secret_key == etc / "keys/ingerod.key_secret"
     assert fleet.authorized_keys == etc / "authorized_agents"
     assert fleet.echod == store.ingest_bind == "tcp://127.0.0.1:7471"

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from ingero import curve
-from ingero.stack.launch import free_port, wait_for
+from ingero.stack.launch import KeyRing, free_port, wait_for
 
 from .support import metric
 
@@ -37,6 +37,36 @@ def test_authorised_agent_is_served_and_unknown_key_is_refused(spawn, keys, endp
     assert "refused this agent's key" in stranger.log()
     assert "hello from node stranger" not in server.log()
     assert "hello from node good" in server.log()
+
+
+def test_a_key_speaks_only_for_the_node_and_cluster_it_is_authorised_as(
+        spawn, endpoint, tmp_path):
+    """n1's key, stolen, pushes as n3, and n2's (authorised as n2@sec) as n2 of another
+    cluster: both refused and counted, while each key's own node is served."""
+    keys = KeyRing.create(tmp_path / "keys", nodes=("n1", "n2@sec"))
+    fleet_port = free_port()
+    server = fleetd(spawn, endpoint, fleet_port, *keys.fleetd_flags())
+    assert "--insecure-any-node-key" not in keys.fleetd_flags()
+    ports = {name: free_port() for name in ("n1", "n3", "n2", "n2-other")}
+    for name, node, cluster, key in (("n1", "n1", "sec", "n1"), ("n3", "n3", "sec", "n1"),
+                                     ("n2", "n2", "sec", "n2@sec"),
+                                     ("n2-other", "n2", "other", "n2@sec")):
+        spawn(name, "ingerod", [
+            "--source", "synthetic", "--node", node, "--cluster", cluster, "--fleet", endpoint,
+            "--push-interval", "0.2", "--reconnect-max", "0.5",
+            "--metrics-addr", f"127.0.0.1:{ports[name]}", *keys.ingerod_flags(key)])
+
+    def heard(name: str) -> bool:
+        return metric(ports[name], "ingero_agent_fleet_reachable") == 1
+    assert wait_for(lambda: heard("n1") and heard("n2"), 30), server.log()
+    assert wait_for(lambda: metric(fleet_port, "ingero_fleet_frames_rejected_total",
+                                   reason="key_not_node") >= 4, 20), server.log()
+    assert not heard("n3") and not heard("n2-other")
+    assert metric(ports["n3"], "ingero_agent_queue_depth") > 0, "nothing of n3's was acked"
+    log = server.log()
+    assert "hello from node n1 " in log and "hello from node n2 (cluster sec" in log, log
+    assert "hello from node n3" not in log and "(cluster other" not in log, log
+    assert "the key authorised as n1 sent a Hello as node n3 of cluster sec" in log, log
 
 
 def test_plaintext_agent_is_refused_by_a_curve_fleetd(spawn, keys, endpoint):

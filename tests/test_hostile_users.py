@@ -27,7 +27,7 @@ from ingero.stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 
-from .support import TwoNodes, metric, needs_ebpf, said
+from .support import Producer, TwoNodes, metric, needs_ebpf, said
 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
@@ -272,3 +272,28 @@ def test_a_communicator_of_400000_ranks_claimed_costs_fleetd_nothing(stack: TwoN
     grown = peak_kib(stack.fleetd.process.pid) - before
     assert grown < 64 * 1024, f"fleetd's peak grew {grown} KiB"
     assert stack.fleetd.alive()
+
+
+def test_a_key_stolen_from_a_node_speaks_for_that_node_only(stack: TwoNodes):
+    """Root on node0 (a compromised node, not a user) takes its agent's key and pushes as
+    node1, and as node0 of another cluster, the events of a rank of a job: fleetd
+    refuses both (the key is authorised as node0@sim) and counts them; nothing of theirs
+    reaches echod, and the real agents go on being heard."""
+    stolen = stack.keys.node_secrets[stack.key_name("node0")]
+    refused = lambda: metric(stack.fleet_port, "ingero_fleet_frames_rejected_total",  # noqa: E731
+                             reason="key_not_node")
+    before = refused()
+    for node, cluster in (("node1", "sim"), ("node0", "other")):
+        producer = Producer(stack.endpoint, stack.keys, node, cluster=cluster, secret=stolen)
+        try:
+            producer.push(3, job="3605", rank=1, comm_hash="00000000000000c5", nranks=2, seq=0)
+            assert producer.collect_acks(3) == 0, f"a push as {node} of {cluster} was taken"
+        finally:
+            producer.close()
+    assert wait_for(lambda: refused() >= before + 2, 10), stack.fleetd.log()[-3000:]
+    assert "the key authorised as node0@sim sent a Push as node node1 of cluster sim" \
+        in stack.fleetd.log()
+    assert stack.client().sql("SELECT count(*) FROM events WHERE job = '3605'")["rows"] == [[0]]
+    result = stack.run(scenario("3606", late=6))
+    assert result.ok, result.describe()
+    assert {v["rank"] for v in stack.verdicts("3606")} == {6}, stack.logs()

@@ -90,7 +90,9 @@ def test_size_limit_is_checked_before_parsing():
 
 @pytest.mark.parametrize("field, value", [
     ("score", math.nan), ("score", math.inf), ("score", 1.5), ("score", -0.1), ("score", "0.9"),
-    ("seq", -1), ("seq", 1.0), ("seq", True), ("node", ""), ("node", "x" * 257), ("node", 7),
+    ("seq", -1), ("seq", 1.0), ("seq", True), ("node", ""), ("node", "x" * 65), ("node", 7),
+    ("node", "n1:b"), ("node", "n1@c"), ("node", "-n"), ("node", "n 1"), ("node", "n\u00b2"),
+    ("cluster", "a/b"), ("cluster", ""),
     ("state", "sleeping"), ("signals", {"throughput": 1.0}),
     ("signals", {**SIGNALS, "throughput": 2.0}), ("interval", 0), ("job_nodes", -2),
     ("events", [{"id": "x", "t": 1.0}]), ("events", "none"),

@@ -56,8 +56,11 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
 
 @dataclass
 class KeyRing:
-    """fleetd's key pairs (one per shard, the first an unsharded fleetd's), an agents' key
-    pair and the directory that authorises agents."""
+    """fleetd's key pairs (one per shard, the first an unsharded fleetd's), the agents' key
+    pairs and the directory that authorises agents. Agents of named ``nodes`` each have a key
+    of their own, authorised as NODE.key, and fleetd takes from each only its node's pushes (as
+    shipped); without them, one agent key speaks for whatever node a test makes up, and fleetd
+    is told to take any node from any authorised key (--insecure-any-node-key)."""
 
     shards: list[tuple[Path, Path]]      # (public, secret) of each shard's fleetd
     agent_secret: Path
@@ -66,6 +69,7 @@ class KeyRing:
     echod_secret: Path
     echod_public: Path
     authorized_fleetd: Path
+    node_secrets: dict[str, Path]
 
     @property
     def fleet_public(self) -> Path:
@@ -76,19 +80,20 @@ class KeyRing:
         return self.shards[0][1]
 
     @classmethod
-    def create(cls, root: Path, shards: int = 1) -> "KeyRing":
+    def create(cls, root: Path, shards: int = 1, nodes: tuple[str, ...] = ()) -> "KeyRing":
         pairs = [curve.generate(root / "fleet", "fleetd" if k == 0 else f"fleetd-shard{k}")
                  for k in range(shards)]
         agent_public, agent_secret = curve.generate(root / "agent", "agent")
+        own = {node: curve.generate(root / "agent", node) for node in nodes}
         echod_public, echod_secret = curve.generate(root / "echod", "echod")
         authorized, authorized_fleetd = root / "authorized", root / "authorized_fleetd"
-        for directory, publics in ((authorized, [agent_public]),
+        for directory, publics in ((authorized, [agent_public, *(p for p, _ in own.values())]),
                                    (authorized_fleetd, [public for public, _ in pairs])):
             directory.mkdir(exist_ok=True)
             for public in publics:
                 (directory / public.name).write_bytes(public.read_bytes())
         return cls(pairs, agent_secret, agent_public, authorized, echod_secret, echod_public,
-                   authorized_fleetd)
+                   authorized_fleetd, {node: secret for node, (_, secret) in own.items()})
 
     def echod_flags(self) -> list[str]:
         return ["--secret-key", str(self.echod_secret),
@@ -101,11 +106,13 @@ class KeyRing:
 
     def fleetd_flags(self, shard: int = 0) -> list[str]:
         return ["--secret-key", str(self.shards[shard][1]),
-                "--authorized-keys", str(self.authorized)]
+                "--authorized-keys", str(self.authorized),
+                *(() if self.node_secrets else ("--insecure-any-node-key",))]
 
-    def ingerod_flags(self) -> list[str]:
-        """An agent's: each shard's fleetd public key, in the shards' order."""
-        return ["--secret-key", str(self.agent_secret),
+    def ingerod_flags(self, node: str | None = None) -> list[str]:
+        """An agent's (``node``'s own key if it has one): each shard's fleetd public key, in the
+        shards' order."""
+        return ["--secret-key", str(self.node_secrets.get(node, self.agent_secret)),
                 "--fleet-public-key", ",".join(str(public) for public, _ in self.shards)]
 
     def client_keys(self):

@@ -101,7 +101,9 @@ class Stack:
     each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
     lets each agent trace every process of the host, as with one real node (a real srun's
     ranks carry no sim host label); ``journal`` has every daemon log as under systemd
-    (JOURNAL_STREAM set), each line led by its syslog priority; ``fleet_env`` and
+    (JOURNAL_STREAM set), each line led by its syslog priority; ``names`` are the agents' node
+    names (node0, node1, ... by default), each with a key of its own that fleetd takes only
+    that node's pushes from (``key_name``); ``fleet_env`` and
     ``echod_env`` are fleetd's and echod's own environment on top (SLURM_CONF for fleetd's
     Slurm actions and echod's questions to sacct, say). echod's directory (``echod_root``, by
     default under ``root``) must be reachable by the postgres user."""
@@ -115,14 +117,16 @@ class Stack:
                  node_flags: dict[int, tuple[str, ...]] | None = None,
                  sim_hosts: bool = True, journal: bool = False,
                  fleet_env: dict | None = None, echod_env: dict | None = None,
-                 say=lambda line: None):
+                 names: tuple[str, ...] | None = None, say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
         self.sim_hosts, self.journal = sim_hosts, journal
         self.agent_prefix = agent_prefix or {}
         self.node_flags = node_flags or {}
-        self.keys = KeyRing.create(root / "keys", shards)    # each shard its own pair
+        # each shard its own pair, each node its own key
+        self.names = names or tuple(f"node{n}" for n in range(nodes))
+        self.keys = KeyRing.create(root / "keys", shards, tuple(map(self.key_name, self.names)))
         self.daemons: list[Daemon] = []
         self.unjudged = ""          # what the last wait_judged that timed out missed
         say("starting echod (its own PostgreSQL, HTTPS API with a token)")
@@ -173,15 +177,21 @@ class Stack:
                                        "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         return self._start(f"ingerod-node{node}", "ingerod", [
             "--config", "/dev/null", "--source", "ebpf", "--libraries", libraries,
-            "--fleet", ",".join(self.endpoints), "--node", f"node{node}", "--cluster", "sim",
+            "--fleet", ",".join(self.endpoints), "--node", self.names[node], "--cluster", "sim",
             *(("--match-env", f"INGERO_SIM_NODE={node}") if self.sim_hosts else ()),
             "--push-interval", str(self.push_s),
             "--rescan-interval", "0.2", "--metrics-addr", f"127.0.0.1:{self.agent_ports[node]}",
             "--jobs-dir", str(self.root / f"jobs-node{node}"),
             "--control-socket", str(self.root / f"ingerod-node{node}.sock"),
             "--queue-dir", str(self.root / "queue"),
-            *self.keys.ingerod_flags(), *self.agent_flags, *self.node_flags.get(node, ())], env,
+            *self.keys.ingerod_flags(self.key_name(self.names[node])), *self.agent_flags,
+            *self.node_flags.get(node, ())], env,
             self.agent_prefix.get(node, ()))
+
+    @staticmethod
+    def key_name(node: str) -> str:
+        """The name a node's key is authorised under: that node of cluster sim only."""
+        return f"{node}@sim"
 
     def restart_agent(self, node: int, down_s: float = 0.0) -> Daemon:
         """kill -9 ``node``'s agent and start it again, as systemd would; returns once it
