@@ -3,13 +3,16 @@
 Rows (events, scores, thresholds, verdicts, peer lag) and pushes of columns (the body each
 agent sent, passed on as it came, unless echod has said it takes none) gather until they are
 sealed: when there are enough, when the oldest is old enough, or when agents wait for their
-answer (fleetd answers a push only once its rows are in the spool). Sealing makes up to three batches, one per class of
-row (raw events, health, verdicts), so that a full spool can drop the least valuable first; each
-is numbered, written to the spool (``fleetd.spool``) and kept until echod acknowledges it, which
-it does only after its transaction commits. Until echod's first ack says whether it takes
-columns, one batch is in flight, sent as rows; then at most ``window`` batches are; a batch
-not acknowledged within ``resend_after`` is sent again (echod's keys make a replay change
-nothing). Nothing here blocks the ROUTER loop: sends are NOBLOCK, acks are read when the poller
+answer (fleetd answers a push only once its rows are in the spool). Sealing makes up to three
+batches, one per class of row (raw events, health, verdicts), so that a full spool can drop
+the least valuable first; each is numbered, written to the spool (``fleetd.spool``) and kept
+until echod acknowledges it, which it does only after its transaction commits. Until echod's
+first ack says whether it takes columns, one batch of rows is in flight (or, where only
+batches of columns wait, an empty batch that asks); then at most ``window`` batches are; a
+batch not acknowledged within ``resend_after`` is sent again (echod's keys make a replay
+change nothing). A batch of columns never goes as rows to an echod that takes columns: one it
+stored before its ack was lost (and fleetd restarted) would be stored twice, as chunks and as
+rows. Nothing here blocks the ROUTER loop: sends are NOBLOCK, acks are read when the poller
 says so.
 """
 
@@ -32,6 +35,9 @@ from ingero.runtime import RateLimitedLog
 from .spool import EVENTS, HEALTH, VERDICTS, Spool
 
 log = logging.getLogger("fleetd")
+
+# The number of the empty batch that asks echod what it takes: no spooled batch has it.
+PROBE_SEQ = 2**63 - 1
 
 
 @dataclass
@@ -68,6 +74,7 @@ class Forwarder:
         self.source = f"{pysocket.gethostname()}:{uuid.uuid4().hex[:12]}"
         self.gathering = Gathering()
         self.columnar: bool | None = None   # echod takes pushes of columns (None: not heard)
+        self.asked_at: float | None = None  # when the empty batch that asks was last sent
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, metrics)
         self.spool.recover()
         self.complaints = RateLimitedLog(log, 30.0)
@@ -169,27 +176,30 @@ class Forwarder:
         g = self.gathering
         if g.rows() and now - g.since >= self.cfg.forward_interval:
             self.commit()
-        in_flight = 0
-        # Until echod's first ack says what it takes, one batch at a time, as rows: an echod
+        in_flight, columns_wait = 0, False
+        # Until echod's first ack says what it takes, one batch at a time, of rows: an echod
         # before 1.3 refuses a batch of columns unanswered.
         window = self.cfg.forward_window if self.columnar is not None else 1
         for entry in list(self.spool.entries.values()):
             if in_flight >= window:
                 break
+            if entry.columnar and self.columnar is None:
+                columns_wait = True
+                continue
             if entry.sent_at is None or now - entry.sent_at >= self.cfg.forward_resend_after:
                 frames = self.spool.frames(entry)
                 if frames is None:
                     continue
-                if entry.columnar and self.columnar is None:
-                    frames = self.as_rows(entry, frames, rewrite=False)
-                    if frames is None:
-                        continue
                 if not self._send(frames):
                     break
                 if entry.sent_at is not None:
                     self.metrics.forward_resent.inc()
                 entry.sent_at = now
             in_flight += 1
+        if columns_wait and not in_flight and (
+                self.asked_at is None or now - self.asked_at >= self.cfg.forward_resend_after):
+            if self._send(wire.encode(wire.Forward(PROBE_SEQ, self.source))):
+                self.asked_at = now
         self.metrics.spool_age.set(self.spool.oldest_age())
 
     def _send(self, frames: list[bytes]) -> bool:
@@ -227,24 +237,22 @@ class Forwarder:
         log.info("echod %s pushes of columns", "takes" if columnar else "does not take")
         for entry in [e for e in self.spool.entries.values() if e.columnar and not columnar]:
             frames = self.spool.frames(entry)
-            if frames is not None and self.as_rows(entry, frames) is not None:
-                entry.sent_at = None
+            if frames is not None:
+                self.as_rows(entry, frames)
 
-    def as_rows(self, entry, frames: list[bytes], rewrite: bool = True) -> list[bytes] | None:
-        """A spooled batch of columns as rows, for an echod that takes no columns (or may
-        not: none has answered yet), in its place where ``rewrite``. Where its rows are past
-        what one batch holds, they take its place as several batches (None is returned)."""
+    def as_rows(self, entry, frames: list[bytes]) -> None:
+        """A spooled batch of columns as rows in its place, for an echod that takes no
+        columns; where its rows are past what one batch holds, as several batches."""
         as_rows = wire.decode(frames, sum(map(len, frames))).as_forward()
         encoded = wire.encode(as_rows)
         if sum(map(len, encoded)) <= self.cfg.forward_batch_bytes and \
                 as_rows.row_count() <= wire.MAX_FORWARD_ROWS:
-            if rewrite:
-                self.spool.rewrite(entry, encoded)
-            return encoded
+            self.spool.rewrite(entry, encoded)
+            entry.sent_at = None
+            return
         self.spool.discard(entry.seq)
         self.keep(entry.cls, [(name, row) for name in wire.Forward.SECTIONS
                               for row in getattr(as_rows, name)])
-        return None
 
     def flush(self, timeout: float) -> int:
         """On stop: spool what is gathered and give echod ``timeout`` to take it all; returns

@@ -4,7 +4,9 @@ restart in the middle of ingest, bad rows counted one by one."""
 from __future__ import annotations
 
 import logging
+import random
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -21,6 +23,7 @@ from ingero import columns, curve, wire
 from ingero.stack.launch import free_port, stop_all, wait_for
 
 from .support import Producer, forward, metric
+from .test_fuzz_frames import GARBAGE, mutate
 
 
 @pytest.fixture
@@ -341,3 +344,126 @@ def test_retention_runs_beside_ingest_one_pass_at_a_time(caplog):
     server.keeping.join(5)
     assert passes == ["echod-retention"] and not server.keeping.is_alive()
     assert "retention skipped: the database went away" in caplog.text
+
+
+def big_push(producer: Producer, first: int, n: int, detail: bool) -> list[bytes]:
+    """The producer's next push: ``n`` syncs as columns, each with a ``detail`` of its own
+    (63 bytes each on the wire: stored as rows) or without (15 bytes each: as chunks)."""
+    evs = [{"id": f"big:{producer.boot}:{first + i}", "t": time.time(), "kind": "sync",
+            "attrs": {"duration_ns": 1000 + i, "job": "7", "rank": i % 4,
+                      **({"detail": f"{i:08d}{'y' * 40}"} if detail else {})}}
+           for i in range(n)]
+    return wire.encode(wire.ColumnPush(
+        producer.seq, "big", "c", producer.boot, 0.9, {s: 0.9 for s in wire.SIGNALS},
+        "active", time.time(), 1.0, None, None, [], None, None, columns.encode(evs)))
+
+
+def test_pushes_of_columns_and_1999_rows_with_fleetd_killed_before_the_acks_are_stored_once(
+        pipeline, spawn, keys):
+    """With echod stopped, a push of 20,000 syncs of columns (a batch of columns as it came,
+    stored as chunks),
+    1,999 events as maps, and a push of 56,000 events of columns of about 4 MB (past what a
+    batch to echod may be: as its rows, in batches). fleetd sends what its window allows and
+    is stopped; echod goes on and stores it, and fleetd, never reading the acks, is killed -9.
+    Started again on its spool, it sends everything again: every event is stored once (the
+    batch of columns sent again as rows, as a fleetd that has not yet heard from echod sent
+    each batch, would be stored twice), and the spool empties."""
+    fleetd, echod, engine = pipeline["fleetd"], pipeline["echod"], pipeline["engine"]
+    producer = Producer(pipeline["fleet"], keys, "big", cluster="c")
+    try:
+        producer.push(1)                  # fleetd hears from echod that it takes columns
+        assert wait_for(lambda: metric(pipeline["fleet_port"], "ingero_fleet_spool_batches")
+                        == 0 and per_node(engine).get("big") == 1, 30), fleetd.log()
+        echod.process.send_signal(signal.SIGSTOP)
+        producer.send(big_push(producer, 10_000, 20_000, detail=False))
+        producer.push(1000)
+        producer.push(999)
+        frames = big_push(producer, 100_000, 56_000, detail=True)
+        assert 3_500_000 < sum(map(len, frames)) < wire.MAX_FRAME_BYTES
+        producer.send(frames)
+        assert producer.collect_acks(30) == 5, fleetd.log()      # spooled: answered
+    finally:
+        producer.close()
+        time.sleep(2)                     # fleetd sends its window's worth; echod takes none
+        fleetd.process.send_signal(signal.SIGSTOP)
+        echod.process.send_signal(signal.SIGCONT)
+    assert wait_for(lambda: per_node(engine).get("big", 0) >= 1 + 20_000, 60), per_node(engine)
+    time.sleep(2)                         # echod stores the rest that reached it
+    fleetd.process.kill()                 # the acks it never read are lost with it
+    fleetd.process.wait()
+    again = spawn("fleetd-again", "fleetd", fleetd.argv[3:])
+    total = 1 + 20_000 + 1999 + 56_000
+    assert wait_for(lambda: metric(pipeline["fleet_port"], "ingero_fleet_spool_batches") == 0
+                    and per_node(engine).get("big", 0) >= total, 120), \
+        (per_node(engine), again.log()[-3000:])
+    with engine.connect() as connection:
+        counts = connection.execute(text("SELECT count(*), count(DISTINCT id) FROM events "
+                                         "WHERE node = 'big'")).one()
+    assert tuple(counts) == (total, total), "every event once"
+    assert again.alive() and echod.alive()
+
+
+def fuzz_batch(rnd, seq: int) -> wire.Forward:
+    """A batch as fleetd forwards it: rows of events and scores, or pushes of columns."""
+    node = f"fuzz{rnd.randrange(20)}"
+    first = rnd.randrange(10**6)
+    rows = [{"id": f"{node}:b:{first + k}", "t": time.time() - rnd.random() * 60,
+             "kind": rnd.choice(["collective", "sync", "alloc", "preempted"]), "node": node,
+             "cluster": "fuzz", "boot_id": "b", "job": rnd.choice(["1", "2", None]),
+             "attrs": {"rank": rnd.randrange(8), "duration_ns": rnd.randrange(10**6),
+                       "bytes": rnd.randrange(2**40), "op": "ncclAllReduce",
+                       "comm_hash": "00000000c0ffee00", "seq": k}}
+            for k in range(rnd.randrange(1, 30))]
+    if rnd.random() < 0.2:
+        return wire.ForwardColumns(seq, "fuzz", pushes=[column_push_frames(node, 20)[1]])
+    scores = [{"t": time.time(), "cluster": "fuzz", "node": node, "job": None, "boot_id": "b",
+               "seq": seq, "score": rnd.random(), "state": "active",
+               "signals": {s: 0.9 for s in wire.SIGNALS}}]
+    return wire.Forward(seq, "fuzz", rows, scores=scores)
+
+
+def mutate_row(rnd, batch: wire.Forward) -> wire.Forward:
+    """One field of one row made wrong, in a batch that still decodes."""
+    if batch.events:
+        row = rnd.choice(batch.events)
+        target = row["attrs"] if rnd.random() < 0.5 else row
+        target[rnd.choice(list(target))] = rnd.choice(GARBAGE)
+    return batch
+
+
+def test_echod_survives_random_and_mutated_batches_and_stores_the_good_ones(pipeline, keys):
+    """2,000 batches at echod's ingest socket, as a fleetd gone wrong would send them: well
+    formed, a row made wrong, or the frames mangled (bytes flipped, cut short, fields dropped
+    or garbage, another version or type, too many frames). echod refuses what it must, stays
+    up with its memory bounded, and a batch sent after them all is stored whole."""
+    rnd = random.Random(20261130)
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    curve.connect_curve(socket, curve.load_keypair(keys.fleet_secret),
+                        curve.load_public(keys.echod_public))
+    socket.connect(pipeline["ingest"])
+    pid = pipeline["echod"].process.pid
+    acks = 0
+    try:
+        for seq in range(2000):
+            batch = fuzz_batch(rnd, seq)
+            frames = wire.encode(mutate_row(rnd, batch) if rnd.random() < 0.3 else batch)
+            socket.send_multipart(mutate(rnd, frames) if rnd.random() < 0.4 else frames)
+            while socket.poll(0):
+                socket.recv_multipart()
+                acks += 1
+        ack = forward(keys, pipeline["ingest"], wire.Forward(9999, "test", events("after", 25)))
+        assert ack.stored == 25 and per_node(pipeline["engine"])["after"] == 25
+        while socket.poll(2000):
+            socket.recv_multipart()
+            acks += 1
+    finally:
+        socket.close()
+        context.term()
+    echod = pipeline["echod"]
+    assert echod.alive() and acks >= 1000, (acks, echod.log()[-3000:])
+    assert "Traceback" not in echod.log() and "internal error" not in echod.log(), echod.log()
+    with open(f"/proc/{pid}/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    assert peak < 1024 * 1024, f"echod's peak resident memory {peak} KiB"

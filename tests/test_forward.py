@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import zmq
 
-from fleetd.forward import Forwarder
+from fleetd.forward import PROBE_SEQ, Forwarder
 from fleetd.metrics import FleetMetrics
 from ingero import columns, wire
 from ingero.framefile import encode as encode_file
@@ -48,42 +48,58 @@ def column_push(seq: int, events: int) -> wire.ColumnPush:
     return wire.decode(wire.encode(sent))
 
 
-def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_rows_after(
-        tmp_path):
-    """Before echod has said what it takes, one batch at a time, as rows (the spool keeps the
-    pushes' bodies); once it has, the pushes' own bodies; when
-    an echod that does not take them answers (a downgrade), the batches of columns still in
-    the spool become batches of rows, under the same numbers."""
+def forwarder_and_echod(tmp_path, name: str):
     context = zmq.Context()
     echod = context.socket(zmq.ROUTER)
-    echod.bind("inproc://echod-columns-test")
-    cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-columns-test",
+    echod.bind(f"inproc://{name}")
+    cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod=f"inproc://{name}",
                           forward_batch_rows=1000, forward_interval=60.0, forward_window=8,
                           forward_resend_after=60.0, spool_dir=tmp_path,
                           spool_max_bytes=64 << 20, forward_batch_bytes=2 << 20)
-    forwarder = Forwarder(cfg, context, FleetMetrics())
+    return context, echod, cfg
 
-    def ack(*capabilities):
-        forwarder.tick(0.0)
+
+def sent(echod) -> list:
+    """The batches fleetd has sent and echod not yet read: (identity, batch)."""
+    batches = []
+    while echod.poll(300):
         identity, *frames = echod.recv_multipart()
-        batch = wire.decode(frames)
-        echod.send_multipart([identity, *wire.encode(wire.ForwardAck(
-            batch.seq, 0, 0, 0, list(capabilities)))])
-        assert forwarder.socket.poll(5000)
-        forwarder.receive()
-        return batch
+        batches.append((identity, wire.decode(frames)))
+    return batches
 
+
+def answer(forwarder, echod, identity, batch, *capabilities) -> None:
+    echod.send_multipart([identity, *wire.encode(wire.ForwardAck(
+        batch.seq, 0, 0, 0, list(capabilities)))])
+    assert forwarder.socket.poll(5000)
+    forwarder.receive()
+
+
+def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_rows_after(
+        tmp_path):
+    """Before echod has said what it takes, one batch of rows at a time, and no batch of
+    columns (the spool keeps the pushes' bodies); once it has, the pushes' own bodies; when
+    an echod that does not take them answers (a downgrade), the batches of columns still in
+    the spool become batches of rows, under the same numbers."""
+    context, echod, cfg = forwarder_and_echod(tmp_path, "echod-columns-test")
+    forwarder = Forwarder(cfg, context, FleetMetrics())
     try:
         for seq, events in ((0, 10), (1, 7)):       # gathered before echod is heard
             forwarder.add_push(column_push(seq, events), 1.8e9)
             forwarder.commit()
         assert [e.columnar for e in forwarder.spool.entries.values() if e.cls == 0] == [True] * 2
-        first = ack(wire.COLUMNS)
-        assert type(first) is wire.Forward and len(first.events) == 10
-        assert not echod.poll(300), "one batch in flight until echod is heard"
-        health, second = ack(wire.COLUMNS), ack(wire.COLUMNS)   # the first's scores, then
-        assert type(health) is wire.Forward and health.scores
-        assert type(second) is wire.ForwardColumns and second.row_count() == 7
+        forwarder.tick(0.0)
+        ((identity, first),) = sent(echod)           # one batch in flight until echod is heard
+        assert type(first) is wire.Forward and first.scores and not first.events
+        answer(forwarder, echod, identity, first, wire.COLUMNS)
+        forwarder.tick(0.0)
+        batches = {batch.seq: batch for _, batch in sent(echod)}
+        columns_sent = [b for b in batches.values() if type(b) is wire.ForwardColumns]
+        assert sorted(b.row_count() for b in columns_sent) == [7, 10]
+        for batch in batches.values():
+            answer(forwarder, echod, identity, batch, wire.COLUMNS)
+        assert not forwarder.spool.entries
+
         pushes = [column_push(seq, 20) for seq in (2, 3)]
         for push in pushes:
             forwarder.add_push(push, 1.8e9)
@@ -95,7 +111,10 @@ def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_ro
         pushes.append(column_push(4, 5))
         forwarder.add_push(pushes[-1], 1.8e9)
         forwarder.commit()
-        assert ack().seq < entry.seq              # an older echod acks another batch
+        forwarder.tick(0.0)
+        waiting = sent(echod)
+        health = next(b for _, b in waiting if b.scores)
+        answer(forwarder, echod, identity, health)    # an older echod acks another batch
         kept = {e.seq: wire.decode(forwarder.spool.frames(e))
                 for e in forwarder.spool.entries.values() if e.cls == 0}
         assert [type(b) for b in kept.values()] == [wire.Forward] * 2
@@ -106,6 +125,41 @@ def test_pushes_of_columns_go_as_they_came_to_an_echod_that_takes_them_and_as_ro
         forwarder.close()
         echod.close()
         context.term()
+
+
+def test_after_a_restart_a_spooled_batch_of_columns_waits_for_echods_word_never_going_as_rows(
+        tmp_path):
+    """echod stored a batch of columns and its ack was lost; fleetd restarted. Sent as rows
+    to find out what echod takes, it would be stored twice (as chunks, then as rows): an empty
+    batch asks first, and the batch goes as it was, columns, to an echod that takes them; as
+    rows only to one that says it does not."""
+    for capabilities, form in (([wire.COLUMNS], wire.ForwardColumns), ([], wire.Forward)):
+        spool = tmp_path / form.__name__
+        context, echod, cfg = forwarder_and_echod(spool, f"echod-restart-{form.__name__}")
+        cfg.spool_dir = spool
+        before = Forwarder(cfg, context, FleetMetrics())
+        before.add_push(column_push(0, 10), 1.8e9)
+        before.commit()
+        stored = next(seq for seq, e in before.spool.entries.items() if e.columnar)
+        before.close()                          # its ack never came: still spooled
+        for scores in spool.glob("*.1.batch"):  # the scores' batch was acked (so none asks)
+            scores.unlink()
+        forwarder = Forwarder(cfg, context, FleetMetrics())
+        try:
+            assert [e.columnar for e in forwarder.spool.entries.values()] == [True]
+            forwarder.tick(0.0)
+            ((identity, asked),) = sent(echod)
+            assert asked.seq == PROBE_SEQ and asked.row_count() == 0
+            forwarder.tick(1.0)
+            assert sent(echod) == [], "asked once a resend interval"
+            answer(forwarder, echod, identity, asked, *capabilities)
+            forwarder.tick(2.0)
+            ((_, batch),) = sent(echod)
+            assert type(batch) is form and batch.seq == stored and batch.row_count() == 10
+        finally:
+            forwarder.close()
+            echod.close()
+            context.term()
 
 
 def test_a_batch_past_what_echod_takes_is_split_and_a_push_of_columns_alone_goes_as_rows(

@@ -1,4 +1,5 @@
-"""100,000 random and mutated frames at a live fleetd: it stays up and its books balance."""
+"""100,000 random and mutated frames at a live fleetd: it stays up, its memory bounded, and its
+books balance (echod's own: test_echod_ingest)."""
 
 import random
 import time
@@ -160,6 +161,9 @@ def test_fleetd_survives_100k_bad_frames_and_keeps_answering(spawn, keys, endpoi
 
     assert "internal error" not in fleetd.log()
     assert fleetd.log().count("dropped a bad frame") < 100
+    with open(f"/proc/{fleetd.process.pid}/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    assert peak < 512 * 1024, f"fleetd's peak resident memory {peak} KiB"
     fuzzer.close()
     context.term()
 
