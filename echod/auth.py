@@ -502,10 +502,12 @@ class MungeUsers:
     def enabled(self) -> bool:
         return self.socket != "none"
 
-    def authenticate(self, authorization: str) -> Principal:
+    def authenticate(self, authorization: str, payload: bytes) -> Principal:
+        """The user behind a credential minted for the request whose ``payload``
+        (``munge.request_payload``) is given."""
         _, _, credential = authorization.partition(" ")
         try:
-            who = munge.decode(credential.strip(), self.socket)
+            who = munge.decode(credential.strip(), self.socket, payload)
         except munge.MungeError as exc:
             raise TokenRefused(f"MUNGE credential refused: {exc}", code="invalid_credential",
                                headers=_MUNGE_CHALLENGE) from None
@@ -529,6 +531,13 @@ class MungeUsers:
         except KeyError:
             return False
         return gid in os.getgrouplist(entry.pw_name, entry.pw_gid)
+
+
+def raw_target(request) -> str:
+    """The request's path and query as the client wrote them (percent escapes and all)."""
+    environ = request.environ
+    return environ.get("RAW_URI") or environ.get("REQUEST_URI") or \
+        request.full_path.removesuffix("?")
 
 
 def munge_scheme(authorization: str | None) -> bool:
@@ -558,6 +567,7 @@ def init_app(app: Flask) -> None:
     tokens.load()
     users = MungeUsers(settings.munge_socket, settings.munge_admin_group)
     guessing = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
+    munging = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
 
     @app.before_request
     def authenticate():
@@ -573,7 +583,11 @@ def init_app(app: Flask) -> None:
                     raise TokenRefused("this echod takes bearer tokens only (its "
                                        "--munge-socket is none)", code="unauthorized",
                                        headers={"WWW-Authenticate": _CHALLENGE})
-                g.principal = users.authenticate(header)
+                # each credential costs an unmunge: an address's share first, as a token's
+                munging.check(f"address:{request.remote_addr}")
+                g.principal = users.authenticate(header, munge.request_payload(
+                    request.method, request.host, raw_target(request),
+                    request.get_data(cache=True)))
             else:
                 g.principal = tokens.authenticate(header)
         except AuthError as exc:

@@ -135,6 +135,19 @@ SETTINGS = [
     Setting("on_verdict_job_rate", 10, integer(1, 10_000),
             "Raised verdicts of one job told a minute; those beyond are counted, and the "
             "job's next notice says how many.", "N"),
+    Setting("on_verdict_node_rate", 10, integer(1, 10_000),
+            "Raised verdicts on one node told a minute, whatever their jobs (a user making up "
+            "job ids pages no more); those beyond are counted as over the job rate.", "N"),
+    Setting("on_verdict_cluster_rate", 60, integer(1, 100_000),
+            "Raised verdicts in one cluster told a minute; those beyond are counted as over "
+            "the job rate.", "N"),
+    Setting("on_verdict_expiry", 600.0, number(10.0, 7 * 86_400.0),
+            "Seconds a notice waits for its receiver (a webhook, or a Slurm action) before it "
+            "is dropped unsent and counted: a receiver that keeps failing holds the notices "
+            "after it up for that long at most.", "SECONDS"),
+    Setting("on_verdict_max_pending", 10_000, integer(1, 10_000_000),
+            "Notices a receiver may have waiting; past it the oldest is dropped and counted.",
+            "N"),
     Setting("slurm_admin_comment", False, boolean,
             "Write a line per verdict into its Slurm job's AdminComment (scontrol update; "
             "fleetd's user must be a Slurm operator).", is_flag=True),

@@ -128,13 +128,15 @@ class FleetMetrics:
                                        "other jobs were judged", registry=r)
         self.notices = Counter("ingero_fleet_notices", "Verdict notices handed to a receiver "
                                "(a webhook, or a Slurm action), by outcome: delivered, retry "
-                               "(it failed and is tried again), refused (dropped), corrupt "
+                               "(it failed and is tried again), refused (dropped), expired "
+                               "and dropped (unsent: too old, too many waiting), corrupt "
                                "(a kept one that did not read back)", ["sink", "outcome"],
                                registry=r)
         self.notices_pending = Gauge("ingero_fleet_notices_pending", "Verdict notices waiting "
                                      "for their receiver", ["sink"], registry=r)
         self.notices_suppressed = Counter("ingero_fleet_notices_suppressed", "Raised verdicts "
-                                          "not told, over --on-verdict-job-rate", registry=r)
+                                          "not told, over --on-verdict-job-rate, -node-rate or "
+                                          "-cluster-rate", registry=r)
         self.drains = Counter("ingero_fleet_node_drains", "Nodes node reputation drained "
                               "(drained), or would have but for --drain-max-fraction (cap)",
                               ["outcome"], registry=r)

@@ -3,18 +3,23 @@ per receiver that says it from a thread of its own (``Outbox``), so that a slow 
 receiver never holds up a reply to an agent.
 
 A verdict is told when it is raised, when it escalates (its severity rises, or a late rank
-hangs or dies) and when it clears; notes (severity info) are not verdicts and are not told. Raises are limited per job
-(``--on-verdict-job-rate`` a minute): one job with a hundred ranks named at once is one
-incident, not a hundred pages; what is held back is counted, and the job's next notice says
-how many. A verdict not told is not told cleared either.
+hangs or dies) and when it clears; notes (severity info) are not verdicts and are not told.
+Raises are limited a minute per job, per node and per cluster (``--on-verdict-job-rate``,
+``--on-verdict-node-rate``, ``--on-verdict-cluster-rate``): one job with a hundred ranks named
+at once is one incident, not a hundred pages, and a user making up job ids on a node pages no
+more than the node's share; what is held back is counted, and the job's next notice says how
+many. A verdict not told is not told cleared either.
 
 Each receiver has its own queue: a directory of notices under fleetd's spool, one file each,
 written whole (``ingero.framefile``) and fsynced before fleetd goes on, removed once the
 receiver took it. A receiver that fails is tried again with a growing pause (1 s doubling to
 30 s), its notices kept in order, and across a restart of fleetd; one that refuses a notice
-outright (an HTTP 4xx other than 408 and 429) has it dropped, counted and logged. Delivery is
-at least once (fleetd may stop between a POST and its removal), so each notice carries an id
-a receiver keeps the first of.
+outright (an HTTP 4xx other than 408 and 429, or a redirect, which is never followed) has it
+dropped, counted and logged. A notice older than ``--on-verdict-expiry`` is dropped unsent
+(counted ``expired``), so a receiver that keeps failing holds the ones after it up for that
+long at most; past ``--on-verdict-max-pending`` waiting, the oldest is dropped (``dropped``).
+Delivery is at least once (fleetd may stop between a POST and its removal), so each notice
+carries an id a receiver keeps the first of.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ingero import webhook
+from ingero import httpclient, webhook
 from ingero.analysis.causes import lateness
 from ingero.errors import IngeroError
 from ingero.framefile import decode, encode, write_file
@@ -45,6 +50,7 @@ RANK = {"minor": 1, "major": 2, "critical": 3}
 STOPPED = ("hang", "died")          # a rank that stopped: worse than late, whatever the severity
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 POST_TIMEOUT_S = 5.0
+MAX_ANSWER_BYTES = 64 * 1024        # of a receiver's answer, read and thrown away
 NAME = re.compile(r"^(\d{12})\.notice$")
 
 DELIVERED, RETRY, REFUSED = "delivered", "retry", "refused"
@@ -97,14 +103,19 @@ def notice(verdict, event: str, user: str | None, at: float, suppressed: int = 0
 
 
 class Announcer:
-    """Which verdict changes to tell, within each job's rate."""
+    """Which verdict changes to tell, within the rates a minute of their job, node and
+    cluster."""
 
-    def __init__(self, per_job_per_minute: int, clock=time.monotonic):
+    def __init__(self, per_job_per_minute: int, clock=time.monotonic,
+                 per_node_per_minute: int | None = None,
+                 per_cluster_per_minute: int | None = None):
         self.rate = per_job_per_minute
+        self.rates = {"node": per_node_per_minute, "cluster": per_cluster_per_minute}
         self.clock = clock
         self.told: dict[str, tuple] = {}              # vid → (severity, kind) last told
         self.sent: dict[tuple, deque] = {}            # (cluster, job) → when raises were told
         self.held: dict[tuple, int] = {}              # (cluster, job) → raises not told since
+        self.wider: dict[tuple, deque] = {}           # ("node"/"cluster", ...) → the same
         self.suppressed = 0
 
     def notices(self, changed, user_of: Callable, at: float) -> list[dict]:
@@ -116,7 +127,7 @@ class Announcer:
             if event is None:
                 continue
             key = (verdict.cluster, verdict.job)
-            if event == "raised" and not self._allowed(key):
+            if event == "raised" and not self._allowed(key, verdict):
                 self.held[key] = self.held.get(key, 0) + 1
                 self.suppressed += 1
                 continue
@@ -139,31 +150,48 @@ class Announcer:
             verdict.kind in STOPPED and kind not in STOPPED)
         return "escalated" if worse else None
 
-    def _allowed(self, key: tuple) -> bool:
+    def _allowed(self, key: tuple, verdict) -> bool:
+        """Whether a raise fits its job's, node's and cluster's minute (taking its place in
+        each if so)."""
         now = self.clock()
-        times = self.sent.setdefault(key, deque())
-        while times and now - times[0] >= 60.0:
-            times.popleft()
-        if len(times) >= self.rate:
+        windows = [(self.sent.setdefault(key, deque()), self.rate)]
+        for scope, rate in self.rates.items():
+            if rate is not None:
+                place = ("node", verdict.cluster, verdict.node) if scope == "node" \
+                    else ("cluster", verdict.cluster)
+                windows.append((self.wider.setdefault(place, deque()), rate))
+        for times, _ in windows:
+            while times and now - times[0] >= 60.0:
+                times.popleft()
+        if any(len(times) >= rate for times, rate in windows):
             return False
-        times.append(now)
+        for times, _ in windows:
+            times.append(now)
         return True
 
     def forget_jobs(self, live: set[tuple]) -> None:
-        """Drop the rate state of jobs no longer tracked."""
+        """Drop the rate state of jobs no longer tracked, and of nodes and clusters with no
+        raise in the last minute."""
         for table in (self.sent, self.held):
             for key in [k for k in table if k not in live]:
                 del table[key]
+        now = self.clock()
+        for place in [p for p, times in self.wider.items()
+                      if not times or now - times[-1] >= 60.0]:
+            del self.wider[place]
 
 
 class Outbox:
     """One receiver's notices, in order: kept in ``directory`` (or memory, with None) until
-    ``deliver`` takes each; a thread of its own delivers them."""
+    ``deliver`` takes each, ``max_pending`` at most (the oldest dropped), each until it is
+    ``expiry_s`` old; a thread of its own delivers them."""
 
     def __init__(self, name: str, directory: Path | None, deliver: Callable[[dict], str],
-                 metrics, on_start: Callable[[], object] | None = None):
+                 metrics, on_start: Callable[[], object] | None = None,
+                 max_pending: int = 10_000, expiry_s: float | None = None, clock=time.time):
         self.name, self.directory, self.deliver = name, directory, deliver
         self.on_start = on_start
+        self.max_pending, self.expiry_s, self.clock = max_pending, expiry_s, clock
         self.metrics = metrics
         self.queue: deque[tuple[int, dict]] = deque()
         self.lock = threading.Condition()
@@ -214,8 +242,30 @@ class Outbox:
                                             "disk (%s); it is kept in memory only", self.name,
                                             exc.strerror)
             self.queue.append((seq, payload))
+            while len(self.queue) > self.max_pending:
+                self._drop("dropped")
             self._publish()
             self.lock.notify()
+
+    def _drop(self, outcome: str) -> None:
+        """The oldest notice, unsent (the lock held)."""
+        seq, payload = self.queue.popleft()
+        if self.directory is not None:
+            (self.directory / f"{seq:012d}.notice").unlink(missing_ok=True)
+        self.metrics.notices.labels(self.name, outcome).inc()
+        self.complaints.warning(outcome, "notices for %s: %s %s unsent (%s)", self.name,
+                                outcome, payload.get("id"),
+                                f"older than {self.expiry_s:.0f} s" if outcome == "expired"
+                                else f"over {self.max_pending} waiting")
+
+    def _expired(self, payload: dict) -> bool:
+        if self.expiry_s is None or not isinstance(payload.get("at"), str):
+            return False
+        try:
+            at = datetime.fromisoformat(payload["at"].replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return False
+        return self.clock() - at > self.expiry_s
 
     def _run(self) -> None:
         if self.on_start is not None:
@@ -231,6 +281,11 @@ class Outbox:
                 if self.stopping:
                     return
                 seq, payload = self.queue[0]
+                if self._expired(payload):
+                    self._drop("expired")
+                    self._publish()
+                    pause = RETRY_FIRST_S
+                    continue
             try:
                 outcome = self.deliver(payload)
             except Exception:   # a bug in a sink must not end its thread
@@ -244,7 +299,8 @@ class Outbox:
                 continue
             pause = RETRY_FIRST_S
             with self.lock:
-                self.queue.popleft()
+                if self.queue and self.queue[0][0] == seq:   # not dropped meanwhile by put
+                    self.queue.popleft()
                 if self.directory is not None:
                     (self.directory / f"{seq:012d}.notice").unlink(missing_ok=True)
                 self._publish()
@@ -268,6 +324,7 @@ class Webhook:
     def __init__(self, url: str, secret: bytes | None):
         self.url, self.secret = url, secret
         self.complaints = RateLimitedLog(log, 60.0)
+        self.opener = httpclient.opener()      # a redirect is refused, never followed
 
     def __call__(self, payload: dict) -> str:
         body = json.dumps(payload).encode()
@@ -277,10 +334,11 @@ class Webhook:
             headers[webhook.SIGNATURE] = webhook.sign(self.secret, body)
         request = urllib.request.Request(self.url, body, headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as answer:
-                answer.read()
+            with self.opener.open(request, timeout=POST_TIMEOUT_S) as answer:
+                answer.read(MAX_ANSWER_BYTES)
             return DELIVERED
         except urllib.error.HTTPError as exc:
+            exc.close()
             if exc.code in (408, 429) or exc.code >= 500:
                 self.complaints.warning("http", "webhook %s answered %d; trying again",
                                         self.url, exc.code)
@@ -312,7 +370,10 @@ class Notices:
         from .slurmactions import AdminComment, Notify, Reputation, Slurm
 
         self.metrics = metrics
-        self.announcer = Announcer(cfg.on_verdict_job_rate)
+        self.announcer = Announcer(cfg.on_verdict_job_rate,
+                                   per_node_per_minute=cfg.on_verdict_node_rate,
+                                   per_cluster_per_minute=cfg.on_verdict_cluster_rate)
+        self.cfg = cfg
         self.base = None if cfg.spool_dir is None else Path(cfg.spool_dir) / "notices"
         self.outboxes: list[Outbox] = []
         secret = None
@@ -349,7 +410,9 @@ class Notices:
 
     def _add(self, name: str, deliver, on_start=None) -> None:
         directory = None if self.base is None else self.base / name
-        self.outboxes.append(Outbox(name, directory, deliver, self.metrics, on_start))
+        self.outboxes.append(Outbox(name, directory, deliver, self.metrics, on_start,
+                                    self.cfg.on_verdict_max_pending,
+                                    self.cfg.on_verdict_expiry))
 
     def start(self) -> None:
         for outbox in self.outboxes:

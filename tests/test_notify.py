@@ -73,6 +73,22 @@ def test_raises_over_the_job_rate_are_held_back_counted_and_said_by_the_next_not
         later[0]["text"]
 
 
+def test_made_up_job_ids_page_no_more_than_their_nodes_and_clusters_share():
+    """A user on n1 makes up a job id a verdict: 30 jobs, each under its own job rate, are
+    told 10 a minute (the node's rate); another node's are still told, up to the cluster's."""
+    now = [0.0]
+    said = Announcer(10, clock=lambda: now[0], per_node_per_minute=10, per_cluster_per_minute=15)
+    made_up = said.notices([verdict(rank=k, job=str(1000 + k)) for k in range(30)], users, 1.0)
+    assert len(made_up) == 10 and said.suppressed == 20
+    others = said.notices([verdict(rank=100 + r, job="7", node="n2") for r in range(8)], users,
+                          1.0)
+    assert len(others) == 5, "the cluster's 15 a minute"
+    now[0] = 61.0
+    said.forget_jobs(set())
+    assert len(said.notices([verdict(rank=200, job="2000")], users, 61.0)) == 1
+    assert said.wider and all(len(times) == 1 for times in said.wider.values())
+
+
 def test_a_notice_matches_the_documented_schema():
     validator = Draft202012Validator(webhook.schema(), format_checker=FormatChecker())
     for v in (verdict(), verdict(cleared=1_800_000_100.0, revision=3), verdict(job=None)):
@@ -123,11 +139,47 @@ def test_an_outbox_retries_in_order_keeps_what_is_left_across_a_restart_and_drop
     assert wait_for(lambda: again.took == ["b", "c"], 10), again.tried
     assert again.tried == ["a", "b", "c"]
     box.close()
-    sample = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for family in metrics.registry.collect() for s in family.samples}
+    sample = samples(metrics)
     assert sample[("ingero_fleet_notices_total", (("outcome", "refused"), ("sink", "hook")))] \
         == 1
     assert sample[("ingero_fleet_notices_pending", (("sink", "hook"),))] == 0
+
+
+def samples(metrics) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in metrics.registry.collect() for s in family.samples}
+
+
+def test_a_receiver_that_keeps_failing_holds_the_others_up_for_the_expiry_at_most(
+        tmp_path, monkeypatch):
+    """A webhook answering 503 forever: its notices wait at most --on-verdict-expiry each,
+    then go unsent and counted, and at most --on-verdict-max-pending of them are kept (the
+    oldest dropped first), on disk as in memory."""
+    monkeypatch.setattr("fleetd.notify.RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr("fleetd.notify.RETRY_MAX_S", 0.01)
+    metrics, now = FleetMetrics(), [1_800_000_000.0]
+    directory = tmp_path / "hook"
+    failing = Sink(*[RETRY] * 10_000)
+    box = Outbox("hook", directory, failing, metrics, max_pending=3, expiry_s=600.0,
+                 clock=lambda: now[0])
+    at = lambda t: notice(verdict(), "raised", None, t)["at"]     # noqa: E731
+    for k in range(5):
+        box.put({"id": f"n{k}", "at": at(now[0])})
+    assert [p["id"] for _, p in box.queue] == ["n2", "n3", "n4"]
+    assert len(list(directory.iterdir())) == 3
+    box.start()
+    assert wait_for(lambda: len(failing.tried) >= 3, 10)
+    assert set(failing.tried) == {"n2"}, "the head is retried, the others wait"
+    now[0] += 601
+    assert wait_for(lambda: not box.queue, 10), "each, past its expiry, dropped unsent"
+    box.put({"id": "fresh", "at": at(now[0])})
+    assert wait_for(lambda: failing.tried[-1] == "fresh", 10)
+    box.close()
+    sample = samples(metrics)
+    outcome = lambda o: sample[("ingero_fleet_notices_total",   # noqa: E731
+                                (("outcome", o), ("sink", "hook")))]
+    assert (outcome("dropped"), outcome("expired")) == (2, 3)
+    assert [p.name for p in directory.iterdir()] == ["000000000005.notice"]
 
 
 def test_a_notice_that_does_not_read_back_is_dropped_and_counted(tmp_path):
@@ -147,7 +199,19 @@ class Hook(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         Hook.got.append((dict(self.headers), body))
+        if self.path == "/moved":                 # elsewhere, POST and all
+            self.send_response(307)
+            self.send_header("Location", "/in")
+            self.end_headers()
+            return
         self.send_response(Hook.answers.pop(0) if Hook.answers else 200)
+        if self.path == "/chatty":                # an answer with no end
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b"x" * 65536)
+            except OSError:
+                return
         self.end_headers()
 
     def log_message(self, *args):
@@ -184,6 +248,22 @@ def test_the_webhook_signs_each_post_and_reads_the_status(hook):
     unsigned = Webhook(hook, None)
     assert unsigned(payload) == DELIVERED
     assert webhook.SIGNATURE not in Hook.got[-1][0]
+
+
+def test_a_redirect_is_never_followed_and_an_answer_is_read_bounded(hook):
+    post = Webhook(hook.replace("/in", "/moved"), b"shared")
+    payload = notice(verdict(), "raised", "alice", 1_800_000_050.0)
+    assert post(payload) == REFUSED
+    assert len(Hook.got) == 1, "the signed notice went nowhere else"
+    assert Webhook(hook.replace("/in", "/chatty"), b"shared")(payload) == DELIVERED
+
+
+@pytest.mark.parametrize("header", [
+    "t=1,v1=\u00e9", "t=\u0663,v1=" + "a" * 64, "t=1,v1=" + "\u00e9" * 64, "\udc80", "=,=,",
+    "t=" + "9" * 40 + ",v1=" + "a" * 64, "t=1,t=2,v1", "v1=" + "a" * 64, " t = 1 , v1 = zz"])
+def test_a_crafted_signature_header_raises_bad_signature_only(header):
+    with pytest.raises(webhook.BadSignature):
+        webhook.verify(b"shared", header, b"{}", now=1.0)
 
 
 class FakeSlurm:

@@ -225,12 +225,18 @@ def as_user(stack: Stack, code, user: str, *args: str) -> subprocess.CompletedPr
                           cwd=code.checkout)
 
 
-def munge_as(user: str) -> str:
-    """A MUNGE credential minted for echod by ``user``."""
+def munge_as(user: str, payload: bytes) -> str:
+    """A MUNGE credential minted by ``user``, carrying ``payload``."""
     done = subprocess.run(["runuser", "-u", user, "--", "munge", "--input", "-"],
-                          input=munge.PAYLOAD, capture_output=True, timeout=30)
+                          input=payload, capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout.decode().strip()
+
+
+def minted_for(stack: Stack, tool: str = "list_jobs", args: dict | None = None) -> bytes:
+    """What a credential for ``refusal``'s request of that tool carries."""
+    return munge.payload_for_url("POST", stack.echod.url + f"/api/v1/tools/{tool}",
+                                 json.dumps(args or {}).encode())
 
 
 def refusal(stack: Stack, authorization: str, tool: str = "list_jobs",
@@ -312,27 +318,32 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
     seen = ingero_cli(stack, "sql", "--csv", f"SELECT DISTINCT cluster FROM events WHERE job = "
                       f"'{jobs[alice]}' ORDER BY 1")
     assert seen.split()[-2:] == ["other", "sim"], seen
-    mine = munge_as(alice)
-    status, body = refusal(stack, f"MUNGE {mine}", "event_history", {"job": jobs[alice]})
+    asked = {"job": jobs[alice]}
+    mine = munge_as(alice, minted_for(stack, "event_history", asked))
+    status, body = refusal(stack, f"MUNGE {mine}", "event_history", asked)
     assert status == 200 and body["events"], body
     assert {e["cluster"] for e in body["events"]} == {"sim"}, body
     assert as_user(stack, for_others, alice, "sql", "--csv", "SELECT DISTINCT cluster FROM "
                    "events ORDER BY 1").stdout.split() == ["cluster", "sim"]
 
-    # forged, expired, replayed, or minted for something else: 401 and one line
-    expired = munge.credential(ttl=1)
+    # forged, expired, replayed, minted for something else or for another request (seen on
+    # the way, and sent with another body): 401 and one line
+    listing = minted_for(stack)
+    expired = munge.credential(ttl=1, payload=listing)
     time.sleep(2)
-    fresh = munge.credential()
+    fresh = munge.credential(payload=listing)
     refusal(stack, f"MUNGE {fresh}")
     other = subprocess.run(["munge", "-n"], capture_output=True, text=True).stdout.strip()
-    good = munge.credential()
+    elsewhere = munge_as(alice, minted_for(stack, "event_history", {"job": jobs[alice]}))
+    good = munge.credential(payload=listing)
     middle = len(good) // 2
     forged = good[:middle] + ("A" if good[middle] != "A" else "B") + good[middle + 1:]
     for credential, reason in (("MUNGE:AAAAforged0000:", "Failed to base64-decode"),
                                (forged, "Invalid credential"),
                                (expired, "Expired credential"),
                                (fresh, "Replayed credential"),
-                               (other, "minted for something other than echod")):
+                               (other, "minted for something other than echod"),
+                               (elsewhere, "minted for another request")):
         status, body = refusal(stack, f"MUNGE {credential}")
         message = body["error"]
         assert status == 401 and reason in message and "\n" not in message, (status, body)

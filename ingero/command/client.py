@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import click
 
-from ingero import __version__, munge
+from ingero import __version__, httpclient, munge
 from ingero.errors import ApiCallError, ConfigError
 from ingero.settings import (Setting, boolean, choice, click_options, load, number, optional,
                        optional_text, path, text)
@@ -98,8 +98,8 @@ def credentials(cfg: SimpleNamespace) -> str | Callable[[], str]:
     """The token, or what makes a fresh MUNGE Authorization header for each request. In
     auto, a token file this user may not read (the site's, on a head node) is no token: the
     user proves who they are with MUNGE instead."""
-    def proven() -> str:
-        return f"{munge.SCHEME} {_credential(cfg.munge_socket)}"
+    def proven(method: str, url: str, body: bytes) -> str:
+        return f"{munge.SCHEME} {_credential(cfg.munge_socket, method, url, body)}"
 
     if cfg.auth == "munge":
         return proven
@@ -123,9 +123,9 @@ def credentials(cfg: SimpleNamespace) -> str | Callable[[], str]:
     return proven
 
 
-def _credential(socket: str) -> str:
+def _credential(socket: str, method: str, url: str, body: bytes) -> str:
     try:
-        return munge.credential(socket)
+        return munge.credential(socket, payload=munge.payload_for_url(method, url, body))
     except munge.MungeError as exc:
         raise ConfigError(f"no MUNGE credential: {exc}") from None
 
@@ -142,9 +142,9 @@ def read_token(cfg: SimpleNamespace) -> str | None:
 
 
 class EchodClient:
-    """echod's HTTP API with one bearer token (or, given a function, the Authorization header
-    it makes for each request), TLS verified against ``ca_cert`` (the system's CAs when
-    None), every request bounded by ``timeout`` seconds."""
+    """echod's HTTP API with one bearer token (or, given a function of a request's method, URL
+    and body, the Authorization header it makes for it), TLS verified against ``ca_cert`` (the
+    system's CAs when None), every request bounded by ``timeout`` seconds."""
 
     def __init__(self, url: str, token: str | Callable[[], str], ca_cert: str | None = None,
                  timeout: float = TIMEOUT_S):
@@ -153,9 +153,9 @@ class EchodClient:
             context = ssl.create_default_context(cafile=ca_cert)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"cannot use the CA file {ca_cert}: {exc}") from None
-        self.opener = urllib.request.build_opener(
-            _NoRedirect, urllib.request.HTTPSHandler(context=context))
-        self.authorization = token if callable(token) else lambda: f"Bearer {token}"
+        self.opener = httpclient.opener(urllib.request.HTTPSHandler(context=context))
+        self.authorization = token if callable(token) else \
+            lambda method, url, body: f"Bearer {token}"
         self.headers = {"Accept": "application/json", "User-Agent": f"ingero/{__version__}"}
 
     def tools(self) -> list[dict]:
@@ -171,7 +171,8 @@ class EchodClient:
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        headers = {**self.headers, "Authorization": self.authorization(),
+        headers = {**self.headers,
+                   "Authorization": self.authorization(method, self.url + path, data or b""),
                    **({} if data is None else {"Content-Type": "application/json"})}
         request = urllib.request.Request(self.url + path, data, headers, method=method)
         try:
@@ -186,14 +187,6 @@ class EchodClient:
         except ValueError:
             raise ApiCallError(f"echod at {self.url} answered {path} with no JSON",
                                "bad_answer") from None
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Answer a redirect as the error it is here: following it could carry the token to
-    another host, or onto plain HTTP."""
-
-    def redirect_request(self, *args, **kwargs):
-        return None
 
 
 def _refusal(status: int, retry_after: str | None, body: bytes) -> ApiCallError:
