@@ -69,6 +69,10 @@ SETTINGS = [
             "Most ranks a job or communicator may have: an event naming a larger "
             "communicator, or a rank past it, is refused and counted (each rank of a "
             "communicator costs memory in its window, and a process may claim any size).", "N"),
+    Setting("max_jobs_per_node", 256, integer(1, 1_000_000),
+            "Most jobs one node's events may name at once (until --job-ttl after their last "
+            "event): events of a further job are refused and counted (a process may claim any "
+            "job id, and each job costs memory).", "N"),
     Setting("max_frame_bytes", 4 * 1024 * 1024, integer(1024, 64 * 1024 * 1024),
             "Largest message accepted; larger ones are dropped and counted.", "BYTES"),
     Setting("echod", None, optional(zmq_endpoint),

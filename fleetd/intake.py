@@ -67,15 +67,20 @@ class ColumnIntake:
             & (cols.ints("comm_rank") >= 0) & ~np.isin(op, p2p)
         return kind_bulk & (placed | ~cols.of_kind("collective"))
 
-    def runs(self, push, cols: EventColumns, now: float) -> tuple[list[JobState], np.ndarray]:
-        """Each event's run (job, step, requeue, restart), as ``JobState``s and an index."""
+    def runs(self, push, cols: EventColumns, now: float,
+             taken: np.ndarray) -> tuple[list[JobState | None], np.ndarray]:
+        """Each event's run (job, step, requeue, restart), as ``JobState``s and an index; a
+        run only of events not ``taken`` (refused) has none, and none is made for it."""
         coded = [cols.coded(name) for name in ("job", *RUN_TAGS)]   # of any type each
         unique, group = _groups(np.stack([codes for codes, _values in coded], axis=1))
+        wanted = np.zeros(len(unique), bool)
+        wanted[group[taken]] = True
         states = []
-        for key in unique.tolist():
+        for key, want in zip(unique.tolist(), wanted.tolist()):
             job, *run = (values[k] if k >= 0 else None
                          for k, (_codes, values) in zip(key, coded))
-            states.append(self.analysis._job(push.cluster, job or push.job, tuple(run), now))
+            states.append(self.analysis._job(push.cluster, job or push.job, tuple(run), now)
+                          if want else None)
         return states, group
 
     def take(self, push, cols: EventColumns, offset: float, chunks: dict, now: float,
@@ -83,7 +88,7 @@ class ColumnIntake:
         """The ``bulk`` events: facts per rank (times less ``offset``),
         collectives per communicator into ``chunks`` ((job, comm, nranks) → list of (seq,
         column, t, op) arrays, t as the node timed it)."""
-        states, run = self.runs(push, cols, now)
+        states, run = self.runs(push, cols, now, bulk)
         rank = cols.ints("rank")
         t = cols.t - offset
         collective = bulk & cols.of_kind("collective")

@@ -280,6 +280,8 @@ class RankAnalysis:
         self.interval_s = 1.0         # the longest push interval heard of, as of the tick
         self.users: dict[tuple, tuple[str, float]] = {}   # (cluster, job) → (user, when said)
         self.max_ranks = cfg.max_ranks
+        self.max_jobs_per_node = cfg.max_jobs_per_node
+        self.node_jobs: dict[tuple, dict[str, float]] = {}   # (cluster, node) → job → when
         self.owners: dict[tuple, tuple[int, float]] = {}  # (cluster, job) → (its uid, when)
         self.refused: Counter[str] = Counter()    # events refused at intake, by reason
 
@@ -294,22 +296,47 @@ class RankAnalysis:
         likes in its environment."""
         before = self.refused.copy()
         cols = getattr(push, "columns", None)
+        room = self._room(push, cols, now)
         records = push.events + (cols.rows(np.flatnonzero(cols.of_kind("job_start")))
                                  if cols is not None and cols.n else [])
         for event in records:
             uid = event["attrs"].get("uid")
             if event["kind"] == "job_start" and type(uid) is int:
                 self.owners[(push.cluster, str(push.job_of(event)))] = (uid, now)
-        kept = [event for event in push.events if self._admit(event["attrs"])
+        kept = [event for event in push.events if room(push.job_of(event), 1)
+                and self._admit(event["attrs"])
                 and self._owned(push.cluster, push.job_of(event), event["attrs"].get("uid"), now)]
         admitted = None
         if cols is not None and cols.n:
-            admitted = self._admit_columns(cols) & self._owned_columns(push, cols, now)
+            job, jobs = cols.coded("job")
+            roomy = np.ones(cols.n, bool)
+            for code, name in [*enumerate(jobs), (-1, push.job)]:
+                mine = job == code
+                if name is not None and mine.any() and not room(name, int(mine.sum())):
+                    roomy &= ~mine
+            admitted = roomy & self._admit_columns(cols)
+            admitted &= self._owned_columns(push, cols, now, admitted)
         if self.refused != before:
             self.failures.warning(f"refused {push.node}", "node %s: refused %s", push.node,
                                   ", ".join(f"{n} event(s) {reason}" for reason, n
                                             in (self.refused - before).items()))
         return kept, admitted
+
+    def _room(self, push: Push, cols, now: float):
+        """A test of whether ``push``'s node may have events of a job (refusing and counting
+        ``n`` of them as ``too_many_jobs`` if not): one of the jobs the node already has, or
+        one more within --max-jobs-per-node. A user's process may claim any job id: made-up
+        ones cost fleetd no more state than a node's share."""
+        jobs = self.node_jobs.setdefault((push.cluster, push.node), {})
+
+        def room(job: str | None, n: int) -> bool:
+            if job is None or str(job) in jobs or len(jobs) < self.max_jobs_per_node:
+                if job is not None:
+                    jobs[str(job)] = now
+                return True
+            self.refused["too_many_jobs"] += n
+            return False
+        return room
 
     def _owned(self, cluster: str, job: str | None, uid, now: float) -> bool:
         """Whether an event of user ``uid`` may be of ``job`` (the first user a job is seen
@@ -322,14 +349,16 @@ class RankAnalysis:
         self.refused["foreign_uid"] += 1
         return False
 
-    def _owned_columns(self, push: Push, cols, now: float) -> np.ndarray:
+    def _owned_columns(self, push: Push, cols, now: float, among: np.ndarray) -> np.ndarray:
+        """``_owned`` for the events ``among`` those of a push of columns (the others are
+        refused already: they make no job an owner)."""
         uid = cols.ints("uid")
         job, jobs = cols.coded("job")
         ok = np.ones(cols.n, bool)
         if not (uid >= 0).any():
             return ok
         for code, name in [*enumerate(jobs), (-1, push.job)]:
-            mine = (job == code) & (uid >= 0)
+            mine = (job == code) & (uid >= 0) & among
             if name is None or not mine.any():
                 continue
             first = int(uid[np.flatnonzero(mine)[0]])
@@ -550,6 +579,12 @@ class RankAnalysis:
                       if key in tracked or now - said[1] <= self.job_ttl}
         self.owners = {key: said for key, said in self.owners.items()
                        if key in tracked or now - said[1] <= self.job_ttl}
+        for (cluster, node), jobs in list(self.node_jobs.items()):
+            for job in [j for j, seen in jobs.items()
+                        if (cluster, j) not in tracked and now - seen > self.job_ttl]:
+                del jobs[job]
+            if not jobs:
+                del self.node_jobs[(cluster, node)]
         self.pending_rows += [v.row() for v in changed]
         self.live_by_node = defaultdict(set)
         for verdict in self.active():

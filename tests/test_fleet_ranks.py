@@ -1119,3 +1119,21 @@ def test_after_a_restart_a_rank_whose_entries_went_to_the_last_run_is_not_missin
         return named
     assert run(10) == []
     assert (3, "died") in run(0)
+
+
+def test_a_node_naming_more_jobs_than_its_share_costs_fleetd_no_more_state():
+    """A user's processes on n1 make up a job id each: past --max-jobs-per-node the events of
+    a further job are refused and counted (no JobState, no owner kept for it); the jobs it
+    had go on being judged, and once the made-up ones are past --job-ttl, room is made."""
+    ra = analysis(max_jobs_per_node=4)
+    made_up = [{**e, "id": f"m{k}", "attrs": {**e["attrs"], "job": str(900 + k), "uid": 1001,
+                                              "comm_hash": f"{k:016x}"}}
+               for k, e in enumerate(steps([0], 0, 40))]
+    feed(ra, until=30, also=lambda first: made_up if first == 10 else [])
+    assert ra.refused["too_many_jobs"] == 40 - 3, ra.refused
+    assert {job.job for job in ra.jobs.values()} == {"42", "900", "901", "902"}
+    assert not [key for key in ra.owners if key[1] not in ("42", "900", "901", "902")]
+    feed(ra, start=30, until=60, late=lambda r, s: 0.05 if r == 6 else 0.0)
+    assert [v.rank for v in ra.active()] == [6]
+    ra.tick(T0 + 30 * STEP + ra.job_ttl + 10)
+    assert len(ra.node_jobs.get(("c", "n1"), {})) <= 1
