@@ -10,7 +10,9 @@ seconds, one ``sacct`` call for the jobs whose id or ended run Slurm has not yet
 ``scontrol show job`` (the jobs slurmctld still holds). Each job is
 asked at most ``MAX_TRIES`` times, for a week at most after it was seen; a run still shown
 running is asked again later. What sacct or scontrol say goes to ``slurm_id``,
-``slurm_state`` and ``slurm_exit_code``; the reports show those over the hook's.
+``slurm_state`` and ``slurm_exit_code``; the reports show those over the hook's. The user
+Slurm names replaces the one the records gave (``user``): a record comes from a compute node,
+whose agent key may be stolen; Slurm's word on whose job it is stands over it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ LIMIT :batch
 
 ANSWERED = """
 UPDATE jobs SET slurm_id = coalesce(:slurm_id, slurm_id),
+                "user" = coalesce(:user, "user"),
                 slurm_state = coalesce(:state, slurm_state),
                 slurm_exit_code = coalesce(:exit_code, slurm_exit_code),
                 slurm_checked = :now, slurm_tries = slurm_tries + 1
@@ -65,6 +68,7 @@ class Run:
     slurm_id: str
     state: str
     exit_code: str | None
+    user: str | None = None
 
 
 class SlurmStates:
@@ -126,6 +130,7 @@ class SlurmStates:
                 conn.execute(text(ANSWERED), {
                     "cluster": cluster, "id": job, "restarts": restarts, "now": now,
                     "slurm_id": run.slurm_id if run else None,
+                    "user": run.user if run else None,
                     "state": run.state if final else None,
                     "exit_code": run.exit_code if final else None})
                 self._count("named" if final else "known" if run else "unknown")
@@ -179,7 +184,7 @@ class SlurmStates:
         out = self.run(["sacct", "-n", "-P", "-X", "-D", "-a", *since,
                         *(("-M", ",".join(clusters)) if clusters else ()),
                         "-j", ",".join(sorted({job for _, job, *_ in jobs}, key=int)),
-                        "-o", "Cluster,JobIDRaw,JobID,State,ExitCode"])
+                        "-o", "Cluster,JobIDRaw,JobID,State,ExitCode,User"])
         return parse_sacct(out)
 
     def scontrol(self) -> dict:
@@ -188,20 +193,20 @@ class SlurmStates:
 
 
 def parse_sacct(out: str) -> dict:
-    """sacct -n -P -X -D -o Cluster,JobIDRaw,JobID,State,ExitCode: a job's lines come in the
-    order of its runs (the earlier ones REQUEUED). Each run under its Slurm cluster, and under
-    None for a job recorded without one."""
+    """sacct -n -P -X -D -o Cluster,JobIDRaw,JobID,State,ExitCode,User: a job's lines come in
+    the order of its runs (the earlier ones REQUEUED). Each run under its Slurm cluster, and
+    under None for a job recorded without one."""
     runs: dict[tuple[str | None, str, int], Run] = {}
     seen: dict[tuple[str | None, str], int] = {}
     for line in out.splitlines():
         fields = line.split("|")
-        if len(fields) != 5 or not fields[1].isdigit():
+        if len(fields) != 6 or not fields[1].isdigit():
             continue
-        cluster, raw, slurm_id, state, exit_code = fields
+        cluster, raw, slurm_id, state, exit_code, user = fields
         index = seen.get((cluster, raw), 0)
         seen[(cluster, raw)] = index + 1
         word = STATE_WORD.match(state)
-        run = Run(slurm_id, word.group() if word else state, exit_code or None)
+        run = Run(slurm_id, word.group() if word else state, exit_code or None, user or None)
         runs[(cluster, raw, index)] = runs[(None, raw, index)] = run
     return runs
 
@@ -222,7 +227,9 @@ def parse_scontrol(out: str, cluster: str | None) -> dict:
             slurm_id = raw
         restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else 0
         word = STATE_WORD.match(fields.get("JobState", ""))
-        run = Run(slurm_id, word.group() if word else "UNKNOWN", fields.get("ExitCode"))
+        user = fields.get("UserId", "").partition("(")[0]      # alice(1000)
+        run = Run(slurm_id, word.group() if word else "UNKNOWN", fields.get("ExitCode"),
+                  user or None)
         runs[(cluster, raw, restarts)] = runs[(None, raw, restarts)] = run
     return runs
 

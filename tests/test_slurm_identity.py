@@ -28,9 +28,10 @@ import pytest
 from ingero import munge, wire
 from ingero.stack.launch import wait_for
 from ingero.stack.local import Stack
+from ingerod.jobs import record_event
 from tests.slurmcluster import (SlurmCluster, cluster_for_module, ingero_cli,
                                ingero_run, needs_slurm, stack_beside)
-from tests.support import forward, needs_ebpf
+from tests.support import Producer, forward, needs_ebpf
 
 pytestmark = [pytest.mark.slow, needs_ebpf, needs_slurm]
 
@@ -347,3 +348,44 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
         status, body = refusal(stack, f"MUNGE {credential}")
         message = body["error"]
         assert status == 401 and reason in message and "\n" not in message, (status, body)
+
+
+def test_a_job_record_forged_with_a_stolen_node_key_yields_to_slurms_word(
+        cluster, stack, for_others):
+    """Root on the node holds its agent's key and, before alice's next job starts, pushes
+    that job's start record (the id Slurm will hand out next) naming bob. The record echod
+    stores first stands over the prolog's, until echod asks sacct whose job it is: alice's,
+    in her list, never in bob's."""
+    alice, bob = USERS
+    done = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-o", "%A"], env=cluster.env,
+                          capture_output=True, text=True, timeout=30)
+    last = max([int(x) for x in done.stdout.split()] + [int(x) for x in subprocess.run(
+        ["sacct", "-n", "-X", "-a", "-P", "-o", "JobIDRaw"], env=cluster.env,
+        capture_output=True, text=True, timeout=30).stdout.split() if x.isdigit()])
+    job = str(last + 1)
+    key = stack.keys.node_secrets[stack.key_name(cluster.host)]
+    forger = Producer(stack.endpoint, stack.keys, cluster.host, cluster="sim", secret=key)
+    record = record_event(cluster.host, {"job": job, "event": "job_start", "t": time.time(),
+                                         "user": bob, "uid": unix_user(bob).pw_uid})
+    try:
+        forger.send(wire.encode(wire.Push(0, cluster.host, "sim", forger.boot, 0.9,
+                                          Producer.SIGNALS, "active", time.time(), 1.0,
+                                          events=[record])))
+        assert forger.collect_acks(10) == 1, "a node may say which jobs run on it"
+    finally:
+        forger.close()
+    work = cluster.root / "forged"
+    work.mkdir()
+    os.chown(work, unix_user(alice).pw_uid, unix_user(alice).pw_gid)
+    done = subprocess.run(["runuser", "-u", alice, "--", "sbatch", "--parsable", "-o",
+                           "/dev/null", "--chdir", str(work), "--wrap", "sleep 1"],
+                          env=cluster.env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == job, (done, job)
+
+    def listed(user: str) -> list[str]:
+        out = as_user(stack, for_others, user, "jobs", "-n", "-P", "-o", "JobID,User")
+        return out.stdout.split()
+    assert wait_for(lambda: f"{job}|{alice}" in listed(alice), 90), (
+        listed(alice), ingero_cli(stack, "sql", "SELECT id, \"user\", slurm_id, slurm_tries "
+                                  f"FROM jobs WHERE id = '{job}'"))
+    assert not [line for line in listed(bob) if line.startswith(f"{job}|")]

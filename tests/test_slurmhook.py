@@ -365,18 +365,21 @@ def test_a_requeued_jobs_runs_are_recorded_apart_and_its_row_is_the_latest_run(t
 def test_sacct_and_scontrol_answers_name_each_run():
     from echod.slurmjobs import Run, parse_sacct, parse_scontrol
 
-    runs = parse_sacct("alpha|5|5|REQUEUED|0:0\nalpha|5|5|COMPLETED|0:0\n"
-                       "alpha|10|1_0|CANCELLED by 1000|0:15\nalpha|3|2+1|TIMEOUT|0:0\n"
-                       "garbage\n")
-    assert runs[("alpha", "5", 0)] == Run("5", "REQUEUED", "0:0")
-    assert runs[("alpha", "5", 1)] == runs[(None, "5", 1)] == Run("5", "COMPLETED", "0:0")
-    assert runs[("alpha", "10", 0)] == Run("1_0", "CANCELLED", "0:15")
-    assert runs[("alpha", "3", 0)].slurm_id == "2+1" and len(runs) == 8
+    runs = parse_sacct("alpha|5|5|REQUEUED|0:0|alice\nalpha|5|5|COMPLETED|0:0|alice\n"
+                       "alpha|10|1_0|CANCELLED by 1000|0:15|bob\nalpha|3|2+1|TIMEOUT|0:0|\n"
+                       "garbage\nalpha|5|5|COMPLETED|0:0\n")
+    assert runs[("alpha", "5", 0)] == Run("5", "REQUEUED", "0:0", "alice")
+    assert runs[("alpha", "5", 1)] == runs[(None, "5", 1)] == Run("5", "COMPLETED", "0:0",
+                                                                   "alice")
+    assert runs[("alpha", "10", 0)] == Run("1_0", "CANCELLED", "0:15", "bob")
+    assert runs[("alpha", "3", 0)].slurm_id == "2+1" and runs[("alpha", "3", 0)].user is None
+    assert len(runs) == 8
     shown = parse_scontrol(
-        "JobId=6 ArrayJobId=1 ArrayTaskId=0 JobState=COMPLETING Restarts=0 ExitCode=0:0\n"
+        "JobId=6 ArrayJobId=1 ArrayTaskId=0 JobState=COMPLETING Restarts=0 ExitCode=0:0 "
+        "UserId=alice(1000)\n"
         "JobId=3 HetJobId=2 HetJobOffset=1 JobState=OUT_OF_MEMORY Restarts=2 ExitCode=0:125\n"
         "JobId=9 JobState=NODE_FAIL Restarts=0 ExitCode=0:0\n", "alpha")
-    assert shown[("alpha", "6", 0)] == Run("1_0", "COMPLETING", "0:0")
+    assert shown[("alpha", "6", 0)] == Run("1_0", "COMPLETING", "0:0", "alice")
     assert shown[("alpha", "3", 2)] == Run("2+1", "OUT_OF_MEMORY", "0:125")
     assert shown[(None, "9", 0)] == Run("9", "NODE_FAIL", "0:0")
 
