@@ -277,7 +277,7 @@ class RankAnalysis:
         self.live_by_node: dict[str | None, set[tuple]] = {}  # node → (job, rank) named
         self.failed = 0               # a job's tick that raised (a bug): counted, logged, skipped
         self.failures = RateLimitedLog(log, 60.0)
-        self.interval_s = 1.0         # the longest push interval heard of, as of the tick
+        self.interval_s = 1.0         # the longest push interval of the job being judged
         self.users: dict[tuple, tuple[str, float]] = {}   # (cluster, job) → (user, when said)
         self.max_ranks = cfg.max_ranks
         self.max_jobs_per_node = cfg.max_jobs_per_node
@@ -558,12 +558,12 @@ class RankAnalysis:
         judged, or not yet: either way it is judged next tick)."""
         changed: list[Verdict] = []
         served = time.perf_counter()
-        self.interval_s = self._interval()     # once a tick: every node's, not every job's
         for key, job in list(self.jobs.items()):
             if between is not None and time.perf_counter() - served >= every_s:
                 between()
                 served = time.perf_counter()
             try:
+                self.interval_s = self._interval(job)
                 changed += self._judge_job(job, now)
             except Exception:
                 self.failed += 1
@@ -574,6 +574,8 @@ class RankAnalysis:
                 changed += self._close_all(job, now)
                 del self.jobs[key]
         changed = list({id(v): v for v in changed}.values())   # a verdict once, as it is now
+        self.heard = {node: said for node, said in self.heard.items()
+                      if now - said[0] <= max(self.job_ttl, RESUMED_AFTER * said[1])}
         tracked = {(job.cluster, job.job) for job in self.jobs.values()}
         self.users = {key: said for key, said in self.users.items()
                       if key in tracked or now - said[1] <= self.job_ttl}
@@ -659,9 +661,11 @@ class RankAnalysis:
                         job.job, ",".join(map(str, sorted(newly))))
         return unseen
 
-    def _interval(self) -> float:
-        """The longest push interval of the nodes heard from."""
-        return max((interval for _t, interval in self.heard.values()), default=1.0)
+    def _interval(self, job: JobState) -> float:
+        """The longest push interval of the job's nodes: a node pushing once an hour (an
+        agent's setting, or a stolen key's) stretches its own jobs' timeouts, nobody else's."""
+        nodes = {facts.node for facts in job.facts.values() if facts.node}
+        return max((self.heard[node][1] for node in nodes if node in self.heard), default=1.0)
 
     def _settle(self, job: JobState, comm: str, window: CommWindow, now: float) -> bool:
         """Move the instances now complete to the history; whether there were any."""

@@ -1137,3 +1137,18 @@ def test_a_node_naming_more_jobs_than_its_share_costs_fleetd_no_more_state():
     assert [v.rank for v in ra.active()] == [6]
     ra.tick(T0 + 30 * STEP + ra.job_ttl + 10)
     assert len(ra.node_jobs.get(("c", "n1"), {})) <= 1
+
+
+def test_a_node_pushing_once_an_hour_stretches_its_own_jobs_timeouts_only():
+    """A push interval of 3600 s (an agent's setting, or a stolen key's) stretched every
+    job's timeouts when fleetd took the longest interval heard of from any node, for good."""
+    ra = analysis()
+    feed(ra, until=20)
+    slow = wire.Push(0, "n9", "c", "boot", 0.9, {s: 1.0 for s in wire.SIGNALS}, "active", T0,
+                     3600.0, "77", None, steps([0], 0, 10, job="77"))
+    ra.observe(slow, T0 + 2)
+    ra.tick(T0 + 2)
+    jobs = {job.job: job for job in ra.jobs.values()}
+    assert ra._interval(jobs["42"]) == 1.0 and ra._interval(jobs["77"]) == 3600.0
+    ra.tick(T0 + 4 * 3600)              # n9 and its job long gone: nothing of it is kept
+    assert "n9" not in ra.heard
