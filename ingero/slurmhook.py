@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import syslog
@@ -141,12 +142,29 @@ def record_path(jobs_dir: Path, record: dict) -> Path:
     return jobs_dir / f"{record['job']}.{record['event']}{run}.json"
 
 
+def own_directory(path: Path, mode: int) -> Path:
+    """``path``, made with ``mode`` if missing, as a directory of this process's user (root,
+    in a hook) that no one else may write; HookError if it is a link, another user's, or
+    writable by group or others: a root hook writing there could be led to write elsewhere."""
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise HookError(f"{path} is not a directory of uid {os.geteuid()} that only it may "
+                        "write; not writing there")
+    return path
+
+
+def open_own(path: Path, flags: int, mode: int) -> int:
+    """``os.open`` that never follows a link at ``path``."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
 def write_record(jobs_dir: Path, record: dict) -> Path:
     """Atomically (a whole file or none), readable by root only."""
-    jobs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = record_path(jobs_dir, record)
+    path = record_path(own_directory(jobs_dir, 0o700), record)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    partial.unlink(missing_ok=True)
+    fd = open_own(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(record, out)
     os.replace(partial, path)
@@ -215,15 +233,20 @@ def start_detached(environ, record: dict) -> int:
     argv = [program, "--job", record["job"], *setting("INGERO_INGEROD_ARGS", environ).split()]
     if record.get("node_count"):
         argv += ["--job-nodes", str(record["node_count"])]
-    log_dir = Path(setting("INGERO_LOG_DIR", environ))
-    log_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    log_dir = own_directory(Path(setting("INGERO_LOG_DIR", environ)), 0o750)
     env = {k: v for k, v in environ.items() if not k.startswith("SLURM")}
-    with open(log_dir / f"ingerod-{record['job']}.log", "ab") as log:
+    log = open_own(log_dir / f"ingerod-{record['job']}.log",
+                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                  start_new_session=True, close_fds=True, env=env)
+    finally:
+        os.close(log)
     path = pidfile(environ, record["job"])
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    path.write_text(f"{child.pid}\n")
+    own_directory(path.parent, 0o755)
+    fd = open_own(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{child.pid}\n")
     return child.pid
 
 

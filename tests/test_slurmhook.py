@@ -24,6 +24,7 @@ from echod.jobrecords import job_fields, merge
 from echod.models import Job
 from echod.store import write_batch
 from ingero import hostlist, slurmhook
+from ingero.stack.local import AGENT_STOP_S
 from ingerod.jobs import ControlSocket, JobSpool, record_event
 from ingerod.metrics import AgentMetrics
 from tests.slurmcluster import Syslog
@@ -127,6 +128,38 @@ def test_the_hooks_exit_0_within_two_seconds_whatever_happens(trouble, tmp_path,
         assert wait_until(lambda: any("ingero-prolog" in line and
                                       ("failed" in line or "Error" in line)
                                       for line in syslog.lines)), syslog.lines
+
+
+def test_the_hooks_write_only_into_directories_of_roots_and_never_through_a_link(tmp_path):
+    """The prolog runs as root: a spool that is a link, or a directory others may write, is
+    not written into, and a link planted where the per-job agent's pidfile or log goes is not
+    written through (the file it points to stays as it was). The job runs all the same."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (tmp_path / "jobs").symlink_to(elsewhere)
+    settings(tmp_path, **base(tmp_path, INGERO_HOOK_AGENT="detached",
+                              INGERO_HOOK_CPU_JOBS="yes", INGERO_INGEROD="/bin/true"))
+    assert hook(PROLOG, "prolog_slurmd", tmp_path)[0] == 0
+    assert list(elsewhere.iterdir()) == [], "nothing written through the link"
+
+    (tmp_path / "jobs").unlink()
+    (tmp_path / "jobs").mkdir(mode=0o700)
+    for name in ("run", "log"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "run" / "ingerod-4242.pid").symlink_to(victim)
+    (tmp_path / "log" / "ingerod-4242.log").symlink_to(victim)
+    assert hook(PROLOG, "prolog_slurmd", tmp_path)[0] == 0
+    assert (tmp_path / "jobs" / "4242.job_start.json").exists()
+    assert victim.read_text() == "untouched\n"
+
+    (tmp_path / "log" / "ingerod-4242.log").unlink()
+    (tmp_path / "log").chmod(0o777)                 # anyone may put a link there later
+    assert hook(PROLOG, "prolog_slurmd", tmp_path)[0] == 0
+    assert not (tmp_path / "log" / "ingerod-4242.log").exists()
+    assert victim.read_text() == "untouched\n"
 
 
 def wait_until(predicate, timeout: float = 5.0) -> bool:
@@ -426,4 +459,4 @@ def test_a_prolog_while_the_agent_compiles_its_probes_starts_no_second_agent(spa
     assert not run.exists() and not (tmp_path / "log").exists()     # no detached agent
     assert (jobs / "4242.job_start.json").exists()
     assert wait_until(lambda: "job 4242: job_start recorded" in agent.log(), 60), agent.log()
-    assert agent.stop() == 0
+    assert agent.stop(AGENT_STOP_S) == 0     # drained, then its probes detached

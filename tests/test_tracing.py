@@ -17,6 +17,7 @@ import pytest
 import sim
 from ingero.analysis.lag import peer_lag
 from ingero.stack.launch import wait_for
+from ingero.stack.local import AGENT_STOP_S
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
@@ -245,7 +246,7 @@ def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_pat
     assert wait_for(lambda: metric(fleet_port, "ingero_fleet_events_accepted_total") >= issued,
                     30), agent.log()
     assert scrape(agent_port)[("ingero_agent_events_lost_total", ())] == 0
-    assert agent.stop() == 0
+    assert agent.stop(AGENT_STOP_S) == 0     # drained, then its probes detached
 
 
 def test_launch_counter_duty_cycle_detaches_and_reattaches(tmp_path):
