@@ -324,6 +324,12 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
     status, body = refusal(stack, f"MUNGE {mine}", "event_history", asked)
     assert status == 200 and body["events"], body
     assert {e["cluster"] for e in body["events"]} == {"sim"}, body
+    # how long a statement took, to a user who sees their own rows only, in tenths of a second
+    # (a scan's time tells how many rows of others' it passed over)
+    query = {"sql": "SELECT count(*) FROM events"}
+    sql_alice = munge_as(alice, minted_for(stack, "run_analysis", query))
+    status, body = refusal(stack, f"MUNGE {sql_alice}", "run_analysis", query)
+    assert status == 200 and body["elapsed_ms"] > 0 and body["elapsed_ms"] % 100 == 0, body
     assert as_user(stack, for_others, alice, "sql", "--csv", "SELECT DISTINCT cluster FROM "
                    "events ORDER BY 1").stdout.split() == ["cluster", "sim"]
 

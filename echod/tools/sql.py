@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from ..registry import ToolContext, ToolError, obj, tool
 from ..sqlcheck import MAX_SQL_CHARS, SqlError
 from .schema import BOOL, NUM, STR, array, closed
+
+# A user who reads only their own jobs is told a statement's time to this: how long a scan of
+# rows they may not see took would tell them how many others' there are.
+USER_ELAPSED_MS = 100.0
 
 
 @tool("run_analysis", summary="One read-only SQL statement over the ingero tables of your "
@@ -28,7 +34,8 @@ def run_analysis(ctx: ToolContext, args: dict) -> dict:
     call_stats (per rank and minute t: kind, op, comm_hash, peer_wait, calls, timed,
     duration_ns, bytes, last_t, and buckets, counts, sums: a histogram of durations). Only the
     rows of your clusters are visible; statements that write, change settings or reach files
-    or the network are refused (400). Times come back in ISO 8601, intervals in seconds."""
+    or the network are refused (400). Times come back in ISO 8601, intervals in seconds;
+    elapsed_ms, to a user who reads only their own jobs, in whole tenths of a second."""
     timeout = args.get("timeout_s")
     timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
     try:
@@ -36,5 +43,8 @@ def run_analysis(ctx: ToolContext, args: dict) -> dict:
                                  timeout_ms=timeout_ms)
     except SqlError as exc:
         raise ToolError(str(exc), exc.code, exc.status) from exc
+    elapsed = float(result.elapsed_ms)
+    if ctx.scope.user is not None:
+        elapsed = USER_ELAPSED_MS * max(1, math.ceil(elapsed / USER_ELAPSED_MS))
     return {"columns": list(result.columns), "rows": [list(row) for row in result.rows],
-            "truncated": result.truncated, "elapsed_ms": float(result.elapsed_ms)}
+            "truncated": result.truncated, "elapsed_ms": elapsed}
