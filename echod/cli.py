@@ -151,6 +151,7 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
         ctx.obj = (config, flags)
         return
     cfg = settings(config, flags)
+    store.KEEP_DAYS = cfg.retention_days      # no event older than the store keeps
     metrics = EchoMetrics()
     signals = SignalFlags().install()  # before the database starts, so SIGTERM stops it too
     try:

@@ -42,7 +42,7 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
     if not (plain(push.node) and plain(push.cluster) and plain(push.boot_id)
             and cols.id_prefix.startswith(push.node + ":")):
         slow[:] = True
-    slow |= (cols.t < store.EARLIEST) | (cols.t > now + store.FUTURE_SLACK_S)
+    slow |= (cols.t < store.earliest(now)) | (cols.t > now + store.FUTURE_SLACK_S)
     kinds = np.array(cols.kinds, dtype=object)
     slow |= np.isin(cols.kind, [k for k, name in enumerate(cols.kinds)
                                 if not plain(name) or name in JOB_KINDS])

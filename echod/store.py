@@ -31,6 +31,17 @@ from .summaries import SUMMARIZE
 
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
 FUTURE_SLACK_S = 86_400
+# Days back an event may be: echod sets it from --retention-days at start (None: to 2000). An
+# event older than the store keeps would be dropped at the next retention pass, and each
+# day of the past costs a partition: a node may not make thousands of them.
+KEEP_DAYS: int | None = None
+
+
+def earliest(now: float) -> float:
+    """The earliest time an event may have, given ``now``."""
+    if KEEP_DAYS is None:
+        return EARLIEST
+    return max(EARLIEST, now - (KEEP_DAYS + 1) * 86_400)
 MAX_TEXT = 256
 MAX_ATTRS_JSON = 16 * 1024
 MAX_STRAGGLERS = 4096
@@ -121,10 +132,13 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_time(row: dict, now: float) -> datetime:
-    """Unix seconds, not before 2000 and not more than a day ahead of ``now``."""
+    """Unix seconds, not before 2000 nor older than the store keeps (``earliest``), and not
+    more than a day ahead of ``now``."""
     t = check_number("t", row.get("t"))
     if t < EARLIEST:
         _fail("t", f"{t} is before 2000")
+    if t < earliest(now):
+        _fail("t", f"{t} is older than the {KEEP_DAYS} days the store keeps")
     if t > now + FUTURE_SLACK_S:
         _fail("t", f"{t} is more than a day in the future")
     return datetime.fromtimestamp(t, UTC)

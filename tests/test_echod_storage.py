@@ -29,6 +29,7 @@ from echod.retention import Policy
 from echod.retention import apply as apply_retention
 from echod.store import write_batch
 from echod.tools.anomalies import FAILED_CALLS
+from ingero import columns, wire
 
 from .pg import FAST_BUT_UNSAFE, state_dir
 
@@ -449,3 +450,29 @@ def test_failed_calls_are_found_through_their_partial_index_and_no_result_breaks
             "WHERE inhparent = 'ix_events_failed_calls'::regclass")).all()
     assert sorted(float(row[-1]) for row in found) == [-1.0, 2.5, 719.0]
     assert children and any(f"using {child} " in plan for child in children), plan
+
+
+def test_an_event_older_than_the_store_keeps_is_refused_and_makes_no_partition(
+        engine, monkeypatch):
+    """A node that backdates its events one day each would have echod make a partition a day
+    back to 2000; echod (--retention-days 30) refuses those older than it keeps, as maps and as
+    columns, and stores the rest."""
+    from echod import store
+    monkeypatch.setattr(store, "KEEP_DAYS", 30)
+    now = time.time()
+    backdated = [event("node01", 40 + d, now - d * 86_400) for d in (10, 40, 400, 4000)]
+    result = write_batch(engine, {"events": backdated})
+    assert result.stored == 1
+    assert [reason.split(" is ")[-1] for _, _, reason in result.rejected] == [
+        "older than the 30 days the store keeps"] * 3
+    pushed = wire.decode(wire.encode(wire.ColumnPush(
+        0, "node02", "c", "b", 0.9, {s: 0.9 for s in wire.SIGNALS}, "active", now, 1.0, None,
+        None, [], None, None, columns.encode([
+            {"id": f"node02:b:{d}", "t": now - d * 86_400, "kind": "sync",
+             "attrs": {"duration_ns": 10, "rank": 0}} for d in (1, 50, 5000)]))))
+    result = write_batch(engine, {"pushes": [pushed]})
+    assert result.stored == 1 and len(result.rejected) == 2
+    with engine.connect() as connection:
+        days = event_partitions(connection)
+    oldest = datetime.fromtimestamp(now - 31 * 86_400, UTC).date()
+    assert not [day for day in days if day < oldest], sorted(days)
