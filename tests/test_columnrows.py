@@ -108,3 +108,18 @@ def test_events_without_a_job_of_their_own_take_the_pushs():
 def test_a_node_whose_ids_are_not_its_own_is_refused_event_by_event():
     checked = assert_alike(push_of(events(150), node="node8"))
     assert not checked.rows.get("events") and len(checked.rejected) == 150
+
+
+def test_an_attribute_shape_an_event_stages_as_the_rows_would():
+    """A user's processes choose their attributes: 3,000 events, each with its own subset of
+    20 names (its own shape), stage as their rows; each shape costs a slice of one sort (it
+    cost a pass over every event, 2.6 s for 65,536 such events)."""
+    import random
+    rnd = random.Random(7)
+    names = [f"a{k}" for k in range(20)]
+    evs = [{"id": f"node7:b0:{i}", "t": NOW - 1 + i / 1e4, "kind": rnd.choice(["sync", "alloc"]),
+            "attrs": {"rank": i % 4, "duration_ns": i, **{name: rnd.choice([i, f"s{i}", 0.5])
+                                                          for name in rnd.sample(names, 5)}}}
+           for i in range(3000)]
+    checked = assert_alike(push_of(evs))
+    assert len(staged(checked)) == 3000 and not checked.rejected
