@@ -138,7 +138,8 @@ class FleetMetrics:
                                           "not told, over --on-verdict-job-rate, -node-rate or "
                                           "-cluster-rate", registry=r)
         self.drains = Counter("ingero_fleet_node_drains", "Nodes node reputation drained "
-                              "(drained), or would have but for --drain-max-fraction (cap)",
+                              "(drained), or would have but for --drain-max-fraction (cap) or "
+                              "for evidence of jobs Slurm did not run there (unconfirmed)",
                               ["outcome"], registry=r)
         self.build = build_info("ingero_fleet", r)
         self._cohorts: set[str] = set()

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from ingero import hostlist
 from ingero.framefile import write_file
 from ingero.slurmcommand import SlurmUnavailable, run_slurm
 
@@ -148,6 +149,22 @@ class Reputation:
         fresh = [e for e in kept if not e["used"]]
         if len({(e["cluster"], e["job"]) for e in fresh}) < self.after:
             return DELIVERED
+        try:
+            ran = self._ran_on(node, {e["job"] for e in fresh})
+        except SlurmUnavailable as exc:
+            log.warning("node %s: cannot ask Slurm which jobs ran there: %s; trying again",
+                        node, exc)
+            return RETRY
+        unconfirmed = [e for e in fresh if e["job"] not in ran]
+        if unconfirmed:
+            self.metrics.drains.labels("unconfirmed").inc()
+            log.warning("node %s: Slurm ran no job %s there; not counted against it",
+                        node, ",".join(sorted({e["job"] for e in unconfirmed})))
+            self.evidence[node] = kept = [e for e in kept if e["job"] in ran or e["used"]]
+            self._save()
+            fresh = [e for e in kept if not e["used"]]
+            if len({(e["cluster"], e["job"]) for e in fresh}) < self.after:
+                return DELIVERED
         causes = sorted({e["cause"] for e in fresh})
         jobs = [e["job"] for e in fresh]
         reason = f"{REASON_PREFIX} {','.join(causes)} in jobs {','.join(jobs)}"
@@ -171,6 +188,31 @@ class Reputation:
         self.metrics.drains.labels("drained").inc()
         log.warning("node %s drained: %s", node, reason)
         return DELIVERED
+
+    def _ran_on(self, node: str, jobs: set[str]) -> set[str]:
+        """Which of ``jobs`` Slurm says ran on ``node`` (sacct, else the jobs slurmctld still
+        holds): a job id a user's process made up, or a job of another node's, counts
+        nothing against this one."""
+        ids = sorted((j for j in jobs if j.isascii() and j.isdigit() and len(j) <= 18), key=int)
+        if not ids:
+            return set()
+        try:
+            out = self.slurm.run("sacct", "-a", "-X", "-n", "-P", "-j", ",".join(ids),
+                                 "-o", "JobIDRaw,NodeList")
+            lines = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+        except SlurmUnavailable:
+            out = self.slurm.run("scontrol", "-o", "show", "job")
+            fields = [dict(f.split("=", 1) for f in line.split() if "=" in f)
+                      for line in out.splitlines()]
+            lines = [(f.get("JobId", ""), f.get("NodeList", "")) for f in fields]
+        ran = set()
+        for job, nodes in lines:
+            try:
+                if job in ids and node in hostlist.expand(nodes):
+                    ran.add(job)
+            except hostlist.BadHostList:
+                continue
+        return ran
 
     def _over_cap(self, node: str) -> str | None:
         """What draining ``node`` would exceed, or None: per partition of the node, the nodes

@@ -269,13 +269,19 @@ def test_a_crafted_signature_header_raises_bad_signature_only(header):
 class FakeSlurm:
     """Slurm's answers for one partition of ``nodes``, ingero's drains among them noted."""
 
-    def __init__(self, nodes: list[str], drained_by_ingero=(), down=False):
+    def __init__(self, nodes: list[str], drained_by_ingero=(), down=False,
+                 ran: dict[str, str] | None = None):
         self.nodes, self.reasons, self.down = nodes, {n: "ingero: x" for n in drained_by_ingero}, down
         self.drains: list[tuple[str, str]] = []
+        self.ran = ran        # job → the host list it ran on (None: every job on every node)
 
     def run(self, *argv: str) -> str:
         if self.down:
             raise SlurmUnavailable("slurm_load_partitions: Unable to contact slurm controller")
+        if argv[0] == "sacct":
+            jobs = argv[argv.index("-j") + 1].split(",")
+            ran = self.ran if self.ran is not None else {j: ",".join(self.nodes) for j in jobs}
+            return "".join(f"{j}|{ran[j]}\n" for j in jobs if j in ran)
         if argv[:2] == ("scontrol", "update"):
             node, reason = argv[2].split("=", 1)[1], argv[4].split("=", 1)[1]
             self.drains.append((node, reason))
@@ -318,6 +324,24 @@ def test_a_node_is_drained_on_distinct_jobs_within_the_window_once_per_evidence(
     assert len(slurm.drains) == 1
     again(told("6"))
     assert [node for node, _ in slurm.drains] == ["n1", "n1"]
+
+
+def test_only_jobs_slurm_ran_on_the_node_count_against_it(tmp_path):
+    """A user's processes on n1 make up job ids (or name another node's job) and get
+    themselves named slow_gpu: evidence of a job Slurm did not run on n1 is dropped, counted,
+    and drains nothing; two jobs Slurm did run there drain it."""
+    slurm = FakeSlurm(["n1", "n2", "n3", "n4"], ran={"7": "n[1-2]", "8": "n3", "9": "n1"})
+    rep = reputation(slurm, tmp_path, lambda: 0.0, fraction=1.0)
+    for job in ("424242", "made-up", "8"):
+        rep(told(job))
+    assert slurm.drains == []
+    rep(told("7"))
+    assert slurm.drains == [] and [e["job"] for e in rep.evidence["n1"]] == ["7"]
+    rep(told("9"))
+    assert slurm.drains == [("n1", "ingero: slow_gpu in jobs 7,9 (ingero nodes)")]
+    samples = {tuple(s.labels.items()): s.value for f in rep.metrics.registry.collect()
+               for s in f.samples if s.name == "ingero_fleet_node_drains_total"}
+    assert samples[(("outcome", "unconfirmed"),)] >= 1
 
 
 def test_the_cap_holds_and_a_slurm_that_does_not_answer_is_tried_again(tmp_path):
