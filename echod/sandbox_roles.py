@@ -119,8 +119,11 @@ $body$
 # -- tenants -----------------------------------------------------------------------------------
 
 def tenant_credentials(role: str, key: str, scope: Scope) -> tuple[str, str]:
-    """The login role and password of ``scope``'s tenant under the gate ``role``."""
-    digest = _mac(key, "tenant", json.dumps(scope.describe()))[:TENANT_DIGITS]
+    """The login role and password of ``scope``'s tenant under the gate ``role``: one per set
+    of clusters, and one per user proven by MUNGE besides (each reads as a role of their own,
+    row-level security keeping them to their jobs)."""
+    said = scope.describe() if scope.user is None else [scope.describe(), scope.user]
+    digest = _mac(key, "tenant", json.dumps(said))[:TENANT_DIGITS]
     name = f"{role[:TENANT_PREFIX]}_{digest}"
     return name, _mac(key, "password", name)
 

@@ -257,9 +257,10 @@ def test_tenants_are_apart_even_where_execute_is_granted(seeded, sandbox, busy):
 
 def test_each_scope_is_a_role_of_its_own_that_belongs_to_none(seeded, sandbox, busy):
     names = {scope: tenant_credentials(ROLE, sandbox.key, scope)[0]
-             for scope in (ALPHA, BETA, EVERY, Scope(frozenset({"alpha", "beta"})))}
+             for scope in (ALPHA, BETA, EVERY, Scope(frozenset({"alpha", "beta"})),
+                           Scope(None, user="alice"), Scope(None, user="bob"))}
     assert busy.role == names[BETA]
-    assert len(set(names.values())) == 4
+    assert len(set(names.values())) == 6, "each MUNGE user a role of their own"
     assert all(re.fullmatch(f"{ROLE}_[0-9a-f]{{16}}", name) for name in names.values())
     assert tenant_credentials(ROLE, "another key", BETA)[0] != names[BETA]
     for scope in names:
