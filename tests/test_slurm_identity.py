@@ -361,7 +361,7 @@ def test_a_job_record_forged_with_a_stolen_node_key_yields_to_slurms_word(
     """Root on the node holds its agent's key and, before alice's next job starts, pushes
     that job's start record (the id Slurm will hand out next) naming bob. The record echod
     stores first stands over the prolog's, until echod asks sacct whose job it is: alice's,
-    in her list, never in bob's."""
+    in her list, never in bob's; a later forged record (a requeued run's) changes nothing."""
     alice, bob = USERS
     done = subprocess.run(["squeue", "-h", "-a", "-t", "all", "-o", "%A"], env=cluster.env,
                           capture_output=True, text=True, timeout=30)
@@ -370,16 +370,20 @@ def test_a_job_record_forged_with_a_stolen_node_key_yields_to_slurms_word(
         capture_output=True, text=True, timeout=30).stdout.split() if x.isdigit()])
     job = str(last + 1)
     key = stack.keys.node_secrets[stack.key_name(cluster.host)]
-    forger = Producer(stack.endpoint, stack.keys, cluster.host, cluster="sim", secret=key)
-    record = record_event(cluster.host, {"job": job, "event": "job_start", "t": time.time(),
-                                         "user": bob, "uid": unix_user(bob).pw_uid})
-    try:
-        forger.send(wire.encode(wire.Push(0, cluster.host, "sim", forger.boot, 0.9,
-                                          Producer.SIGNALS, "active", time.time(), 1.0,
-                                          events=[record])))
-        assert forger.collect_acks(10) == 1, "a node may say which jobs run on it"
-    finally:
-        forger.close()
+
+    def forge(**record) -> None:
+        forger = Producer(stack.endpoint, stack.keys, cluster.host, cluster="sim", secret=key)
+        event = record_event(cluster.host, {"job": job, "event": "job_start", "t": time.time(),
+                                            "user": bob, "uid": unix_user(bob).pw_uid,
+                                            **record})
+        try:
+            forger.send(wire.encode(wire.Push(0, cluster.host, "sim", forger.boot, 0.9,
+                                              Producer.SIGNALS, "active", time.time(), 1.0,
+                                              events=[event])))
+            assert forger.collect_acks(10) == 1, "a node may say which jobs run on it"
+        finally:
+            forger.close()
+    forge()
     work = cluster.root / "forged"
     work.mkdir()
     os.chown(work, unix_user(alice).pw_uid, unix_user(alice).pw_gid)
@@ -391,7 +395,13 @@ def test_a_job_record_forged_with_a_stolen_node_key_yields_to_slurms_word(
     def listed(user: str) -> list[str]:
         out = as_user(stack, for_others, user, "jobs", "-n", "-P", "-o", "JobID,User")
         return out.stdout.split()
-    assert wait_for(lambda: f"{job}|{alice}" in listed(alice), 90), (
-        listed(alice), ingero_cli(stack, "sql", "SELECT id, \"user\", slurm_id, slurm_tries "
-                                  f"FROM jobs WHERE id = '{job}'"))
+
+    def whose() -> str:
+        return ingero_cli(stack, "sql", "SELECT id, \"user\", slurm_id, slurm_tries FROM jobs "
+                          f"WHERE id = '{job}'")
+    assert wait_for(lambda: f"{job}|{alice}" in listed(alice), 90), (listed(alice), whose())
     assert not [line for line in listed(bob) if line.startswith(f"{job}|")]
+    forge(restart_count=1)
+    time.sleep(3)                 # echod has stored it, and asked Slurm again
+    assert f"{job}|{alice}" in listed(alice), whose()
+    assert not [line for line in listed(bob) if line.startswith(f"{job}|")], whose()
