@@ -235,18 +235,20 @@ LATE_IN_RECORD_S = 0.010   # a rank this late at its median step (its record) is
 class TwoNodes(Stack):
     """The product on this machine as the demo runs it (``ingero.stack.local``): echod, fleetd
     and two node-wide ingerods, node1's clock ``SKEW_S`` ahead (faketime), so every verdict read
-    from it is made through a corrected clock; the agents detach a library file 20 s after the
-    last process mapping it is gone (test_hostile_users reads that). conftest's ``two_nodes``
+    from it is made through a corrected clock; the agents attach 4 library files of a user at
+    most (16 by default: each costs 1.6 s to detach here) and detach one 20 s after the last
+    process mapping it is gone (test_hostile_users reads both). conftest's ``two_nodes``
     shares one among the modules that each run jobs of their own and read only those."""
 
-    SKEW_S, PUSH_S, HANG_TIMEOUT_S = 0.25, 1.0, 4.0
+    SKEW_S, PUSH_S, HANG_TIMEOUT_S, LIBRARIES_PER_USER = 0.25, 1.0, 4.0, 4
 
     def __init__(self, root: Path):
         super().__init__(root, 2, push_s=self.PUSH_S, hang_timeout_s=self.HANG_TIMEOUT_S,
                          skew={1: self.SKEW_S},
                          echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
                          echod_root=Path(tempfile.mkdtemp(prefix="echod-two-nodes-")),
-                         agent_flags=("--library-grace", "20"))
+                         agent_flags=("--library-grace", "20", "--libraries-per-user",
+                                      str(self.LIBRARIES_PER_USER)))
         # fleetd knows both nodes' clocks before the first job: each job's lags are compared
         # across every rank from its first collective, whichever module runs first
         if not wait_for(lambda: sum(name == "ingero_fleet_clock_offset_seconds"

@@ -432,7 +432,7 @@ def mutate_row(rnd, batch: wire.Forward) -> wire.Forward:
 
 
 def test_echod_survives_random_and_mutated_batches_and_stores_the_good_ones(pipeline, keys):
-    """2,000 batches at echod's ingest socket, as a fleetd gone wrong would send them: well
+    """1,000 batches at echod's ingest socket, as a fleetd gone wrong would send them: well
     formed, a row made wrong, or the frames mangled (bytes flipped, cut short, fields dropped
     or garbage, another version or type, too many frames). echod refuses what it must, stays
     up with its memory bounded, and a batch sent after them all is stored whole."""
@@ -446,7 +446,7 @@ def test_echod_survives_random_and_mutated_batches_and_stores_the_good_ones(pipe
     pid = pipeline["echod"].process.pid
     acks = 0
     try:
-        for seq in range(2000):
+        for seq in range(1000):
             batch = fuzz_batch(rnd, seq)
             frames = wire.encode(mutate_row(rnd, batch) if rnd.random() < 0.3 else batch)
             socket.send_multipart(mutate(rnd, frames) if rnd.random() < 0.4 else frames)
@@ -462,7 +462,7 @@ def test_echod_survives_random_and_mutated_batches_and_stores_the_good_ones(pipe
         socket.close()
         context.term()
     echod = pipeline["echod"]
-    assert echod.alive() and acks >= 1000, (acks, echod.log()[-3000:])
+    assert echod.alive() and acks >= 500, (acks, echod.log()[-3000:])
     assert "Traceback" not in echod.log() and "internal error" not in echod.log(), echod.log()
     with open(f"/proc/{pid}/status") as status:
         peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))

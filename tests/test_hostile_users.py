@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, needs_ebpf]
 
 NOBODY = 65534
 STUBS = 100
-LIBRARIES_PER_USER = 16        # ingerod's default
+LIBRARIES_PER_USER = TwoNodes.LIBRARIES_PER_USER     # the stack's (ingerod's default is 16)
 # Holds the libraries it is given mapped until it is killed; says so on stdout first. With
 # HOLD_CALLS=N, once told to go on stdin (the agents have attached the file by then), the first
 # (a libcudart) is asked for 2^62 bytes three times (each fails, and the probe sees the size
