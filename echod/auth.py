@@ -585,9 +585,10 @@ def init_app(app: Flask) -> None:
                                        headers={"WWW-Authenticate": _CHALLENGE})
                 # each credential costs an unmunge: an address's share first, as a token's
                 munging.check(f"address:{request.remote_addr}")
+                from .api.jsonio import read_body      # the api package imports this one
                 g.principal = users.authenticate(header, munge.request_payload(
                     request.method, request.host, raw_target(request),
-                    request.get_data(cache=True)))
+                    read_body(app.config["MAX_CONTENT_LENGTH"])))
             else:
                 g.principal = tokens.authenticate(header)
         except AuthError as exc:

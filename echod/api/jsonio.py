@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Response, current_app, request
+from flask import Response, current_app, g, request
 from flask.json.provider import DefaultJSONProvider
 
 from ..errors import AnswerTooLarge, BadRequest, TooLarge
@@ -36,14 +36,18 @@ STRICT = {"allow_nan": False, "ensure_ascii": False, "default": DefaultJSONProvi
 
 def read_body(limit: int) -> bytes:
     """The request body, or TooLarge once it passes ``limit`` bytes, whether it came with a
-    Content-Length or chunked (the server ends the stream where the chunks end)."""
+    Content-Length or chunked (the server ends the stream where the chunks end); read once
+    a request (MUNGE's check reads it before the view)."""
+    if "body" in g:
+        return g.body
     if (request.content_length or 0) > limit:
         raise TooLarge(f"the body is over {limit} bytes")
     stream, body = request.environ["wsgi.input"], bytearray()
     while len(body) <= limit:
         chunk = stream.read(min(READ_BYTES, limit + 1 - len(body)))
         if not chunk:
-            return bytes(body)
+            g.body = bytes(body)
+            return g.body
         body += chunk
     raise TooLarge(f"the body is over {limit} bytes")
 
