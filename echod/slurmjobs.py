@@ -11,8 +11,11 @@ seconds, one ``sacct`` call for the jobs whose id or ended run Slurm has not yet
 asked at most ``MAX_TRIES`` times, for a week at most after it was seen; a run still shown
 running is asked again later. What sacct or scontrol say goes to ``slurm_id``,
 ``slurm_state`` and ``slurm_exit_code``; the reports show those over the hook's. The user
-Slurm names replaces the one the records gave (``user``): a record comes from a compute node,
-whose agent key may be stolen; Slurm's word on whose job it is stands over it.
+Slurm names replaces the one the records gave (``user``), for a job recorded under its Slurm
+cluster: a record comes from a compute node, whose agent key may be stolen; Slurm's word on
+whose job it is stands over it. slurmctld's word (squeue, scontrol) is taken over
+accounting's: sacct shows a job's user as root for seconds after it starts or ends (seen
+with Debian's Slurm 22.05), so its root is never taken.
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ class SlurmStates:
                 conn.execute(text(ANSWERED), {
                     "cluster": cluster, "id": job, "restarts": restarts, "now": now,
                     "slurm_id": run.slurm_id if run else None,
-                    "user": run.user if run else None,
+                    "user": run.user if run and slurm_cluster else None,
                     "state": run.state if final else None,
                     "exit_code": run.exit_code if final else None})
                 self._count("named" if final else "known" if run else "unknown")
@@ -151,15 +154,18 @@ class SlurmStates:
         return self.scontrol()
 
     def named_by_slurmctld(self, jobs, runs: dict) -> dict:
+        """The runs, with the id and user slurmctld gives the jobs it still holds."""
         try:
             local = self.local_cluster()
-            out = self.run(["squeue", "-h", "-a", "-t", "all", "-o", "%A|%i", "-j",
+            out = self.run(["squeue", "-h", "-a", "-t", "all", "-o", "%A|%i|%u", "-j",
                             ",".join(sorted({job for _, job, *_ in jobs}, key=int))])
         except SlurmUnavailable:
             return runs          # squeue -j of one job slurmctld no longer holds fails too
-        names = dict(line.split("|", 1) for line in out.splitlines() if line.count("|") == 1)
-        return {(cluster, raw, run): replace(answer, slurm_id=names[raw])
-                if raw in names and cluster in (None, local) else answer
+        held = {raw: (name, user) for raw, name, user in
+                (line.split("|", 2) for line in out.splitlines() if line.count("|") == 2)}
+        return {(cluster, raw, run): replace(answer, slurm_id=held[raw][0],
+                                             user=held[raw][1] or None)
+                if raw in held and cluster in (None, local) else answer
                 for (cluster, raw, run), answer in runs.items()}
 
     def local_cluster(self) -> str | None:
@@ -206,7 +212,8 @@ def parse_sacct(out: str) -> dict:
         index = seen.get((cluster, raw), 0)
         seen[(cluster, raw)] = index + 1
         word = STATE_WORD.match(state)
-        run = Run(slurm_id, word.group() if word else state, exit_code or None, user or None)
+        user = None if user in ("", "root") else user      # accounting's root: not yet known
+        run = Run(slurm_id, word.group() if word else state, exit_code or None, user)
         runs[(cluster, raw, index)] = runs[(None, raw, index)] = run
     return runs
 

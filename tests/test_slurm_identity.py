@@ -367,7 +367,7 @@ def test_a_job_record_forged_with_a_stolen_node_key_yields_to_slurms_word(
                           capture_output=True, text=True, timeout=30)
     last = max([int(x) for x in done.stdout.split()] + [int(x) for x in subprocess.run(
         ["sacct", "-n", "-X", "-a", "-P", "-o", "JobIDRaw"], env=cluster.env,
-        capture_output=True, text=True, timeout=30).stdout.split() if x.isdigit()])
+        capture_output=True, text=True, timeout=30).stdout.split() if x.isdigit()], default=0)
     job = str(last + 1)
     key = stack.keys.node_secrets[stack.key_name(cluster.host)]
 
