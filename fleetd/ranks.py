@@ -56,6 +56,8 @@ COST_SHARE = 0.25                    # a lag is confirmed when its peers' waits 
 COST_ERRORS = 2.0                    # and by this many standard errors of that growth
 ONSET_WAITS = 2                      # syncs a peer since the onset before it is weighed
 UNSYNCED_INSTANCES = 16              # instances with no sync seen: a job ingerod sees none of
+DRIFT_STRETCHES = 3                  # runs of instances between the peers' syncs, or
+DRIFT_INSTANCES = 256                # this many instances, before a swing is known
 HARMLESS_GROWTH = 1.5                # a lateness shown to cost nobody is weighed again once
                                      # its lag has grown this many times
 WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
@@ -212,6 +214,32 @@ def after_first_sync(job: JobState, ranks: list[int], column: int,
     if ends:
         return np.nan_to_num(times, nan=-np.inf) > min(ends)
     return np.full(len(entries), len(entries) >= UNSYNCED_INSTANCES)
+
+
+def drift_seen(job: JobState, ranks: list[int], column: int, entries: np.ndarray) -> bool:
+    """Whether the instances (rows of ``entries``, on fleetd's clock, those since the first
+    sync) show how far hosts that run ahead drift: they reach over ``DRIFT_STRETCHES`` runs of
+    two or more instances between syncs of the peers of ``column`` (their median), or over
+    ``DRIFT_INSTANCES``; or no peer syncs at all. Each sync realigns the hosts, and between
+    two they drift apart by however long each was kept off its CPU, each by about as much at
+    every instance of the run: within one run every rank's lag is steady, so its swing about
+    its own median is nil and any rank a few ms behind stands out of it (beside a busy loop,
+    a rank 10 ms behind in the run after a job's first sync, of peers from 11 ms ahead to
+    15 ms behind, named critical). Across runs a rank's place changes, and that is the swing."""
+    with quiet():
+        times = np.nanmedian(entries, axis=1)
+    times = times[np.isfinite(times)]
+    if len(times) >= DRIFT_INSTANCES:
+        return True
+    runs = []
+    for at, rank in enumerate(ranks):
+        facts = job.facts.get(rank)
+        if at == column or facts is None or not facts.sync_end:
+            continue
+        after = np.searchsorted(np.sort(np.fromiter(facts.sync_end, float)), times)
+        lengths = np.unique(after, return_counts=True)[1]  # instances between two syncs
+        runs.append(int((lengths >= 2).sum()))
+    return not runs or float(np.median(runs)) >= DRIFT_STRETCHES
 
 
 def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float) -> bool:
@@ -845,16 +873,18 @@ class RankAnalysis:
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
         so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
         where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
-        once its lag stands out of the swing of its peers' (``stands_out``), and until then
-        it is not known yet. There, only its instances since its peers' first sync count
-        (``after_first_sync``): a host that starts its loop a few ms late while its GPU queue
-        is empty is late at every step it enqueues before the first sync, which realigns the
-        hosts (CI: a rank 7 ms late over a job's first steps named beside the straggler)."""
+        once its lag stands out of the swing of its peers' (``stands_out``) over enough
+        instances to show that swing (``drift_seen``), and until then it is not known yet.
+        There, only its instances since its peers' first sync count (``after_first_sync``):
+        a host that starts its loop a few ms late while its GPU queue is empty is late at
+        every step it enqueues before the first sync, which realigns the hosts (CI: a rank
+        7 ms late over a job's first steps named beside the straggler)."""
         if f.onset < self.policy.min_instances:
             if runs_ahead(job, ranks, f.column, entries) is False:
                 return True
             rows = after_first_sync(job, ranks, f.column, entries)
-            if rows.sum() < self.policy.min_instances:
+            if rows.sum() < self.policy.min_instances or \
+                    not drift_seen(job, ranks, f.column, entries[rows]):
                 return None
             with quiet():
                 since = float(np.nanmedian(lag[rows, f.column]))

@@ -912,19 +912,50 @@ def test_a_rank_late_from_the_start_is_named_only_past_its_peers_swing(late_ms, 
     """Hosts that sync with their GPUs every ten steps only, and drift apart in between. With
     no instances before its lateness, whether it costs cannot be weighed by its peers' waits:
     a rank late from the first step is named once its lag stands out of the swing of its
-    peers' lags (their median lags make a bar far lower): 6 ms late throughout, within their
-    swing of about 10 ms, is not; 30 ms is."""
+    peers' lags (their median lags make a bar far lower) over three runs between syncs (each
+    30 ms long, so every run is ten steps): 6 ms late throughout, within their swing of about
+    10 ms, is not; 30 ms is."""
     ra = analysis()
     exchanged(ra, "n0", 0.0)
     exchanged(ra, "n1", 0.0)
     late = lambda r, s: late_ms / 1e3 if r == 5 else swing(r, s)  # noqa: E731
     now = T0 + 40 * STEP + 0.3          # the job's first 40 steps in its first push
     ra.observe(push("n0", steps(range(4), 0, 40, late)), now)
-    every_tenth = [e for e in waits([r for r in range(8) if r != 5], 700.0, 700.0, 0, steps=40)
+    every_tenth = [e for e in waits([r for r in range(8) if r != 5], 30.0, 30.0, 0, steps=40)
                    if e["id"].endswith("9")]
     ra.observe(push("n1", steps(range(4, 8), 0, 40, late) + every_tenth), now)
     changed = ra.tick(now)
     assert {v.rank for v in changed} == ({5} if named else set()), changed
+
+
+def steady(rank: int, step: int) -> float:
+    """As ``swing``, but as eight ranks on two busy CPUs drift (CI): each by one amount over
+    the whole run of ten steps, anywhere from 9 ms early to 9 ms late, changed at each sync."""
+    return ((rank * 5 + (step // 10) * 3) % 7 - 3) * 0.003
+
+
+def test_a_rank_late_from_the_start_is_not_named_on_one_run_of_steady_drift():
+    """Hosts that sync every ten steps and drift apart steadily in between (``steady``).
+    Rank 7 starts 20 ms late, is 10 ms late over the run after the first sync (its peers
+    from 9 ms early to 9 ms late), then drifts like them. Within that run every rank's lag
+    is steady, so its peers' swing about their own medians is nil and rank 7's 10 ms stood
+    out of it: named critical after 18 steps (CI, beside a busy loop). Judged after every
+    push of two steps, it is never named: one run shows no swing, three show the drift."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    exchanged(ra, "n1", 0.0)
+    def late(rank: int, step: int) -> float:
+        return (0.02 if step < 10 else 0.01) if rank == 7 and step < 20 else steady(rank, step)
+    tenth = [e for e in waits([r for r in range(8) if r != 7], 30.0, 30.0, 0, steps=60)
+             if e["id"].endswith("9")]
+    for first in range(0, 60, 2):
+        now = T0 + (first + 2) * STEP + 0.3
+        for node, ranks in (("n0", range(4)), ("n1", range(4, 8))):
+            ra.observe(push(node, steps(ranks, first, first + 2, late)
+                            + [e for e in tenth if e["attrs"]["rank"] in ranks
+                               and first * STEP <= e["t"] - T0 < (first + 2) * STEP]), now)
+        assert ra.tick(now) == [], first
+    assert ra.active() == []
 
 
 def test_a_host_that_starts_late_before_the_first_sync_is_not_named():
