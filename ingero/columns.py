@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import BadSchema
 
-MAX_BATCH_EVENTS = 65_536
+MAX_EVENTS = 4096          # events one push may carry, as columns or as maps (wire.MAX_EVENTS)
 MAX_COLUMNS = 64
 MAX_ID_PREFIX = 96
 
@@ -361,7 +361,7 @@ def _column(name: str, value: Any, n: int, want: type | None) -> Column:
     present = _present(f"{name} present", bits, n)
     where = values if present is None else values[present]
     if code in TEXT:
-        strings = _texts(f"{name} strings", strings, 256, MAX_BATCH_EVENTS)
+        strings = _texts(f"{name} strings", strings, 256, n)   # at most one per value
         if len(where) and int(where.max()) >= len(strings):
             _fail(name, "a text index past its strings")
     elif strings is not None:
@@ -379,8 +379,8 @@ def check(name: str, value: Any, attr_types: dict[str, type], max_attrs: int) ->
     if type(value) is not dict:
         _fail(name, "expected a map")
     n = value.get("n")
-    if type(n) is not int or not 0 <= n <= MAX_BATCH_EVENTS:
-        _fail(f"{name}.n", f"expected an integer from 0 to {MAX_BATCH_EVENTS}")
+    if type(n) is not int or not 0 <= n <= MAX_EVENTS:
+        _fail(f"{name}.n", f"expected an integer from 0 to {MAX_EVENTS}")
     ids = value.get("ids")
     if type(ids) is not list or len(ids) != 3:
         _fail(f"{name}.ids", "expected [prefix, first, offsets]")
@@ -397,7 +397,7 @@ def check(name: str, value: Any, attr_types: dict[str, type], max_attrs: int) ->
     t = _array(f"{name}.t", value.get("t"), "<f8", n)
     if not (np.isfinite(t) & (t >= 0)).all():
         _fail(f"{name}.t", "a time that is negative or not finite")
-    kinds = _texts(f"{name}.kinds", value.get("kinds"), 64, 0xFFFF)
+    kinds = _texts(f"{name}.kinds", value.get("kinds"), 64, n)
     kind = _array(f"{name}.kind", value.get("kind"),
                   "<u1" if len(kinds) <= 0xFF else "<u2", n)
     if n and int(kind.max()) >= len(kinds):

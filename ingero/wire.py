@@ -32,7 +32,7 @@ _HEADER = struct.Struct("!4sBBBB")
 HEADER_SIZE = _HEADER.size
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
-MAX_EVENTS = 4096
+MAX_EVENTS = columnar.MAX_EVENTS    # a push's events, whichever form they take
 MAX_ATTRS = 32
 MAX_TEXT = 256
 MAX_LIST = 64
@@ -589,13 +589,12 @@ def _reject_ext(code: int, data: bytes) -> None:
 
 
 def _unpack(body: bytes, columns: bool = False) -> dict:
-    """The body's map; msgpack ``bin`` (and arrays as long as a batch) in a push of columns
-    only."""
+    """The body's map; msgpack ``bin`` in a push of columns only."""
     try:
         value = msgpack.unpackb(
             body, raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext,
             max_str_len=MAX_FRAME_BYTES, max_bin_len=MAX_FRAME_BYTES if columns else 0,
-            max_array_len=max(MAX_ARRAY, columnar.MAX_BATCH_EVENTS) if columns else MAX_ARRAY,
+            max_array_len=MAX_ARRAY,
             max_map_len=MAX_EVENTS * 4, max_ext_len=0,
         )
     except FrameError:
@@ -654,5 +653,8 @@ def decode(frames: list[bytes], max_bytes: int = MAX_FRAME_BYTES) -> Message:
             raise BadSchema(f"field {f.name!r} is missing")
     message = cls(**checked)
     if cls is ColumnPush:
+        if message.event_count() > MAX_EVENTS:      # its columns and maps together
+            raise BadSchema(f"a push of {message.event_count()} events: at most {MAX_EVENTS}, "
+                            "in columns and maps together", "bad_column")
         message.body = body
     return message

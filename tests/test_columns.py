@@ -121,13 +121,41 @@ def bad(mutate) -> FrameError:
     (lambda c: c["attrs"]["seq"].__setitem__(0, "q8"), "unknown column code 'q8'"),
     (lambda c: c["attrs"].update({f"x{k}": ["u1", bytes(40), None, None] for k in range(30)}),
      "an event with more than 32 attributes"),
-    (lambda c: c.__setitem__("n", 10**6), "expected an integer from 0 to 65536"),
+    (lambda c: c.__setitem__("n", 10**6), "expected an integer from 0 to 4096"),
     (lambda c: c.__setitem__("ids", ["p:", 0, np.zeros(40, "<u4").tobytes()]),
      "distinct, numbered upwards"),
 ])
 def test_a_bad_column_is_refused_naming_it(mutate, says):
     error = bad(mutate)
     assert error.reason == "bad_column" and says in str(error), str(error)
+
+
+def syncs(first: int, n: int) -> list[dict]:
+    return [{"id": f"node7:b0:{first + k}", "t": 1.8e9 + k, "kind": "sync",
+             "attrs": {"rank": k % 8, "duration_ns": 1000 + k}} for k in range(n)]
+
+
+def test_a_push_carries_as_many_events_as_columns_as_as_maps_and_no_more_in_both():
+    """4,096 events a push, whichever form they take: as maps, as columns, or some of each;
+    one more is refused in each form, and a column's strings number no more than its
+    values."""
+    most = wire.MAX_EVENTS
+    for packed, rest in ((None, syncs(0, most)), (columns.encode(syncs(0, most)), []),
+                         (columns.encode(syncs(0, most - 96)), syncs(most, 96))):
+        push = wire.ColumnPush(3, "node7", "c", "b0", 0.9, SIG, "active", time.time(), 1.0,
+                               None, None, rest, None, None, packed) if packed else \
+            wire.Push(3, "node7", "c", "b0", 0.9, SIG, "active", time.time(), 1.0, None, None,
+                      rest)
+        assert wire.decode(wire.encode(push)).event_count() == most
+    with pytest.raises(BadSchema, match="more than 4096 items"):
+        wire.decode(wire.encode(wire.Push(3, "node7", "c", "b0", 0.9, SIG, "active",
+                                          time.time(), 1.0, None, None, syncs(0, most + 1))))
+    with pytest.raises(BadSchema, match="from 0 to 4096"):
+        wire.decode(column_push(syncs(0, most + 1)))
+    with pytest.raises(BadSchema, match="a push of 4097 events: at most 4096"):
+        wire.decode(column_push(syncs(0, most), syncs(most, 1)))
+    error = bad(lambda c: c["attrs"]["op"].__setitem__(3, c["attrs"]["op"][3] * 41))
+    assert "at most 40 strings" in str(error)
 
 
 def test_a_push_of_columns_without_its_columns_is_refused():

@@ -347,11 +347,14 @@ def test_retention_runs_beside_ingest_one_pass_at_a_time(caplog):
 
 
 def big_push(producer: Producer, first: int, n: int, detail: bool) -> list[bytes]:
-    """The producer's next push: ``n`` syncs as columns, each with a ``detail`` of its own
-    (63 bytes each on the wire: stored as rows) or without (15 bytes each: as chunks)."""
+    """The producer's next push: ``n`` syncs as columns, each with four texts of its own of
+    about 240 characters (1 KB each on the wire: stored as rows) or without (15 bytes each:
+    as chunks)."""
+    def texts(i: int) -> dict:
+        return {name: f"{i:08d}{name}{'y' * 228}" for name in ("detail", "pad1", "pad2", "pad3")}
     evs = [{"id": f"big:{producer.boot}:{first + i}", "t": time.time(), "kind": "sync",
             "attrs": {"duration_ns": 1000 + i, "job": "7", "rank": i % 4,
-                      **({"detail": f"{i:08d}{'y' * 40}"} if detail else {})}}
+                      **(texts(i) if detail else {})}}
            for i in range(n)]
     return wire.encode(wire.ColumnPush(
         producer.seq, "big", "c", producer.boot, 0.9, {s: 0.9 for s in wire.SIGNALS},
@@ -360,10 +363,10 @@ def big_push(producer: Producer, first: int, n: int, detail: bool) -> list[bytes
 
 def test_pushes_of_columns_and_1999_rows_with_fleetd_killed_before_the_acks_are_stored_once(
         pipeline, spawn, keys):
-    """With echod stopped, a push of 20,000 syncs of columns (a batch of columns as it came,
-    stored as chunks),
-    1,999 events as maps, and a push of 56,000 events of columns of about 4 MB (past what a
-    batch to echod may be: as its rows, in batches). fleetd sends what its window allows and
+    """With echod stopped, five pushes of 4,000 syncs of columns (batches of columns as they
+    came, stored as chunks), 1,999 events as maps, and a push of 4,096 events of columns (as
+    many as a push may carry) of about 4 MB (past what a batch to echod may be: as its rows,
+    in batches). fleetd sends what its window allows and
     is stopped; echod goes on and stores it, and fleetd, never reading the acks, is killed -9.
     Started again on its spool, it sends everything again: every event is stored once (the
     batch of columns sent again as rows, as a fleetd that has not yet heard from echod sent
@@ -375,24 +378,26 @@ def test_pushes_of_columns_and_1999_rows_with_fleetd_killed_before_the_acks_are_
         assert wait_for(lambda: metric(pipeline["fleet_port"], "ingero_fleet_spool_batches")
                         == 0 and per_node(engine).get("big") == 1, 30), fleetd.log()
         echod.process.send_signal(signal.SIGSTOP)
-        producer.send(big_push(producer, 10_000, 20_000, detail=False))
+        for first in range(10_000, 30_000, 4000):
+            producer.send(big_push(producer, first, 4000, detail=False))
         producer.push(1000)
         producer.push(999)
-        frames = big_push(producer, 100_000, 56_000, detail=True)
+        frames = big_push(producer, 100_000, wire.MAX_EVENTS, detail=True)
         assert 3_500_000 < sum(map(len, frames)) < wire.MAX_FRAME_BYTES
         producer.send(frames)
-        assert producer.collect_acks(30) == 5, fleetd.log()      # spooled: answered
+        assert producer.collect_acks(30) == 9, fleetd.log()      # spooled: answered
     finally:
         producer.close()
         time.sleep(2)                     # fleetd sends its window's worth; echod takes none
         fleetd.process.send_signal(signal.SIGSTOP)
         echod.process.send_signal(signal.SIGCONT)
-    assert wait_for(lambda: per_node(engine).get("big", 0) >= 1 + 20_000, 60), per_node(engine)
+    # fleetd's window (8 batches: each push's columns and its health row) reached echod
+    assert wait_for(lambda: per_node(engine).get("big", 0) >= 1 + 16_000, 60), per_node(engine)
     time.sleep(2)                         # echod stores the rest that reached it
     fleetd.process.kill()                 # the acks it never read are lost with it
     fleetd.process.wait()
     again = spawn("fleetd-again", "fleetd", fleetd.argv[3:])
-    total = 1 + 20_000 + 1999 + 56_000
+    total = 1 + 20_000 + 1999 + wire.MAX_EVENTS
     assert wait_for(lambda: metric(pipeline["fleet_port"], "ingero_fleet_spool_batches") == 0
                     and per_node(engine).get("big", 0) >= total, 120), \
         (per_node(engine), again.log()[-3000:])

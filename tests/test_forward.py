@@ -39,10 +39,13 @@ def test_batches_are_sealed_as_they_fill_between_ticks(tmp_path):
         context.term()
 
 
-def column_push(seq: int, events: int) -> wire.ColumnPush:
-    """A push of columns as fleetd decodes it off the wire (its body kept)."""
+def column_push(seq: int, events: int, detail: bool = False) -> wire.ColumnPush:
+    """A push of columns as fleetd decodes it off the wire (its body kept); with a ``detail``
+    of 48 characters on each event."""
     rows = [{"id": f"n:b:{seq * 1000 + i}", "t": 1.8e9, "kind": "sync",
-             "attrs": {"duration_ns": i, "rank": 1}} for i in range(events)]
+             "attrs": {"duration_ns": i, "rank": 1, **({"detail": f"{i:08d}{'y' * 40}"}
+                                                        if detail else {})}}
+            for i in range(events)]
     sent = wire.ColumnPush(seq, "n", "c", "b", 0.9, SIG, "active", 1.8e9, 1.0, "5", None, [],
                            None, None, columns.encode(rows))
     return wire.decode(wire.encode(sent))
@@ -164,18 +167,19 @@ def test_after_a_restart_a_spooled_batch_of_columns_waits_for_echods_word_never_
 
 def test_a_batch_past_what_echod_takes_is_split_and_a_push_of_columns_alone_goes_as_rows(
         tmp_path):
-    """A push of 65,536 events of columns is larger alone than a batch may be (and as rows
-    holds more than a message's 20,000): it is spooled as batches of its rows, each within
-    forward_batch_bytes and the row bound, every row once. A spool an older fleetd left with a
-    batch past today's bound is read back at start, not crashed on."""
+    """A push of columns (4,096 events, as many as a push may carry, each with a detail) is
+    larger alone than a batch may be (64 KiB, the least forward_batch_bytes allows): it is
+    spooled as batches of its rows, each within forward_batch_bytes and the row bound, every
+    row once. A spool an older fleetd left with a batch past today's bound is read back at
+    start, not crashed on."""
     context = zmq.Context()
     cfg = SimpleNamespace(insecure_plaintext_zmq=True, echod="inproc://echod-split-test",
                           forward_batch_rows=2000, forward_interval=60.0, forward_window=8,
                           forward_resend_after=5.0, spool_dir=tmp_path,
-                          spool_max_bytes=1 << 30, forward_batch_bytes=256 * 1024)
+                          spool_max_bytes=1 << 30, forward_batch_bytes=64 * 1024)
     forwarder = Forwarder(cfg, context, FleetMetrics())
     try:
-        big = column_push(1, 65_536)
+        big = column_push(1, wire.MAX_EVENTS, detail=True)
         assert len(big.body) > cfg.forward_batch_bytes
         forwarder.add_push(push(0, 1999), 1.8e9)
         forwarder.add_push(big, 1.8e9)
@@ -187,8 +191,9 @@ def test_a_batch_past_what_echod_takes_is_split_and_a_push_of_columns_alone_goes
             batch = wire.decode(frames)
             assert batch.row_count() <= wire.MAX_FORWARD_ROWS
             ids += [row["id"] for row in batch.events]
-        assert len(ids) == len(set(ids)) == 1999 + 65_536
-        assert sum(e.rows for e in forwarder.spool.entries.values()) == 1999 + 65_536 + 2
+        assert len(ids) == len(set(ids)) == 1999 + wire.MAX_EVENTS
+        assert sum(e.rows for e in forwarder.spool.entries.values()) == \
+            1999 + wire.MAX_EVENTS + 2
     finally:
         forwarder.close()
     old = wire.Forward(7, "old", [{"id": f"n:b:{k}", "t": 1.8e9, "kind": "k", "node": "n",
