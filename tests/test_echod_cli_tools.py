@@ -26,13 +26,14 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy import text
 
 from echod.db import make_engine
-from echod.registry import REGISTRY
+from echod.registry import REGISTRY, Scope, ToolError
 from echod.sandbox import Sandbox, prepare, sandbox_url
 from echod.store import write_batch
 
 from . import test_echod_tools as tools_tests
 from .pg import url_of
-from .test_echod_tools import EVERY, Batch, arguments, bounded, call, iso, refused, strategy
+from .test_echod_tools import (ALPHA, EVERY, Batch, arguments, bounded, call, iso, refused,
+                               strategy)
 
 ROLE = "ingero_cli_tools_test"      # roles are server-wide: this module's own
 PASSWORD = secrets.token_urlsafe(24)
@@ -283,6 +284,35 @@ def test_list_jobs_respects_tenancy(world):
     every = call(world, "list_jobs", EVERY, since=iso(world["t0"] - 8000))
     assert ("beta", "9") in {(j["cluster"], j["job"]) for j in every["jobs"]}
     assert call(world, "list_jobs", cluster="beta")["jobs"] == []
+
+
+# -- a user's signed claim ---------------------------------------------------------------------
+
+def reads(world, name: str, scope: Scope, args: dict) -> dict | str:
+    """A tool's answer, run as echod runs it but with no check of echod's before it: the
+    claim it reads under alone decides what it sees."""
+    try:
+        return REGISTRY[name].run(tools_tests.context(world, scope), args)
+    except ToolError as error:
+        return f"{error.status} {error.code}"
+
+
+@pytest.mark.parametrize("name", sorted(t.name for t in REGISTRY if t.name != "run_analysis"))
+def test_every_tool_reads_a_users_own_jobs_whole_and_nobody_elses(world, name):
+    """Every tool reads under the user's signed claim, and row-level security decides: about
+    alice's job, alice's answer is what a token for the cluster reads; bob, asking about it
+    with no check of echod's in the way, gets not found or nothing of it; asked about no
+    job, each reads only their own jobs."""
+    alice, bob = (Scope(frozenset({"alpha"}), user=user) for user in ("alice", "bob"))
+    properties = REGISTRY[name].input_schema["properties"]
+    about = {key: value for key, value in (("job", JOB), ("rank", 3)) if key in properties}
+    if about:
+        assert reads(world, name, alice, about) == reads(world, name, ALPHA, about)
+        told = reads(world, name, bob, about)
+        assert told == "404 not_found" or JOB not in json.dumps(told), told
+    if not REGISTRY[name].input_schema.get("required"):
+        for user, other in ((alice, "7002"), (bob, JOB)):
+            assert other not in json.dumps(reads(world, name, user, {})), (user, name)
 
 
 # -- list_nodes --------------------------------------------------------------------------------

@@ -553,7 +553,7 @@ def test_a_star_is_not_a_cluster_name(sandbox):
 def test_the_policy_asks_for_the_scope_once_per_query(sandbox):
     # InitPlans run once per query; the user's jobs (migration 0012) are one hashed SubPlan,
     # made once, and only where the claim names a user (the OR stops at a token's NULL)
-    for relation, tables in (("event_rows", 1), ("events", 2)):    # the view: once a table
+    for relation, tables in (("event_rows", 1), ("events", 2), ("nodes", 1), ("thresholds", 1)):
         plan = "\n".join(row[0] for row in server_answer(
             sandbox, f"explain select * from {relation}", ALPHA))
         filters = [line for line in plan.splitlines() if "Filter:" in line]

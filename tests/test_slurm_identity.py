@@ -300,10 +300,16 @@ def test_each_user_sees_their_own_jobs_by_munge_and_only_an_admin_sees_everyones
 
         assert sql("SELECT DISTINCT job FROM events ORDER BY 1") == [jobs[user]]
         assert sql('SELECT DISTINCT "user" FROM jobs') == [user]
-        assert sql("SELECT count(*) FROM nodes") == sql("SELECT count(*) FROM thresholds") \
-            == ["0"]
         assert int(sql("SELECT count(*) FROM peer_lag")[0]) > 0
         assert sql(f"SELECT count(*) FROM peer_lag WHERE job = '{other}'") == ["0"]
+        # what belongs to no job, of a cluster they ran in (sinfo's nodes, the cluster's
+        # bar): theirs to read; another job's cohort bar is not
+        assert sql("SELECT DISTINCT cluster FROM nodes") == ["sim"]
+        assert sql(f"SELECT count(*) FROM thresholds WHERE cohort = 'job:{other}'") == ["0"]
+        # a tool about no job reads theirs only, under the same claim as their SQL
+        credential = munge_as(user, minted_for(stack, "find_stragglers", {}))
+        status, body = refusal(stack, f"MUNGE {credential}", "find_stragglers", {})
+        assert status == 200 and {b["job"] for b in body["jobs"]} == {jobs[user]}, body
 
     # root (an admin by MUNGE, no token): everyone's
     admin = as_user(stack, for_others, "root", "jobs", "-a", "-n", "-P", "-o", "JobID,User")
