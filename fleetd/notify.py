@@ -1,6 +1,6 @@
-"""Telling people and systems about verdicts: what to say (``Announcer``), and a durable queue
-per receiver that says it from a thread of its own (``Outbox``), so that a slow or dead
-receiver never holds up a reply to an agent.
+"""Telling people and systems about verdicts: what to say (``Announcer``), and to whom
+(``Notices``: a webhook, a command, Slurm), each receiver through a durable queue of its own
+(``fleetd.outbox``), so that a slow or dead receiver never holds up a reply to an agent.
 
 A verdict is told when it is raised, when it escalates (its severity rises, or a late rank
 hangs or dies) and when it clears; notes (severity info) are not verdicts and are not told.
@@ -10,16 +10,13 @@ at once is one incident, not a hundred pages, and a user making up job ids on a 
 more than the node's share; what is held back is counted, and the job's next notice says how
 many. A verdict not told is not told cleared either.
 
-Each receiver has its own queue: a directory of notices under fleetd's spool, one file each,
-written whole (``ingero.framefile``) and fsynced before fleetd goes on, removed once the
-receiver took it. A receiver that fails is tried again with a growing pause (1 s doubling to
-30 s), its notices kept in order, and across a restart of fleetd; one that refuses a notice
-outright (an HTTP 4xx other than 408 and 429, or a redirect, which is never followed) has it
-dropped, counted and logged. A notice older than ``--on-verdict-expiry`` is dropped unsent
-(counted ``expired``), so a receiver that keeps failing holds the ones after it up for that
-long at most; past ``--on-verdict-max-pending`` waiting, the oldest is dropped (``dropped``).
-Delivery is at least once (fleetd may stop between a POST and its removal), so each notice
-carries an id a receiver keeps the first of.
+Each receiver has its own queue (``fleetd.outbox``). One that refuses a notice outright (an
+HTTP 4xx other than 408 and 429, or a redirect, which is never followed) has it dropped,
+counted and logged. Delivery is at least once (fleetd may stop between a POST and its
+removal), so each notice carries an id a receiver keeps the first of.
+
+Imports ``fleetd.outbox`` and ``fleetd.slurmactions`` (the receivers that act in Slurm), and
+``ingero``; nothing else of fleetd.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import re
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,19 +36,17 @@ from typing import Callable
 from ingero import httpclient, webhook
 from ingero.analysis.causes import lateness
 from ingero.errors import IngeroError
-from ingero.framefile import decode, encode, write_file
 from ingero.runtime import RateLimitedLog
+
+from .outbox import DELIVERED, REFUSED, RETRY, Outbox
+from .slurmactions import AdminComment, Notify, Reputation, Slurm
 
 log = logging.getLogger("fleetd")
 
 RANK = {"minor": 1, "major": 2, "critical": 3}
 STOPPED = ("hang", "died")          # a rank that stopped: worse than late, whatever the severity
-RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 POST_TIMEOUT_S = 5.0
 MAX_ANSWER_BYTES = 64 * 1024        # of a receiver's answer, read and thrown away
-NAME = re.compile(r"^(\d{12})\.notice$")
-
-DELIVERED, RETRY, REFUSED = "delivered", "retry", "refused"
 
 
 def iso(t: float | None) -> str | None:
@@ -181,143 +174,6 @@ class Announcer:
             del self.wider[place]
 
 
-class Outbox:
-    """One receiver's notices, in order: kept in ``directory`` (or memory, with None) until
-    ``deliver`` takes each, ``max_pending`` at most (the oldest dropped), each until it is
-    ``expiry_s`` old; a thread of its own delivers them."""
-
-    def __init__(self, name: str, directory: Path | None, deliver: Callable[[dict], str],
-                 metrics, on_start: Callable[[], object] | None = None,
-                 max_pending: int = 10_000, expiry_s: float | None = None, clock=time.time):
-        self.name, self.directory, self.deliver = name, directory, deliver
-        self.on_start = on_start
-        self.max_pending, self.expiry_s, self.clock = max_pending, expiry_s, clock
-        self.metrics = metrics
-        self.queue: deque[tuple[int, dict]] = deque()
-        self.lock = threading.Condition()
-        self.next_seq = 0
-        self.stopping = False
-        self.complaints = RateLimitedLog(log, 60.0)
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            self._recover()
-        self.thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
-
-    def _recover(self) -> None:
-        for path in sorted(self.directory.iterdir()):
-            match = NAME.match(path.name)
-            if match is None:
-                if path.name.endswith(".tmp"):
-                    path.unlink(missing_ok=True)
-                continue
-            try:
-                payload = json.loads(decode(path.read_bytes())[0])
-            except (OSError, ValueError) as exc:
-                log.warning("notices for %s: %s does not read back (%s); dropped", self.name,
-                            path, exc)
-                path.unlink(missing_ok=True)
-                self.metrics.notices.labels(self.name, "corrupt").inc()
-                continue
-            self.queue.append((int(match[1]), payload))
-            self.next_seq = int(match[1]) + 1
-        if self.queue:
-            log.info("notices for %s: %d kept from the last run, to be sent", self.name,
-                     len(self.queue))
-        self._publish()
-
-    def start(self) -> "Outbox":
-        self.thread.start()
-        return self
-
-    def put(self, payload: dict) -> None:
-        """Keep a notice (on disk first: none is lost if fleetd stops), then wake the thread."""
-        with self.lock:
-            seq, self.next_seq = self.next_seq, self.next_seq + 1
-            if self.directory is not None:
-                try:
-                    write_file(self.directory / f"{seq:012d}.notice",
-                               encode([json.dumps(payload).encode()]), sync=True)
-                except OSError as exc:
-                    self.complaints.warning("write", "notices for %s: cannot keep one on "
-                                            "disk (%s); it is kept in memory only", self.name,
-                                            exc.strerror)
-            self.queue.append((seq, payload))
-            while len(self.queue) > self.max_pending:
-                self._drop("dropped")
-            self._publish()
-            self.lock.notify()
-
-    def _drop(self, outcome: str) -> None:
-        """The oldest notice, unsent (the lock held)."""
-        seq, payload = self.queue.popleft()
-        if self.directory is not None:
-            (self.directory / f"{seq:012d}.notice").unlink(missing_ok=True)
-        self.metrics.notices.labels(self.name, outcome).inc()
-        self.complaints.warning(outcome, "notices for %s: %s %s unsent (%s)", self.name,
-                                outcome, payload.get("id"),
-                                f"older than {self.expiry_s:.0f} s" if outcome == "expired"
-                                else f"over {self.max_pending} waiting")
-
-    def _expired(self, payload: dict) -> bool:
-        if self.expiry_s is None or not isinstance(payload.get("at"), str):
-            return False
-        try:
-            at = datetime.fromisoformat(payload["at"].replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return False
-        return self.clock() - at > self.expiry_s
-
-    def _run(self) -> None:
-        if self.on_start is not None:
-            try:
-                self.on_start()
-            except Exception:
-                log.exception("notices for %s: starting failed", self.name)
-        pause = RETRY_FIRST_S
-        while True:
-            with self.lock:
-                while not self.queue and not self.stopping:
-                    self.lock.wait()
-                if self.stopping:
-                    return
-                seq, payload = self.queue[0]
-                if self._expired(payload):
-                    self._drop("expired")
-                    self._publish()
-                    pause = RETRY_FIRST_S
-                    continue
-            try:
-                outcome = self.deliver(payload)
-            except Exception:   # a bug in a sink must not end its thread
-                log.exception("notices for %s: delivering %s failed", self.name, payload["id"])
-                outcome = RETRY
-            self.metrics.notices.labels(self.name, outcome).inc()
-            if outcome == RETRY:
-                with self.lock:
-                    self.lock.wait_for(lambda: self.stopping, pause)
-                pause = min(RETRY_MAX_S, pause * 2)
-                continue
-            pause = RETRY_FIRST_S
-            with self.lock:
-                if self.queue and self.queue[0][0] == seq:   # not dropped meanwhile by put
-                    self.queue.popleft()
-                if self.directory is not None:
-                    (self.directory / f"{seq:012d}.notice").unlink(missing_ok=True)
-                self._publish()
-
-    def _publish(self) -> None:
-        self.metrics.notices_pending.labels(self.name).set(len(self.queue))
-
-    def close(self, timeout: float = 2.0) -> int:
-        """Stop the thread; what it has not delivered stays on disk for the next run."""
-        with self.lock:
-            self.stopping = True
-            self.lock.notify_all()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
-        return len(self.queue)
-
-
 class Webhook:
     """POST a notice as JSON, signed with the shared secret (None: unsigned, by choice)."""
 
@@ -367,7 +223,6 @@ class Notices:
     """Every receiver fleetd's settings name, fed the verdicts that changed at each tick."""
 
     def __init__(self, cfg, metrics, env: dict | None = None):
-        from .slurmactions import AdminComment, Notify, Reputation, Slurm
 
         self.metrics = metrics
         self.announcer = Announcer(cfg.on_verdict_job_rate,

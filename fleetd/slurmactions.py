@@ -2,7 +2,7 @@
 tell the job's user (``scontrol notify``), and drain a node that is named with a hardware-side
 cause in enough distinct jobs (node reputation).
 
-Each is a receiver of notices (``fleetd.notify.Outbox``): it runs ``scontrol`` from its own
+Each is a receiver of notices (``fleetd.outbox.Outbox``): it runs ``scontrol`` from its own
 thread, so a slurmctld that is slow or down delays the action, never fleetd's replies, and the
 notices wait on disk until Slurm answers.
 
@@ -28,7 +28,7 @@ from ingero import hostlist
 from ingero.framefile import write_file
 from ingero.slurmcommand import SlurmUnavailable, run_slurm
 
-from .notify import DELIVERED, REFUSED, RETRY
+from .outbox import DELIVERED, REFUSED, RETRY
 
 log = logging.getLogger("fleetd")
 

@@ -16,7 +16,8 @@ import pytest
 from jsonschema import Draft202012Validator, FormatChecker
 
 from fleetd.metrics import FleetMetrics
-from fleetd.notify import DELIVERED, REFUSED, RETRY, Announcer, Outbox, Webhook, notice
+from fleetd.notify import Announcer, Webhook, notice
+from fleetd.outbox import DELIVERED, REFUSED, RETRY, Outbox
 from fleetd.rankstate import Verdict
 from fleetd.slurmactions import Reputation, SlurmUnavailable
 from ingero import webhook
@@ -115,7 +116,7 @@ class Sink:
 
 def test_an_outbox_retries_in_order_keeps_what_is_left_across_a_restart_and_drops_refusals(
         tmp_path, monkeypatch):
-    monkeypatch.setattr("fleetd.notify.RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr("fleetd.outbox.RETRY_FIRST_S", 0.01)
     metrics = FleetMetrics()
     directory = tmp_path / "notices" / "hook"
     down = Sink(RETRY, RETRY)
@@ -155,8 +156,8 @@ def test_a_receiver_that_keeps_failing_holds_the_others_up_for_the_expiry_at_mos
     """A webhook answering 503 forever: its notices wait at most --on-verdict-expiry each,
     then go unsent and counted, and at most --on-verdict-max-pending of them are kept (the
     oldest dropped first), on disk as in memory."""
-    monkeypatch.setattr("fleetd.notify.RETRY_FIRST_S", 0.01)
-    monkeypatch.setattr("fleetd.notify.RETRY_MAX_S", 0.01)
+    monkeypatch.setattr("fleetd.outbox.RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr("fleetd.outbox.RETRY_MAX_S", 0.01)
     metrics, now = FleetMetrics(), [1_800_000_000.0]
     directory = tmp_path / "hook"
     failing = Sink(*[RETRY] * 10_000)
