@@ -19,15 +19,10 @@ from flask import Flask
 from .. import audit, auth, ratelimit
 from ..sandbox import Sandbox
 from . import envelope, error_shape
-from .jsonio import StrictJSONProvider
+from .jsonio import DRAIN_LIMIT_BYTES, MAX_BODY_BYTES, StrictJSONProvider
 from .metrics import ApiMetrics
 from .settings import ApiSettings
 
-MAX_BODY_BYTES = 1024 * 1024
-# An oversized body up to this size is read and dropped before the 413 goes out, so that a
-# client still sending it reads the answer instead of a reset connection; past it, the
-# connection is closed on the sender.
-DRAIN_LIMIT_BYTES = 16 * MAX_BODY_BYTES
 FRONT = "ECHOD_API_FRONT"     # "1": the app serves behind echod's front (``front``)
 
 

@@ -26,6 +26,12 @@ from flask.json.provider import DefaultJSONProvider
 from ..errors import AnswerTooLarge, BadRequest, TooLarge
 from ..sandbox import NON_FINITE
 
+MAX_BODY_BYTES = 1024 * 1024
+# An oversized body up to this size is read and dropped before the 413 goes out, so that a
+# client still sending it reads the answer instead of a reset connection; past it, the
+# connection is closed on the sender.
+DRAIN_LIMIT_BYTES = 16 * MAX_BODY_BYTES
+
 MAX_DEPTH = 32
 READ_BYTES = 64 * 1024
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")   # json.loads joins the pairs that are not lone

@@ -21,8 +21,7 @@ from ..auth import OPTIONAL, PUBLIC, NotAllowed, access
 from ..errors import BadRequest, NotFound
 from ..registry import REGISTRY, Scope, ToolContext, ToolError
 from ..tools.selection import raw_job_args
-from . import MAX_BODY_BYTES
-from .jsonio import answer, loads, read_body
+from .jsonio import MAX_BODY_BYTES, answer, loads, read_body
 from .openapi import API_VERSION, document
 
 root = Blueprint("root", __name__)
@@ -78,7 +77,7 @@ def whoami():
 
 
 @v1.get("/tools")
-def tools():
+def list_tools():
     principal = g.principal
     return jsonify(tools=[{**tool.listing(), "allowed": principal.may(tool.capability)}
                           for tool in REGISTRY])

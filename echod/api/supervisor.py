@@ -28,7 +28,8 @@ from sqlalchemy import Engine
 
 from .. import auth, sandbox
 from ..errors import EchodError
-from . import DRAIN_LIMIT_BYTES, FRONT, MAX_BODY_BYTES
+from . import FRONT
+from .jsonio import DRAIN_LIMIT_BYTES, MAX_BODY_BYTES
 from .front import Front, tls_context
 from .settings import ENVIRONMENT, ApiSettings
 
