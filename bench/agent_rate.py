@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import harness  # noqa: E402
 from bench.push_cost import reference_mix  # noqa: E402
-from ingero.stack.launch import free_port  # noqa: E402
+from stack.launch import free_port  # noqa: E402
 from sim import scenario as scenarios  # noqa: E402
 from sim.cluster import Cluster  # noqa: E402
 from sim.records import read_record  # noqa: E402
@@ -102,7 +102,7 @@ def settled(stack, deadline_s: float = 120.0) -> dict[str, int]:
 
 def run(args) -> dict:
     import sim
-    from ingero.stack.local import Stack
+    from stack.local import Stack
 
     if args.smoke:
         args.seconds, args.ranks = 3.0, 2

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from bench import harness  # noqa: E402
-from ingero.stack.launch import Daemon, KeyRing, free_port, wait_for  # noqa: E402
+from stack.launch import Daemon, KeyRing, free_port, wait_for  # noqa: E402
 from tests.support import metric  # noqa: E402
 
 NAME = "fleet_scale"

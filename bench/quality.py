@@ -1,7 +1,7 @@
 """Detection quality: does ingero name the right ranks, for the right reason, and how soon?
 Scored over sim scenarios against two baselines that read the same stored events.
 
-One stack of the real product runs for the whole benchmark (``ingero.stack.local``: echod on its own
+One stack of the real product runs for the whole benchmark (``stack.local``: echod on its own
 PostgreSQL, fleetd, node-wide ingerods with bcc uprobes on the sim's libraries). Each scenario
 is a sim job with its own Slurm job id; fleetd's verdicts are read with the ``find_stragglers``
 tool once a push interval while it runs (every revision is seen: the store keeps the newest)
@@ -152,7 +152,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> dict:
     import sim
-    from ingero.stack.local import Stack
+    from stack.local import Stack
 
     cases = SMOKE if args.smoke else FULL
     if args.only:

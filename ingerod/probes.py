@@ -20,8 +20,11 @@ from .events import RawEvent
 
 log = logging.getLogger("ingerod")
 
-BPF_DIR = Path(os.environ.get("INGERO_BPF_DIR", Path(__file__).resolve().parent / "bpf"))
-PARTS = ("common.bpf.c", "nccl.bpf.c", "cuda.bpf.c", "host.bpf.c")
+PACKAGE_BPF = Path(__file__).resolve().parent / "bpf"
+BPF_DIR = Path(os.environ.get("INGERO_BPF_DIR", PACKAGE_BPF))
+# The program's parts in the order they are joined, listed in package data of their own so
+# that `ingero version` reads the list without importing ingerod.
+PARTS = tuple((PACKAGE_BPF / "parts").read_text().split())
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all
+from stack.launch import Daemon, KeyRing, free_port, stop_all
 
 from .support import Beside, needs_ebpf
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.stack.launch import free_port, wait_for
+from stack.launch import free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 MUNGE_SOCKET_DIR = Path("/run/munge")
@@ -338,7 +338,7 @@ def stack_beside(cluster: SlurmCluster, **kw):
     Stack takes them."""
     import sim
 
-    from ingero.stack.local import Stack
+    from stack.local import Stack
 
     root = cluster.root.parent
     spool, sock = root / "jobs", root / "ingerod.sock"

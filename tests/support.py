@@ -24,8 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingero.command.words import verdict_summary
-from ingero.stack.launch import wait_for
-from ingero.stack.local import Echod, Stack
+from stack.launch import wait_for
+from stack.local import Echod, Stack
 from ingero.vocabulary import POINT_TO_POINT
 
 
@@ -146,7 +146,7 @@ def forward(keys, endpoint, message):
 
 
 class EchodApi(Echod):
-    """echod with its HTTP API (``ingero.stack.local.Echod``) in a fresh temporary directory, and
+    """echod with its HTTP API (``stack.local.Echod``) in a fresh temporary directory, and
     what the tests ask of it besides the tools: raw requests, the audit log, SIGHUP."""
 
     def __init__(self, keys, *flags: str, tokens: dict[str, tuple[str, str]]):
@@ -191,7 +191,7 @@ def build_wheel(repo: Path, out: Path) -> Path:
 
 
 # What a user other than root runs of this checkout: its packages (the sim built) and its venv.
-FOR_OTHERS = ("ingero", "ingerod", "fleetd", "echod", "sim")
+FOR_OTHERS = ("ingero", "ingerod", "fleetd", "echod", "stack", "sim")
 
 
 def for_other_users(repo: Path, venv: Path, dest: Path) -> SimpleNamespace:
@@ -233,7 +233,7 @@ LATE_IN_RECORD_S = 0.010   # a rank this late at its median step (its record) is
 
 
 class TwoNodes(Stack):
-    """The product on this machine as the demo runs it (``ingero.stack.local``): echod, fleetd
+    """The product on this machine as the demo runs it (``stack.local``): echod, fleetd
     and two node-wide ingerods, node1's clock ``SKEW_S`` ahead (faketime), so every verdict read
     from it is made through a corrected clock; the agents attach 4 library files of a user at
     most (16 by default: each costs 1.6 s to detach here) and detach one 20 s after the last

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from ingero import framefile, wire
-from ingero.stack.launch import free_port
+from stack.launch import free_port
 from ingero.settings import load
 from ingerod.agent import Agent
 from ingerod.config import SETTINGS

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 import sim
-from ingero.stack import local as stack_module
-from ingero.stack.launch import Daemon, free_port, wait_for
+from stack import local as stack_module
+from stack.launch import Daemon, free_port, wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 

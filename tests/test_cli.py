@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.stack.launch import free_port
-from ingero.stack.local import self_signed
+from stack.launch import free_port
+from stack.local import self_signed
 from sim import scenario as scenarios
 from ingero import __version__
 

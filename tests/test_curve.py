@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from ingero import curve
-from ingero.stack.launch import KeyRing, free_port, wait_for
+from stack.launch import KeyRing, free_port, wait_for
 
 from .support import metric
 

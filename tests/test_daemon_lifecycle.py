@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ingero.stack.launch import wait_for
+from stack.launch import wait_for
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.stack.launch import wait_for
+from stack.launch import wait_for
 from sim.records import step_lags
 
 from .support import LATE_IN_RECORD_S, needs_ebpf

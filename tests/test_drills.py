@@ -26,8 +26,8 @@ import sim
 from echod.db import make_engine
 from echod.embedded import EmbeddedPostgres
 from ingero.errors import ApiCallError
-from ingero.stack.launch import Daemon, wait_for
-from ingero.stack.local import Stack
+from stack.launch import Daemon, wait_for
+from stack.local import Stack
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record

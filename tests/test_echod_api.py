@@ -19,7 +19,7 @@ import requests
 from openapi_spec_validator import validate
 
 from ingero import wire
-from ingero.stack.launch import KeyRing, free_port, wait_for
+from stack.launch import KeyRing, free_port, wait_for
 
 from .support import EchodApi, forward
 

@@ -31,7 +31,7 @@ from echod.auth import PUBLIC, access
 from echod.errors import HTTP_ERRORS
 from echod.registry import ToolError
 from echod.sqlcheck import SqlRefused
-from ingero.stack.launch import KeyRing, wait_for
+from stack.launch import KeyRing, wait_for
 
 from .support import EchodApi
 

@@ -20,7 +20,7 @@ from echod.db import make_engine
 from echod.embedded import EmbeddedPostgres
 from echod.errors import EmbeddedDatabaseError
 from ingero import columns, curve, wire
-from ingero.stack.launch import free_port, stop_all, wait_for
+from stack.launch import free_port, stop_all, wait_for
 
 from .support import Producer, forward, metric
 from .test_fuzz_frames import GARBAGE, mutate

@@ -26,8 +26,8 @@ from psycopg import sql
 
 import sim
 from echod.db import head_revision
-from ingero.stack.launch import free_port, wait_for
-from ingero.stack.local import Stack
+from stack.launch import free_port, wait_for
+from stack.local import Stack
 from ingero.command.words import verdict_summary
 from sim import scenario as scenarios
 from sim.cluster import Cluster

@@ -6,7 +6,7 @@ import sys
 import time
 
 from ingero.command import fleetclient
-from ingero.stack.launch import free_port, wait_for
+from stack.launch import free_port, wait_for
 
 from .support import metric
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from fleetd.limits import HEADROOM, raise_nofile
 from fleetd.server import SERVE_BATCH, SERVE_LEAST_S, SERVE_RATIO, FleetServer
 from ingero.router import BACKLOG
-from ingero.stack.launch import free_port, wait_for
+from stack.launch import free_port, wait_for
 
 
 def limits(soft, hard, fail=False):

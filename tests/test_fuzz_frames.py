@@ -9,7 +9,7 @@ import zmq
 
 from ingero import columns, wire
 from ingero.errors import FrameError
-from ingero.stack.launch import free_port, wait_for
+from stack.launch import free_port, wait_for
 
 from .support import scrape
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import sim
-from ingero.stack.launch import wait_for
+from stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 

@@ -17,7 +17,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from ingero import wire
-from ingero.stack.launch import KeyRing
+from stack.launch import KeyRing
 
 from .support import EchodApi, forward
 from .test_echod_api import LATE_RANK, RANKS, evidence

@@ -27,7 +27,7 @@ from echod.db import (MIGRATION_LOCK, alembic_config, ensure_partitions, event_p
                       head_revision, make_engine, partition_name, status, upgrade)
 from echod.models import FAILED_CALL
 from echod.store import write_batch
-from ingero.stack.launch import wait_for
+from stack.launch import wait_for
 
 BEFORE = "0006"                     # the revision before 0007 builds INDEX
 INDEX = "ix_events_failed_calls"

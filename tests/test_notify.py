@@ -21,7 +21,7 @@ from fleetd.outbox import DELIVERED, REFUSED, RETRY, Outbox
 from fleetd.rankstate import Verdict
 from fleetd.slurmactions import Reputation, SlurmUnavailable
 from ingero import webhook
-from ingero.stack.launch import free_port, wait_for
+from stack.launch import free_port, wait_for
 
 
 def verdict(rank=5, job="42", severity="major", revision=0, cleared=None, cause="host_work",

@@ -2,7 +2,7 @@
 analysis, echod's store, read back over echod's HTTPS API.
 
 One stack serves the module, and test_cli and test_retention beside it (conftest's
-``two_nodes``, ``ingero.stack.local`` as the demo runs it): echod (embedded PostgreSQL, TLS, a
+``two_nodes``, ``stack.local`` as the demo runs it): echod (embedded PostgreSQL, TLS, a
 token), fleetd forwarding to it, and two ingerods as the shipped unit runs them (no --job), one
 per simulated node (each traces the ranks of its sim host label, standing in for two hosts).
 node1's ingerod runs under faketime 250 ms ahead, so every verdict here is also a verdict made
@@ -17,7 +17,7 @@ from datetime import datetime
 
 import pytest
 
-from ingero.stack.launch import wait_for
+from stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import entry_lags, read_record

@@ -20,7 +20,7 @@ Jobs that fail fast: a rank that crashes while its peers wait is dead at once; a
 hangs while its peers' NCCL timeout is shorter than fleetd's hang timeout is named when they
 give up, after the job has failed; both stay in ``ingero report`` after the job.
 
-One stack serves the module (``ingero.stack.local``): echod, fleetd (its hang timeout the default
+One stack serves the module (``stack.local``): echod, fleetd (its hang timeout the default
 30 s) and four node-wide ingerods (no --job, as the shipped unit runs them), one per simulated
 node, told apart by the sim's host label. node3's agent sends its events as maps, as an agent
 before wire 1.3 does, the others as columns: every job here is judged across a fleet in the
@@ -43,8 +43,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from ingero.stack import local as stack_module
-from ingero.stack.launch import wait_for
+from stack import local as stack_module
+from stack.launch import wait_for
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record

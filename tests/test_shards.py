@@ -20,9 +20,9 @@ import pytest
 
 import sim
 from ingero import shards
-from ingero.stack.launch import free_port, wait_for
+from stack.launch import free_port, wait_for
 from ingero.settings import shard, zmq_endpoints
-from ingero.stack.local import Stack
+from stack.local import Stack
 from ingerod.queue import PUSH
 from sim import scenario as scenarios
 from sim.cluster import Cluster

@@ -593,7 +593,7 @@ def test_the_last_instance_every_rank_entered_is_read_from_the_records(tmp_path)
     """What ``Stack.wait_judged`` waits for: per communicator, the last collective all its
     ranks entered (a rank that stopped early holds it back), as fleetd and echod write the
     communicator's hash; sends and receives, which fleetd summarises no lag of, left out."""
-    from ingero.stack.local import last_instances
+    from stack.local import last_instances
 
     result = run_job(tmp_path, job_scenario(steps=5, timeout_s=2, extra_collectives=["sendrecv"],
                                             stragglers=[{"rank": 3, "kind": "die",

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from ingero.stack.launch import free_port, wait_for
-from ingero.stack.local import Stack
+from stack.launch import free_port, wait_for
+from stack.local import Stack
 from tests.slurmcluster import SlurmCluster, cluster_for_module, ingero_cli, needs_slurm
 from tests.support import needs_ebpf
 

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from ingero.stack.launch import Daemon, wait_for
-from ingero.stack.local import Stack
+from stack.launch import Daemon, wait_for
+from stack.local import Stack
 from tests.slurmcluster import (SlurmCluster, cluster_for_module, ingero_cli, needs_slurm,
                                stack_beside)
 from tests.support import needs_ebpf, scrape

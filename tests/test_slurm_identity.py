@@ -26,8 +26,8 @@ import urllib.request
 import pytest
 
 from ingero import munge, wire
-from ingero.stack.launch import wait_for
-from ingero.stack.local import Stack
+from stack.launch import wait_for
+from stack.local import Stack
 from ingerod.jobs import record_event
 from tests.slurmcluster import (SlurmCluster, cluster_for_module, ingero_cli,
                                ingero_run, needs_slurm, stack_beside)

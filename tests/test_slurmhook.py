@@ -24,7 +24,7 @@ from echod.jobrecords import job_fields, merge
 from echod.models import Job
 from echod.store import write_batch
 from ingero import hostlist, slurmhook
-from ingero.stack.local import AGENT_STOP_S
+from stack.local import AGENT_STOP_S
 from ingerod.jobs import ControlSocket, JobSpool, record_event
 from ingerod.metrics import AgentMetrics
 from tests.slurmcluster import Syslog

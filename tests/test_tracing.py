@@ -16,8 +16,8 @@ import pytest
 
 import sim
 from ingero.analysis.lag import peer_lag
-from ingero.stack.launch import wait_for
-from ingero.stack.local import AGENT_STOP_S
+from stack.launch import wait_for
+from stack.local import AGENT_STOP_S
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.records import read_record
@@ -228,7 +228,7 @@ def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path):
 
 
 def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_path):
-    from ingero.stack.launch import free_port
+    from stack.launch import free_port
 
     from .support import metric, scrape
 

@@ -17,20 +17,31 @@ from ingero.rates import SHIPPED
 from ingero.runtime import HEAD_MODULES
 
 
-def facts() -> dict:
-    from ingerod.probes import BPF_DIR, PARTS
+def bpf_sources() -> tuple[Path, tuple[str, ...]]:
+    """Where ingerod reads its BPF sources (``INGERO_BPF_DIR`` over its package data) and the
+    parts it joins, found without importing ingerod."""
+    spec = importlib.util.find_spec("ingerod")
+    package = Path(spec.origin).parent / "bpf" if spec and spec.origin else Path("ingerod/bpf")
+    try:
+        parts = tuple((package / "parts").read_text().split())
+    except OSError:
+        parts = ("parts",)                            # reported missing with the rest
+    return Path(os.environ.get("INGERO_BPF_DIR", package)), parts
 
+
+def facts() -> dict:
+    source_dir, wanted = bpf_sources()
     bcc_version, bcc_error = None, None
     try:
         import bcc
         bcc_version = getattr(bcc, "__version__", "present")
     except Exception as exc:          # any failure to import is what the operator needs to see
         bcc_error = f"{type(exc).__name__}: {exc}"
-    found = [part for part in PARTS if (BPF_DIR / part).is_file()]
+    found = [part for part in wanted if (source_dir / part).is_file()]
     return {"ingero": __version__, "python": platform.python_version(),
             "python_path": sys.executable, "bcc": bcc_version, "bcc_error": bcc_error,
-            "kernel": platform.release(), "bpf_dir": str(BPF_DIR),
-            "bpf_sources": found, "bpf_missing": [p for p in PARTS if p not in found],
+            "kernel": platform.release(), "bpf_dir": str(source_dir),
+            "bpf_sources": found, "bpf_missing": [p for p in wanted if p not in found],
             "rates": str(SHIPPED), "rates_found": SHIPPED.is_file(),
             "parts": parts(), "running": running()}
 
@@ -45,7 +56,7 @@ def parts() -> dict[str, bool]:
     def have(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     return {"ingerod": True, "fleetd": True, "echod": all(map(have, HEAD_MODULES)),
-            "mcp": have("mcp"), "demo": have("sim") and have("ingero.stack")}
+            "mcp": have("mcp"), "demo": have("sim") and have("stack")}
 
 
 def running(proc: Path = Path("/proc")) -> list[dict]:

@@ -80,7 +80,7 @@ def demo_command(scenario: str, as_json: bool, keep: bool) -> None:
             "the demo runs from a checkout of ingero, which has the sim and echod's "
             "dependencies: git clone it and run 'make demo' there (this installation lacks "
             f"{' and '.join('the sim' if m == 'demo' else m for m in missing)})")
-    from ingero.stack import demo
+    from stack import demo
 
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     try:

@@ -1,7 +1,7 @@
 """``ingero demo``: the whole product on one machine, on a GPU-less training job.
 
 echod (its own PostgreSQL), fleetd and one ingerod per simulated node start as real daemons
-(``ingero.stack.local``); a sim job from ``sim/scenarios/`` runs through the sim's libcudart and
+(``stack.local``); a sim job from ``sim/scenarios/`` runs through the sim's libcudart and
 libnccl while the agents trace it with eBPF; fleetd names the late rank online and echod stores
 it. The demo shows the job's progress and the verdicts as they appear, then the job report and
 each verdict in plain words, read back over echod's API as the CLI reads them. Whatever it
@@ -66,7 +66,7 @@ def run(scenario_name: str, keep: bool, say) -> dict:
     import sim
     from sim.errors import SimError
 
-    from ingero.stack.local import Stack
+    from stack.local import Stack
 
     scenario = find_scenario(scenario_name)
     with interruptible():
@@ -110,7 +110,7 @@ def watch(stack, scenario, say) -> dict:
     from sim.cluster import Cluster
     from sim.records import read_record
 
-    from ingero.stack.local import JUDGED_TIMEOUT_S
+    from stack.local import JUDGED_TIMEOUT_S
 
     job = scenario.job
     say(f"job {job.job_id}: scenario {scenario.name}, {job.nodes} nodes x {job.ranks_per_node} "

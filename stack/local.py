@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ingero.command.client import EchodClient
 from ingero.errors import ApiCallError
-from ingero.stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
+from stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
 from ingero.vocabulary import POINT_TO_POINT
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
