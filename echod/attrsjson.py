@@ -1,4 +1,4 @@
-"""The attributes of events pushed as columns, as the JSON ``store.attrs_json`` writes for an
+"""The attributes of events pushed as columns, as the JSON ``checks.attrs_json`` writes for an
 event, made over arrays: each value rendered once per column (each distinct text once), the
 events of one shape (which attributes they have) joined with one template.
 """
@@ -10,7 +10,7 @@ import numpy as np
 from ingero.columns import Column, EventColumns
 from ingero.vocabulary import LIFTED
 
-from . import store       # which imports this module's users: its names are read when called
+from . import checks
 
 LIFTED_NAMES = frozenset(name for name, _ in LIFTED)
 # The most characters a value can take as JSON where it is not text (an int64, a float's repr,
@@ -19,14 +19,14 @@ NUMBER_JSON = 24
 
 
 def check(cols: EventColumns, slow: np.ndarray) -> None:
-    """Mark slow the events whose attributes' JSON ``store.attrs_json`` would refuse for a
+    """Mark slow the events whose attributes' JSON ``checks.attrs_json`` would refuse for a
     name or a text (no NUL, no lone surrogate), to be refused with its reason."""
     for name, column in attributes(cols).items():
-        if "\x00" in name or not store._encodable(name):
+        if "\x00" in name or not checks._encodable(name):
             slow |= column.mask(cols.n)
         if column.strings is not None:
             bad = [k for k, text in enumerate(column.strings)
-                   if "\x00" in text or not store._encodable(text)]
+                   if "\x00" in text or not checks._encodable(text)]
             slow |= column.mask(cols.n) & np.isin(column.values, bad)
 
 
@@ -40,8 +40,8 @@ def longest(cols: EventColumns) -> int:
     total = 2
     for name, column in attributes(cols).items():
         value = NUMBER_JSON if column.strings is None else max(
-            (len(store.encode_json(text)) for text in column.strings), default=0)
-        total += len(store.encode_json(name)) + 2 + value
+            (len(checks.encode_json(text)) for text in column.strings), default=0)
+        total += len(checks.encode_json(name)) + 2 + value
     return total
 
 
@@ -55,7 +55,7 @@ def texts(cols: EventColumns, at: np.ndarray, without: dict | None = None) -> np
             present = present & ~without[name]
         if not present.any():
             continue
-        parts.append((store.encode_json(name).replace("%", "%%") + ":", rendered(column, at)))
+        parts.append((checks.encode_json(name).replace("%", "%%") + ":", rendered(column, at)))
         masks.append(present)
     out = np.full(len(at), "{}", dtype=object)
     if not parts:
@@ -79,7 +79,7 @@ def rendered(column: Column, at: np.ndarray) -> np.ndarray:
     """A column's values at ``at`` as JSON text (texts: each distinct text once)."""
     values = column.values[at]
     if column.strings is not None:
-        table = np.array([store.encode_json(text) for text in column.strings] + ["null"],
+        table = np.array([checks.encode_json(text) for text in column.strings] + ["null"],
                          dtype=object)
         return table[np.minimum(values, len(column.strings))]
     if column.code == "b1":

@@ -27,8 +27,7 @@ import numpy as np
 
 from ingero.columns import EventColumns
 
-from . import attrsjson
-from . import store       # which imports this module: its names are read when called
+from . import attrsjson, checks
 from .summaries import BUCKETS_PER_OCTAVE, SMALL_BYTES, ZERO
 
 CHUNKED = ("sync", "alloc", "free", "memcpy")
@@ -280,7 +279,7 @@ def _attrs(cols: EventColumns, events: np.ndarray, starts: np.ndarray
             np.maximum.reduceat(values, starts) == np.minimum.reduceat(values, starts))
         if not same.any():
             continue
-        key = store.encode_json(name)
+        key = checks.encode_json(name)
         for c, json in zip(np.flatnonzero(same).tolist(),
                            attrsjson.rendered(column, events[starts[same]]).tolist()):
             alike[c].append(f"{key}:{json}")
@@ -406,5 +405,5 @@ def rows_of(chunk: Chunk) -> list[tuple]:
     values = [[None] * len(ts) if column is None else column for column in values]
     alike = json.loads(common or "{}")
     return [(stamp(us), f"{prefix}{number}", cluster, node, job, rank, kind, *row,
-             store.encode_json({**alike, **json.loads(each or "{}")}))
+             checks.encode_json({**alike, **json.loads(each or "{}")}))
             for us, number, *row, each in zip(ts, numbers, *values, attrs or [None] * len(ts))]

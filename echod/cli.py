@@ -16,7 +16,7 @@ from ingero.runtime import SignalFlags, serve_metrics, setup_logging
 from ingero.sdnotify import Notifier
 from ingero.settings import click_options
 
-from . import db, store
+from . import checks, db, store
 from .config import DEFAULT_CONFIG, SETTINGS
 from .api.supervisor import ApiProcess, check_tls
 from .embedded import EmbeddedPostgres
@@ -151,7 +151,7 @@ def main(ctx: click.Context, config: str | None, **flags) -> None:
         ctx.obj = (config, flags)
         return
     cfg = settings(config, flags)
-    store.KEEP_DAYS = cfg.retention_days      # no event older than the store keeps
+    checks.KEEP_DAYS = cfg.retention_days      # no event older than the store keeps
     metrics = EchoMetrics()
     signals = SignalFlags().install()  # before the database starts, so SIGTERM stops it too
     try:

@@ -22,18 +22,17 @@ from ingero import wire
 from ingero.columns import EventColumns
 from ingero.vocabulary import LIFTED
 
-from . import attrsjson, chunks
-from . import store       # which imports this module: its names are read when called
+from . import attrsjson, checks, chunks
 from .jobrecords import JOB_KINDS
 
 
 
 def plain(text: str) -> bool:
-    """What ``store.check_string`` passes at once (the rest is checked event by event)."""
-    return 0 < len(text) <= store.MAX_TEXT and text.isascii() and "\x00" not in text
+    """What ``checks.check_string`` passes at once (the rest is checked event by event)."""
+    return 0 < len(text) <= checks.MAX_TEXT and text.isascii() and "\x00" not in text
 
 
-def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
+def stage(checked: "checks.CheckedBatch", push: wire.ColumnPush, now: float,
           first_index: int) -> None:
     """Stage the events of ``push``'s columns into ``checked`` (``first_index``: the first
     one's index among the batch's events, for the reasons of those refused)."""
@@ -42,7 +41,7 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
     if not (plain(push.node) and plain(push.cluster) and plain(push.boot_id)
             and cols.id_prefix.startswith(push.node + ":")):
         slow[:] = True
-    slow |= (cols.t < store.earliest(now)) | (cols.t > now + store.FUTURE_SLACK_S)
+    slow |= (cols.t < checks.earliest(now)) | (cols.t > now + checks.FUTURE_SLACK_S)
     kinds = np.array(cols.kinds, dtype=object)
     slow |= np.isin(cols.kind, [k for k, name in enumerate(cols.kinds)
                                 if not plain(name) or name in JOB_KINDS])
@@ -52,13 +51,13 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
     # The frequent calls go into chunks, their attributes' JSON made there (a chunk's common
     # values once); none is too long for it where the longest an event's can be is not.
     chunkable = chunks.chunkable(cols) & ~slow
-    if attrsjson.longest(cols) > store.MAX_ATTRS_JSON:
+    if attrsjson.longest(cols) > checks.MAX_ATTRS_JSON:
         chunkable[:] = False
     attrs = np.full(cols.n, None, dtype=object)
     rowed = np.flatnonzero(~chunkable)
     attrs[rowed] = attrsjson.texts(cols, rowed)
     slow[rowed] |= np.fromiter(map(len, attrs[rowed].tolist()), np.int64, len(rowed)) \
-        > store.MAX_ATTRS_JSON
+        > checks.MAX_ATTRS_JSON
     fast = np.flatnonzero(~slow)
     if len(fast):
         t = cols.t[fast]
@@ -85,12 +84,12 @@ def stage(checked: "store.CheckedBatch", push: wire.ColumnPush, now: float,
     at = np.flatnonzero(slow)
     for index, row in zip(at.tolist(), push.stored_rows(cols.rows(at))):
         try:
-            staged = store.check_event(row, now)
-        except store.Rejected as exc:
+            staged = checks.check_event(row, now)
+        except checks.Rejected as exc:
             checked.rejected.append(("events", first_index + index, str(exc)))
             continue
         checked.rows.setdefault("events", []).append(staged)
-        store.note_row(checked, "events", row, staged)
+        checks.note_row(checked, "events", row, staged)
 
 
 def _lifted(cols: EventColumns, name: str, bounds: tuple[int, int] | None,

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from echod import chunks, store
+from echod import checks, chunks, store
 from ingero import columns, wire
 from tests.test_columns import SIG, events
 
@@ -26,14 +26,14 @@ def push_of(evs: list[dict], node: str = "node7", job: str | None = None, cluste
     return wire.decode(frames)
 
 
-def both(push: wire.ColumnPush) -> tuple[store.CheckedBatch, store.CheckedBatch]:
+def both(push: wire.ColumnPush) -> tuple[checks.CheckedBatch, checks.CheckedBatch]:
     as_rows = store.check_batch({"events": push.stored_rows()}, NOW)
     as_columns = store.check_batch({"events": push.stored_rows(push.events),
                                     "pushes": [push]}, NOW)
     return as_rows, as_columns
 
 
-def staged(checked: store.CheckedBatch) -> list[tuple]:
+def staged(checked: checks.CheckedBatch) -> list[tuple]:
     """The events staged, as rows or in chunks, as the rows they are read as (the attributes
     as a map: a chunk's come in two parts, and PostgreSQL keeps JSON's keys in its order)."""
     return sorted((*row[:12], sorted(json.loads(row[12]).items()))
@@ -41,7 +41,7 @@ def staged(checked: store.CheckedBatch) -> list[tuple]:
                       row for chunk in checked.chunks for row in chunks.rows_of(chunk)])
 
 
-def assert_alike(push: wire.ColumnPush) -> store.CheckedBatch:
+def assert_alike(push: wire.ColumnPush) -> checks.CheckedBatch:
     as_rows, as_columns = both(push)
     assert staged(as_columns) == staged(as_rows)
     assert not as_rows.chunks         # maps: a row an event

@@ -457,8 +457,8 @@ def test_an_event_older_than_the_store_keeps_is_refused_and_makes_no_partition(
     """A node that backdates its events one day each would have echod make a partition a day
     back to 2000; echod (--retention-days 30) refuses those older than it keeps, as maps and as
     columns, and stores the rest."""
-    from echod import store
-    monkeypatch.setattr(store, "KEEP_DAYS", 30)
+    from echod import checks
+    monkeypatch.setattr(checks, "KEEP_DAYS", 30)
     now = time.time()
     backdated = [event("node01", 40 + d, now - d * 86_400) for d in (10, 40, 400, 4000)]
     result = write_batch(engine, {"events": backdated})
