@@ -51,12 +51,6 @@ class AuditLog:
             while written < len(line):            # only on a full disk or a signal
                 written += os.write(self._fd, line[written:])
 
-    def reopen(self) -> None:
-        """After the file was rotated away (logrotate without copytruncate)."""
-        with self._lock:
-            os.close(self._fd)
-            self._fd = self._open()
-
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:

@@ -17,7 +17,6 @@ again adds neither.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass
@@ -280,9 +279,9 @@ def _attrs(cols: EventColumns, events: np.ndarray, starts: np.ndarray
         if not same.any():
             continue
         key = checks.encode_json(name)
-        for c, json in zip(np.flatnonzero(same).tolist(),
-                           attrsjson.rendered(column, events[starts[same]]).tolist()):
-            alike[c].append(f"{key}:{json}")
+        for c, rendered in zip(np.flatnonzero(same).tolist(),
+                               attrsjson.rendered(column, events[starts[same]]).tolist()):
+            alike[c].append(f"{key}:{rendered}")
         without[name] = np.repeat(same, sizes)
     texts = attrsjson.texts(cols, events, without)
     bare = np.minimum.reduceat(texts == "{}", starts)
@@ -394,16 +393,3 @@ def _histograms(group: np.ndarray, bucket: np.ndarray, duration: np.ndarray,
         out[g][1].append(count)
         out[g][2].append(total)
     return out
-
-
-def rows_of(chunk: Chunk) -> list[tuple]:
-    """A chunk's events as the rows the view ``events`` shows (and echod would have staged
-    them as rows): (t, id, cluster, node, job, rank, kind, op, comm_hash, seq, bytes,
-    duration_ns, attrs as JSON text)."""
-    (_t, _id, _last, cluster, node, job, rank, kind, prefix, numbers, ts, *values, common,
-     attrs) = chunk.row()
-    values = [[None] * len(ts) if column is None else column for column in values]
-    alike = json.loads(common or "{}")
-    return [(stamp(us), f"{prefix}{number}", cluster, node, job, rank, kind, *row,
-             checks.encode_json({**alike, **json.loads(each or "{}")}))
-            for us, number, *row, each in zip(ts, numbers, *values, attrs or [None] * len(ts))]

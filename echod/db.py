@@ -25,7 +25,6 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import SchemaTooNew, StorageError
 
@@ -48,11 +47,6 @@ def make_engine(dsn: str | URL, **options) -> Engine:
     url = url.set(drivername="postgresql+psycopg")
     options.setdefault("pool_pre_ping", True)
     return create_engine(url, **options)
-
-
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions for query functions; whoever opens one owns its transaction."""
-    return sessionmaker(engine, expire_on_commit=False)
 
 
 # -- migrations --------------------------------------------------------------------------------

@@ -26,8 +26,7 @@ import numpy as np
 
 from ingero.analysis import causes
 from ingero.analysis.lag import peer_lag
-from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, quiet,
-                                       slow_workers)
+from ingero.analysis.stragglers import LagPolicy, arrivals, judge, quiet, slow_workers
 from ingero.runtime import RateLimitedLog
 from ingero.vocabulary import POINT_TO_POINT
 from ingero.wire import Push
@@ -702,8 +701,6 @@ class RankAnalysis:
         if not len(seq):
             return False
         entries = self._on_fleet_clock(job, ranks, raw)
-        for column, idle in enumerate(idle_caused(entries)):
-            job.facts[ranks[column]].idle_caused_s += idle
         lag = peer_lag(entries)      # complete, but NaN where a node's clock is not known yet
         self._charge(job, comm, window, ranks, entries, lag)
         known = np.isfinite(lag).all(axis=0)

@@ -43,7 +43,6 @@ class RankFacts:
     aborted_at: float | None = None     # it aborted its communicator: NCCL failed in it
     blind_since: float | None = None    # its agent no longer knows its communicators (the
                                         # agent restarted): its collectives cannot be placed
-    idle_caused_s: float = 0.0
 
     def gave_up_at(self) -> float | None:
         """When it stopped waiting on its collectives: it aborted its communicator (NCCL failed,

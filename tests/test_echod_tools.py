@@ -717,15 +717,6 @@ def test_entry_lags_from_arrays():
     assert analysis.entry_lags(np.array([0]), np.array([1]), np.array([0]), np.array([5])) is None
 
 
-def test_step_intervals_pair_consecutive_collectives_per_rank():
-    # rank 0: seq 1→2 (10 µs), 2→3 (30 µs), 5 without its next; rank 1: 1→2 (7 µs)
-    comm = np.array([0, 0, 0, 0, 0, 0])
-    seq = np.array([3, 1, 2, 5, 1, 2])
-    rank = np.array([0, 0, 0, 0, 1, 1])
-    t = np.array([140, 100, 110, 900, 100, 107])
-    assert analysis.step_intervals(comm, seq, rank, t) == {(0, 0): 20.0, (0, 1): 7.0}
-
-
 def test_segment_quantile_interpolates_as_percentile_cont():
     values = np.array([1.0, 2.0, 3.0, 4.0, 10.0, 20.0])
     starts, sizes = np.array([0, 4]), np.array([4, 2])

@@ -18,7 +18,9 @@ from datetime import UTC, datetime
 from ingero.analysis import lower_bar
 
 # Importing a tool module declares its tools: in this order, the order they are listed in.
-from . import summary, stragglers, anomalies, calls, explain, report, jobs, sql  # isort: skip
+# isort: off
+from . import summary, stragglers, anomalies, calls, explain, report, jobs, sql  # noqa: F401
+# isort: on
 from .collectives import comm_arrays, communicators, entries_statement
 from .diagnosis import Facts, SyncWork, diagnose
 from .evidence import HostEvidence, NodeHealth
@@ -26,7 +28,6 @@ from .lag import RankLag
 from .schema import DEFAULT_MAX_ENTRIES
 from .selection import EARLIEST, LATEST, Where, iso, parse_time, reading, select
 
-TOOL_MODULES = (summary, stragglers, anomalies, calls, explain, report, jobs, sql)
 
 # What the tests and benchmarks reach as tools.X (datetime, UTC and lower_bar as well: the module
 # they replaced had them).

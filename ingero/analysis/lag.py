@@ -90,21 +90,6 @@ def median_of_others(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) 
     return np.where(others >= 1, median, np.nan)
 
 
-def step_intervals(comm: np.ndarray, seq: np.ndarray, rank: np.ndarray,
-                   t: np.ndarray) -> dict[tuple[int, int], float]:
-    """Per (communicator, rank): the median time (µs) from a collective to the next one on the
-    communicator, over the consecutive pairs (seq, seq + 1) among the entries."""
-    order = np.lexsort((seq, rank, comm))
-    comm, seq, rank, t = comm[order], seq[order], rank[order], t[order]
-    pair = (comm[1:] == comm[:-1]) & (rank[1:] == rank[:-1]) & (seq[1:] == seq[:-1] + 1)
-    comm, rank, gap = comm[1:][pair], rank[1:][pair], (t[1:] - t[:-1])[pair]
-    order = np.lexsort((gap, rank, comm))
-    comm, rank, gap = comm[order], rank[order], gap[order]
-    starts, sizes = segments(comm, rank)
-    medians = segment_quantile(gap, starts, sizes, 0.5)
-    return {(int(comm[i]), int(rank[i])): float(m) for i, m in zip(starts, medians)}
-
-
 def peer_lag(entries: np.ndarray) -> np.ndarray:
     """Each rank's entry into a collective minus the median entry of its peers (the other ranks
     at the same collective): the one definition of lag.

@@ -55,13 +55,6 @@ def mad_threshold(scores: np.ndarray, k: float = 2.0, mad_floor: float = 0.0) ->
     return lower_bar(scores, k, mad_floor).bar
 
 
-def mean_sigma_threshold(scores: np.ndarray, k: float = 2.0) -> float:
-    """``mean − k·σ``: what a non-robust detector would use; one bad score drags it. Kept for
-    comparison in tests and documentation."""
-    scores = np.asarray(scores, dtype=float)
-    return float(scores.mean() - k * scores.std())
-
-
 def ema(previous: float | None, value: float, alpha: float) -> float:
     """Exponential moving average; the first value starts it."""
     return value if previous is None else alpha * value + (1.0 - alpha) * previous

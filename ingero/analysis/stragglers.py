@@ -68,7 +68,6 @@ class RankFinding:
     onset: int                        # instance index (in the matrix) where its late run began
     period: int | None                # periodic: every this many instances
     occurrences: int                  # late instances in the matrix (a period: its stalls)
-    idle_caused_s: float              # GPU-seconds its peers waited for it, in the matrix
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,6 @@ class Judgement:
     findings: list[RankFinding]
     bar_s: float
     step_s: float | None
-    median_lag_s: np.ndarray          # per column, over all instances
 
 
 @contextmanager
@@ -188,10 +186,10 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
             if len(lag) else np.full(columns, np.nan)
     known = np.isfinite(median_lag)
     if len(entries) < policy.min_instances or known.sum() < 2:
-        return Judgement([], np.inf, step, median_lag)
+        return Judgement([], np.inf, step)
     bar = lag_bar(median_lag, step, policy).bar
     late = (lag if slack is None else least_lag(entries, slack)) > bar
-    idle, last = idle_caused(entries), last_share(entries)
+    last = last_share(entries)
     recent = recent_instances(entries, policy)
     findings = []
     for column in range(columns):
@@ -204,8 +202,8 @@ def judge(entries: np.ndarray, policy: LagPolicy = LagPolicy(),
             late_lags = lag[counted, column][late[counted, column]]
             findings.append(RankFinding(
                 column, kind, float(np.median(late_lags)), float(np.quantile(late_lags, 0.99)),
-                float(last[column]), start, every, len(late_lags), float(idle[column])))
-    return Judgement(findings, float(bar), step, median_lag)
+                float(last[column]), start, every, len(late_lags)))
+    return Judgement(findings, float(bar), step)
 
 
 def least_lag(entries: np.ndarray, slack: np.ndarray) -> np.ndarray:
