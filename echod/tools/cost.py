@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, text
 
+from ingero.rates import load_rates
+
 from .lag import Survey
 from .schema import BOOL, INT, NUM_OR_NULL, STR, STR_OR_NULL, array, closed
 from .selection import Selection, num
 
-# Published on-demand prices per GPU-hour (REFERENCE.md, from Ingero's cost table; for EC2 and
-# GCP the 8-GPU instance's hourly price divided by 8). List prices, not anyone's bill.
-GPU_RATES = {("H100-80GB", "ec2"): 12.29, ("H100-80GB", "gcp"): 11.06,
-             ("H100-80GB", "lambda"): 2.49, ("H100-80GB", "coreweave"): 4.25,
-             ("A100-80GB", "ec2"): 4.10, ("A100-80GB", "lambda"): 1.29}
+# Published on-demand prices per GPU-hour: the one table fleetd prices verdicts with
+# (``ingero/rates.yaml``, as shipped). List prices, not anyone's bill.
+GPU_RATES = {(gpu, provider): usd for gpu, providers in load_rates().items()
+             for provider, usd in providers.items()}
 GPUS = sorted({gpu for gpu, _ in GPU_RATES})
 PROVIDERS = sorted({provider for _, provider in GPU_RATES})
 
