@@ -1,0 +1,119 @@
+"""Whether a late rank costs its peers anything, and how much: the proofs fleetd weighs before
+it names a rank late on its host, and the GPU time its lateness kept the others idle.
+
+A rank whose host enters collectives late may still be ahead of its GPU queue, delaying no
+collective; its peers then wait no longer at their syncs than before. So lateness is charged
+only where the peers' waits grew at its onset (``waits_grew``), or, with no before to weigh,
+where its lag stands out of its peers' swing (``stands_out``). Pure functions of waits and lags
+(no clock, no state): fleetd feeds them from what it keeps of each rank.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+import numpy as np
+
+from .robust import MAD_TO_SIGMA
+from .stragglers import quiet
+
+COST_SHARE = 0.25      # a lag is confirmed when its peers' waits at collectives grew by this
+                       # share of it at its onset
+COST_ERRORS = 2.0      # and by this many standard errors of that growth
+ONSET_WAITS = 2        # syncs a peer since the onset before it is weighed
+
+
+def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: float,
+               later_s: float = 0.0, enough: int = ONSET_WAITS) -> bool | None:
+    """Whether the peers' syncs on collectives (their waits: (stratum, ns[, sync]), see
+    ``growth``) grew at a rank's onset by a share of its lag, on average (a host that syncs on
+    a blocking read and at its step's end waits long at one and briefly at the other: a
+    median of both flips between them): the proof that its lateness costs. A rank late on the
+    host but still ahead of its GPU queue delays no collective, and its peers wait no longer
+    than before. What a rank later than it (by ``later_s`` more) made them wait is not its
+    own: the GPU queues absorbed that much less of the later rank's lag; nor is what made the
+    rank itself wait longer too (``own_growth``, added to ``later_s``). The growth must also
+    stand out from the waits' own spread (``COST_ERRORS`` standard errors of the growth):
+    waits at syncs every few steps vary by tens of ms under CPU contention, and a few ms more
+    on average is what chance gives. Too few syncs before: it costs; fewer than ``enough``
+    since its onset, or their spread not told yet: None, not known yet. The answer is given
+    once (a lateness shown harmless stays so, one shown to cost is named)."""
+    if len(before) < 3:
+        return True
+    if len(after) < max(2, enough):
+        return None
+    grew, error = growth(before, after)
+    if not math.isfinite(error):
+        return None
+    return grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_SHARE * lag_s,
+                                                 COST_ERRORS * error / 1e9)
+
+
+def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
+    """How much the waits grew from ``before`` to ``after`` (each a list of (stratum, ns) or
+    (stratum, ns, sync)), and the standard error of that: the growth of each stratum's mean,
+    weighted by its share of the waits. A stratum is the communicator and the number of its
+    collectives a wait covered since the peer's wait before it: a host that syncs every ten
+    steps, at a blocking read and at the tenth step's end, waits for nine steps of GPU work at
+    one and for one at the other. Pooled, the waits' spread is that of the two kinds, and a
+    growth of 50 ms stood out of it or not by chance (a rank behind its GPU queue was shown
+    harmless); within a kind, the spread is the noise alone. The peers' waits at one sync
+    (the same collective, ``sync``; None where not known) rise and fall together, a GPU late
+    there keeps all of them waiting: they are one observation, not one a peer. The noise is
+    the spread of the syncs' mean waits, pooled over both sides, and the error counts syncs
+    (CI, eight ranks on two CPUs: a rank 10 ms late on the host, ahead of its GPU queue, named on
+    its peers' waits grown 5 ms over two syncs, each of seven waits taken as its own). Strata seen
+    at fewer than two syncs before or none since are left out, unless no stratum is seen so (then
+    all are pooled as one); where the spread cannot be told yet, the error is infinite."""
+    sides = []
+    for waits in (before, after):
+        kinds = defaultdict(lambda: defaultdict(list))
+        for n, (stratum, ns, *sync) in enumerate(waits):
+            kinds[stratum][sync[0] if sync and sync[0] is not None else n].append(ns)
+        sides.append(kinds)
+    common = [k for k, syncs in sides[0].items() if len(syncs) >= 2 and sides[1].get(k)]
+    if common:
+        strata = [(sides[0][k], sides[1][k]) for k in common]
+    else:
+        strata = [tuple({(k, sync): ns for k, syncs in side.items() for sync, ns in syncs.items()}
+                        for side in sides)]
+    waits = [sum(len(ns) for side in pair for ns in side.values()) for pair in strata]
+    grew = variance = 0.0
+    for (b, a), count in zip(strata, waits):
+        weight = count / sum(waits)
+        means = [[statistics.fmean(ns) for ns in side.values()] for side in (b, a)]
+        grew += weight * (statistics.fmean(means[1]) - statistics.fmean(means[0]))
+        free = len(means[0]) + len(means[1]) - 2
+        if free < 1:
+            return grew, math.inf
+        spread = sum(sum((m - statistics.fmean(side)) ** 2 for m in side)
+                     for side in means) / free
+        variance += weight ** 2 * spread * (1 / len(means[0]) + 1 / len(means[1]))
+    return grew, math.sqrt(variance)
+
+
+def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float) -> bool:
+    """Whether a rank's lag (``lag_s``, its late instances' median) is over ``k`` times the
+    swing of its peers' lags from instance to instance (1.4826·MAD of each one's lag less
+    its own median, at the instances judged: ``lag``, instances × columns; how late each is
+    on the whole, several of them late at once, is no swing). Hosts that enqueue several
+    steps ahead of their GPUs and sync every few drift apart by milliseconds within each run
+    of steps when their CPUs are busy; a rank a few ms late over a job's first instances is
+    that swing, not a straggler (it is judged against the ranks' median lags only, whose
+    spread is far smaller). Asked only where the hosts run ahead (``runs_ahead``): where they
+    sync every step, a rank's lateness from the start reaches its GPU, and is weighed alone."""
+    peers = np.delete(np.asarray(lag, float), column, axis=1)
+    with quiet():
+        swing = peers - np.nanmedian(peers, axis=0)
+    swing = swing[np.isfinite(swing)]
+    if len(swing) < 2:
+        return True
+    return lag_s > k * MAD_TO_SIGMA * float(np.median(np.abs(swing)))
+
+
+def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
+    """GPU-seconds its lag over the bar kept its peers waiting, at these instances."""
+    over = np.asarray(lag, float) - (bar if np.isfinite(bar) else 0.0)
+    return float(np.nansum(np.clip(over, 0.0, None))) * max(nranks - 1, 1)
