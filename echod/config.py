@@ -1,9 +1,8 @@
 """Every echod setting, declared once: flags, echod.yaml, ECHOD_* variables and echod(8)."""
 
-from ingero import wire
-from ingero.settings import (Setting, boolean, choice, integer, kind_days, listen_address,
-                             log_level, number, optional, optional_text, path, text,
-                             zmq_endpoint)
+from ingero import settings, wire
+from ingero.settings import (Setting, boolean, choice, integer, kind_days, listen_address, number,
+                             optional, optional_text, path, text, zmq_endpoint)
 
 from ingero.munge import DEFAULT_SOCKET
 
@@ -14,14 +13,10 @@ DEFAULT_CONFIG = "/etc/ingero/echod.yaml"
 SETTINGS = [
     Setting("ingest_bind", "tcp://0.0.0.0:7471", zmq_endpoint,
             "ZeroMQ endpoint fleetd forwards its batches to.", "ENDPOINT"),
-    Setting("secret_key", "/etc/ingero/keys/echod.key_secret", path,
-            "echod's CURVE secret key file (create it with 'echod keygen').", "FILE"),
-    Setting("authorized_keys", "/etc/ingero/authorized_fleetd", path,
-            "Directory of the public key files (*.key) of the fleetd instances that may "
-            "forward; re-read on SIGHUP.", "DIR"),
-    Setting("insecure_plaintext_zmq", False, boolean,
-            "Accept fleetd without CURVE: no encryption and no authentication of who writes.",
-            is_flag=True),
+    settings.secret_key("echod", "echod's"),
+    settings.authorized_keys("/etc/ingero/authorized_fleetd", "fleetd instances'", "forward"),
+    settings.insecure_plaintext_zmq(
+        "Accept fleetd without CURVE: no encryption and no authentication of who writes."),
     Setting("dsn", None, optional_text,
             "PostgreSQL to use (postgresql://...) [default: a private cluster of echod's own "
             "under --state-dir].", "DSN"),
@@ -42,13 +37,11 @@ SETTINGS = [
     Setting("evidence_window", 600, number(0, 7 * 86_400),
             "Seconds before a verdict's onset and after it cleared in which its job's raw "
             "events are kept for --retention-days.", "SECONDS"),
-    Setting("metrics_addr", "127.0.0.1:9472", listen_address,
-            "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
-    Setting("max_frame_bytes", wire.MAX_FRAME_BYTES, integer(1024, 256 * 1024 * 1024),
-            "Largest batch accepted; larger ones are dropped and counted.", "BYTES"),
+    settings.metrics_addr(9472),
+    settings.max_frame_bytes(wire.MAX_FRAME_BYTES, 256 * 1024 * 1024, "batch"),
     Setting("writers", 2, integer(1, 16),
             "Batches written at once, each on a database connection of its own.", "N"),
-    Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
+    settings.log_level_setting(),
     Setting("slurm_states", "auto", choice(*MODES),
             "How echod learns the id Slurm prints for each job (1234_7, 1234+1) and how each "
             "run ended (CANCELLED, TIMEOUT, REQUEUED, ...): sacct (needs slurmdbd), scontrol "

@@ -1,9 +1,8 @@
 """Every fleetd setting, declared once: flags, fleetd.yaml, FLEETD_* variables and fleetd(8)."""
 
-from ingero import wire
-from ingero.settings import (Setting, boolean, integer, listen_address, log_level, node_counts,
-                             number, optional, path, shard, text, text_list, url_list,
-                             zmq_endpoint)
+from ingero import settings, wire
+from ingero.settings import (Setting, boolean, integer, node_counts, number, optional, path, shard,
+                             text, text_list, url_list, zmq_endpoint)
 
 DEFAULT_CONFIG = "/etc/ingero/fleetd.yaml"
 
@@ -27,21 +26,16 @@ SETTINGS = [
             "agents' --fleet lists the N endpoints in shard order, and sends each job's events "
             "to its owner). Events of a job another shard owns are still taken, and counted and "
             "logged: the agents' lists disagree.", "K/N"),
-    Setting("secret_key", "/etc/ingero/keys/fleetd.key_secret", path,
-            "fleetd's CURVE secret key file (create it with 'fleetd keygen').", "FILE"),
-    Setting("authorized_keys", "/etc/ingero/authorized_agents", path,
-            "Directory of the agents' public key files (*.key) that may connect; "
-            "re-read on SIGHUP.", "DIR"),
-    Setting("insecure_plaintext_zmq", False, boolean,
-            "Accept agents without CURVE: no encryption and no authentication of who pushes.",
-            is_flag=True),
+    settings.secret_key("fleetd", "fleetd's"),
+    settings.authorized_keys("/etc/ingero/authorized_agents", "agents'", "connect"),
+    settings.insecure_plaintext_zmq(
+        "Accept agents without CURVE: no encryption and no authentication of who pushes."),
     Setting("insecure_any_node_key", False, boolean,
             "Let any authorised agent key push as any node and cluster: a key stolen from one "
             "node then speaks for all of them. By default a key authorised as NODE.key pushes "
             "as node NODE only, one authorised as NODE@CLUSTER.key as NODE of CLUSTER only.",
             is_flag=True),
-    Setting("metrics_addr", "127.0.0.1:9470", listen_address,
-            "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
+    settings.metrics_addr(9470),
     Setting("k", 2.0, number(0.1, 10.0),
             "Threshold width in robust standard deviations: median - k*1.4826*MAD.", "K"),
     Setting("ema_alpha", 0.2, number(0.01, 1.0),
@@ -73,8 +67,7 @@ SETTINGS = [
             "Most jobs one node's events may name at once (until --job-ttl after their last "
             "event): events of a further job are refused and counted (a process may claim any "
             "job id, and each job costs memory).", "N"),
-    Setting("max_frame_bytes", 4 * 1024 * 1024, integer(1024, 64 * 1024 * 1024),
-            "Largest message accepted; larger ones are dropped and counted.", "BYTES"),
+    settings.max_frame_bytes(wire.MAX_FRAME_BYTES, 64 * 1024 * 1024, "message"),
     Setting("echod", None, optional(zmq_endpoint),
             "echod's ingest endpoint; everything fleetd accepts is forwarded there and kept "
             "until echod acknowledges it [default: none, nothing is stored].", "ENDPOINT"),
@@ -170,5 +163,5 @@ SETTINGS = [
     Setting("drain_causes", "slow_gpu,hang,died", causes,
             "Causes that count against a node (hardware-side: the node, not the job).",
             "CAUSE[,CAUSE...]"),
-    Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
+    settings.log_level_setting(),
 ]

@@ -211,6 +211,40 @@ def log_level(value: Any) -> str:
     return choice("debug", "info", "warning", "error")(str(value).lower())
 
 
+# -- the settings every daemon has, declared once ---------------------------------------------
+
+def secret_key(daemon: str, whose: str) -> Setting:
+    """The daemon's CURVE secret key file (``whose``: how its help names the owner)."""
+    return Setting("secret_key", f"/etc/ingero/keys/{daemon}.key_secret", path,
+                   f"{whose} CURVE secret key file (create it with '{daemon} keygen').", "FILE")
+
+
+def authorized_keys(default: str, whose: str, may: str) -> Setting:
+    """The directory of the public keys of the peers (``whose``) that may connect and ``may``."""
+    return Setting("authorized_keys", default, path,
+                   f"Directory of the {whose} public key files (*.key) that may {may}; "
+                   "re-read on SIGHUP.", "DIR")
+
+
+def insecure_plaintext_zmq(help: str) -> Setting:
+    """The opt-out of CURVE; ``help`` says what the daemon gives up with it."""
+    return Setting("insecure_plaintext_zmq", False, boolean, help, is_flag=True)
+
+
+def metrics_addr(port: int) -> Setting:
+    return Setting("metrics_addr", f"127.0.0.1:{port}", listen_address,
+                   "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT")
+
+
+def max_frame_bytes(default: int, most: int, what: str) -> Setting:
+    return Setting("max_frame_bytes", default, integer(1024, most),
+                   f"Largest {what} accepted; larger ones are dropped and counted.", "BYTES")
+
+
+def log_level_setting() -> Setting:
+    return Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL")
+
+
 # -- loading -----------------------------------------------------------------------------------
 
 def _parse_one(setting: Setting, value: Any, origin: str) -> Any:

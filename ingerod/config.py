@@ -2,9 +2,9 @@
 
 import socket
 
-from ingero.settings import (Setting, boolean, choice, env_matches, integer, listen_address,
-                             log_level, name, number, optional, optional_text, path, path_list,
-                             pid_list, text, zmq_endpoints)
+from ingero import settings
+from ingero.settings import (Setting, boolean, choice, env_matches, integer, name, number, optional,
+                             optional_text, path, path_list, pid_list, text, zmq_endpoints)
 
 DEFAULT_CONFIG = "/etc/ingero/ingerod.yaml"
 
@@ -106,26 +106,23 @@ SETTINGS = [
             "A threshold younger than this is still used, in fleet-cached mode.", "SECONDS"),
     Setting("local_threshold", 0.85, number(0.0, 1.0),
             "The bar in local-baseline mode, when no fleet threshold is usable.", "SCORE"),
-    Setting("secret_key", "/etc/ingero/keys/ingerod.key_secret", path,
-            "This agent's CURVE secret key file (create it with 'ingerod keygen').", "FILE"),
+    settings.secret_key("ingerod", "This agent's"),
     Setting("fleet_public_key", "/etc/ingero/keys/fleetd.key", path_list,
             "fleetd's public key file. With several fleet endpoints (shards), one file for "
             "all of them (the shards share a key pair), or one per endpoint, comma-separated "
             "in the same order (each shard its own pair).", "FILE[,...]"),
-    Setting("insecure_plaintext_zmq", False, boolean,
-            "Talk to fleetd without CURVE: no encryption, and fleetd cannot tell who pushes.",
-            is_flag=True),
+    settings.insecure_plaintext_zmq(
+        "Talk to fleetd without CURVE: no encryption, and fleetd cannot tell who pushes."),
     Setting("wire_maps", False, boolean,
             "Send every event as a map, as agents before wire 1.3 do, even to a fleetd that "
             "takes columns: about four times the bytes and tens of times fleetd's CPU per "
             "event. For a tool on the way that reads maps only.", is_flag=True),
-    Setting("metrics_addr", "127.0.0.1:9471", listen_address,
-            "HOST:PORT for the Prometheus /metrics endpoint, or none.", "HOST:PORT"),
+    settings.metrics_addr(9471),
     Setting("metrics_textfile", None, optional(path),
             "Write the metrics to this file too, every push, for node_exporter's textfile "
             "collector (atomically; removed at exit), each series labelled job_id with --job: "
             "how per-job agents, which serve no port, are scraped [default: none].", "FILE"),
     Setting("drain_timeout", 2.0, number(0.0, 60.0),
             "On SIGTERM, seconds to wait for fleetd to acknowledge what is queued.", "SECONDS"),
-    Setting("log_level", "info", log_level, "debug, info, warning or error.", "LEVEL"),
+    settings.log_level_setting(),
 ]
