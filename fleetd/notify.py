@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ingero import httpclient, webhook
-from ingero.analysis.causes import lateness
+from ingero.analysis.causes import verdict_line
 from ingero.errors import IngeroError
 from ingero.runtime import RateLimitedLog
 
@@ -64,10 +64,10 @@ def one_line(verdict, user: str | None) -> str:
     lag_ms = None if verdict.lag_p50_s is None else verdict.lag_p50_s * 1e3
     owner = f" ({user})" if user else ""
     cost = f", {verdict.cost_gpu_s:.0f} GPU-s" if verdict.cost_gpu_s >= 1 else ""
-    return (f"job {verdict.job}{owner} rank {verdict.rank} on {verdict.node}: "
-            f"{lateness(verdict.kind, verdict.period, lag_ms)} at "
-            f"{verdict.op or 'its collectives'}, cause {verdict.cause} "
-            f"({verdict.severity}{cost})")
+    return (f"job {verdict.job}{owner} "
+            + verdict_line(verdict.rank, verdict.node, verdict.kind, verdict.period, lag_ms,
+                           verdict.op, verdict.cause)
+            + f" ({verdict.severity}{cost})")
 
 
 def notice(verdict, event: str, user: str | None, at: float, suppressed: int = 0) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ingero.analysis.causes import lateness
+from ingero.analysis.causes import verdict_line
 
 from .alignment import CommWindow
 
@@ -105,9 +105,8 @@ class Verdict:
 
     def describe(self) -> str:
         lag_ms = None if self.lag_p50_s is None else self.lag_p50_s * 1e3
-        return (f"job {self.job} rank {self.rank} on {self.node}: "
-                f"{lateness(self.kind, self.period, lag_ms)} at "
-                f"{self.op or 'its collectives'}, cause {self.cause}")
+        return f"job {self.job} " + verdict_line(self.rank, self.node, self.kind, self.period,
+                                                 lag_ms, self.op, self.cause)
 
 
 @dataclass

@@ -48,6 +48,14 @@ def lateness(kind: str, period: int | None, lag_ms: float | None) -> str:
     return what + (f" by {lag_ms:.1f} ms" if lag_ms is not None and kind != "died" else "")
 
 
+def verdict_line(rank: int, node: str | None, kind: str, period: int | None,
+                 lag_ms: float | None, op: str | None, cause: str) -> str:
+    """A verdict in a line, said alike wherever it is said (fleetd's log and notices, the
+    command's reports): ``rank 5 on node1: late by 12.3 ms at ncclAllReduce, cause host_work``."""
+    return (f"rank {rank} on {node}: {lateness(kind, period, lag_ms)} at "
+            f"{op or 'its collectives'}, cause {cause}")
+
+
 SLOW_GPU_RATIO = 1.3             # self-work over the peers' median
 MIN_SELF_WORK_SAMPLES = 3
 PREEMPTION_BURST = 5             # preemptions by other processes in the window

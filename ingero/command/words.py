@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ingero.analysis.causes import CAUSE_WORDS, lateness
+from ingero.analysis.causes import CAUSE_WORDS, lateness, verdict_line
 
 
 def verdict_summary(v: dict) -> str:
     """One line: who, what, where, why."""
-    return (f"rank {v['rank']} on {v['node']}: {lateness(v['kind'], v['period'], v['lag_p50_ms'])}"
-            f" at {v['op'] or 'its collectives'}, cause {v['cause']}"
-            + (f" ({v['severity']})" if v.get("severity") else ""))
+    return (verdict_line(v["rank"], v["node"], v["kind"], v["period"], v["lag_p50_ms"], v["op"],
+                         v["cause"]) + (f" ({v['severity']})" if v.get("severity") else ""))
 
 
 def describe_verdict(v: dict) -> str:
