@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ingero.columns import EventColumns
-from ingero.vocabulary import POINT_TO_POINT
+from ingero.vocabulary import POINT_TO_POINT, UNKNOWN_COMM
 
 from .rankstate import RUN_TAGS, JobState
 
@@ -60,7 +60,7 @@ class ColumnIntake:
         """Which events this takes (a boolean array); the per-event path takes the rest."""
         kind_bulk = np.isin(cols.kind, [cols.kinds.index(k) for k in BULK if k in cols.kinds])
         comm, comms = cols.codes("comm_hash")
-        unknown = [k for k, c in enumerate(comms) if c == "0000000000000000"]
+        unknown = [k for k, c in enumerate(comms) if c == UNKNOWN_COMM]
         op, ops = cols.codes("op")
         p2p = [k for k, name in enumerate(ops) if name in POINT_TO_POINT]
         placed = (comm >= 0) & ~np.isin(comm, unknown) & (cols.ints("nranks") >= 1) \

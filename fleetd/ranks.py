@@ -28,7 +28,7 @@ from ingero.analysis.cost import (COST_SHARE, ONSET_WAITS, excess, growth, stand
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.stragglers import LagPolicy, arrivals, judge, quiet, slow_workers
 from ingero.runtime import RateLimitedLog
-from ingero.vocabulary import POINT_TO_POINT
+from ingero.vocabulary import POINT_TO_POINT, UNKNOWN_COMM
 from ingero.wire import Push
 
 from .alignment import CommWindow, Entries, OpCodes
@@ -38,7 +38,6 @@ from .rankstate import RUN_TAGS, JobState, PeerFacts, RankFacts, Verdict
 
 log = logging.getLogger("fleetd")
 
-UNKNOWN_COMM = "0000000000000000"    # a communicator ingerod did not see created
 PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
 HOST_SETTLE = 1                      # push intervals of them before slow kernels are named

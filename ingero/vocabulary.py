@@ -31,6 +31,8 @@ COPY_DIRECTIONS = ("host_to_host", "host_to_device", "device_to_host", "device_t
 # NCCL calls that move data between two ranks only: they have their own order per peer pair
 # and are not aligned with the collectives.
 POINT_TO_POINT = ("ncclSend", "ncclRecv")
+# The communicator hash of a collective whose communicator the agent did not see created.
+UNKNOWN_COMM = "0" * 16
 
 # Event attributes the store lifts into columns of their own (name, integer bounds or None for
 # text); the rest stays in ``attrs``.
