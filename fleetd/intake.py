@@ -79,7 +79,7 @@ class ColumnIntake:
         for key, want in zip(unique.tolist(), wanted.tolist()):
             job, *run = (values[k] if k >= 0 else None
                          for k, (_codes, values) in zip(key, coded))
-            states.append(self.analysis._job(push.cluster, job or push.job, tuple(run), now)
+            states.append(self.analysis.job_state(push.cluster, job or push.job, tuple(run), now)
                           if want else None)
         return states, group
 

@@ -316,7 +316,7 @@ class RankAnalysis:
             events = events + cols.rows(np.flatnonzero(~bulk & admitted))
         for event in events:
             a = event["attrs"]
-            job = self._job(push.cluster, push.job_of(event),
+            job = self.job_state(push.cluster, push.job_of(event),
                             tuple(a.get(tag) for tag in RUN_TAGS), now)
             kind = event["kind"]
             if kind == "collective":
@@ -344,7 +344,7 @@ class RankAnalysis:
             window.add(Entries(seq.astype(np.int64), column.astype(np.int64), t.astype(float),
                                op.astype(np.int64)))
 
-    def _job(self, cluster: str, job: str | None, run: tuple, now: float) -> JobState:
+    def job_state(self, cluster: str, job: str | None, run: tuple, now: float) -> JobState:
         """The state of one run: steps of one job, a requeue, an elastic restart are runs of
         their own (their own ranks, exits, verdicts and cost)."""
         state = self.jobs.get((cluster, job, run))
