@@ -317,7 +317,7 @@ class RankAnalysis:
         for event in events:
             a = event["attrs"]
             job = self.job_state(push.cluster, push.job_of(event),
-                            tuple(a.get(tag) for tag in RUN_TAGS), now)
+                                 tuple(a.get(tag) for tag in RUN_TAGS), now)
             kind = event["kind"]
             if kind == "collective":
                 self._collective(job, push.node, event, a, collectives, event["t"] - offset)
