@@ -4,8 +4,6 @@
  * gradient all-reduce and any extra collectives, the optimizer kernel, then a host sync that
  * waits for it all; a temporary allocation and an occasional blocking copy, as real steps have.
  */
-#include <dlfcn.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,53 +21,6 @@
 
 #define UNIQUE_ID_POLL_NS 10000000LL
 
-
-int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-void sleep_for_ns(int64_t ns)
-{
-    struct timespec left = { .tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL };
-    while (nanosleep(&left, &left) != 0 && errno == EINTR)
-        ;
-}
-
-static int64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* Burn CPU time, not wall time: a contended CPU stretches this step's host work. */
-void burn_cpu(int64_t cpu_ns)
-{
-    volatile uint64_t sink = 0;
-    int64_t until = thread_cpu_ns() + cpu_ns;
-    while (thread_cpu_ns() < until)
-        for (int i = 0; i < 1000; i++)
-            sink += (uint64_t)i;
-}
-
-int cuda_failed(struct training *t, const char *call, cudaError_t err)
-{
-    if (err == cudaSuccess)
-        return 0;
-    snprintf(t->error, sizeof t->error, "%s: %s", call, cudaGetErrorString(err));
-    return 1;
-}
-
-int nccl_failed(struct training *t, const char *call, ncclResult_t result)
-{
-    if (result == ncclSuccess)
-        return 0;
-    snprintf(t->error, sizeof t->error, "%s: %s", call, ncclGetErrorString(result));
-    return 1;
-}
 
 static double timeout_s(void)
 {
@@ -164,24 +115,6 @@ static int join_communicator(struct training *t)
                        ncclCommInitRank(&t->comm, t->cfg->world_size, id, t->cfg->rank));
 }
 
-/* A call about to be made; ``counter`` numbers it: the communicator's collectives, or the
- * Send/Recv calls with one peer (they match per peer pair, and keep their own order). */
-struct collective_call call_begin(struct training *t, const char *op, size_t count,
-                                         int root, int peer, int step, uint64_t *counter)
-{
-    return (struct collective_call){
-        .op = op, .count = count, .datatype = t->cfg->datatype, .root = root, .peer = peer,
-        .seq = (*counter)++, .step = step, .entry_ns = now_ns(), .comm_hash = t->comm_hash,
-    };
-}
-
-int call_end(struct training *t, struct collective_call *call)
-{
-    call->return_ns = now_ns();
-    record_collective(t->record_fd, t->cfg, call->comm_hash, call);
-    return nccl_failed(t, call->op, call->result);
-}
-
 static int all_reduce(struct training *t, int step)
 {
     struct collective_call c = call_begin(t, "ncclAllReduce", t->elements, -1, -1, step, &t->seq);
@@ -263,52 +196,6 @@ static int communicate(struct training *t, int step)
         || ((extras & EXTRA_SEND_RECV) && send_recv(t, step));
 }
 
-int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times)
-{
-    dim3 grid = { 132, 1, 1 }, block = { 256, 1, 1 };
-    for (int i = 0; i < times; i++)
-        if (cuda_failed(t, "cudaLaunchKernel",
-                        cudaLaunchKernel(kernel, grid, block, NULL, 0, t->stream)))
-            return 1;
-    return 0;
-}
-
-/* The sim's own word for when the device finishes a stream's work (looked up, not linked:
- * the rank runs on NVIDIA's libcudart too, which has no such thing). */
-static int64_t stream_done_ns(cudaStream_t stream)
-{
-    static int64_t (*done)(cudaStream_t);
-    static int looked;
-    if (!looked) {
-        done = (int64_t (*)(cudaStream_t))dlsym(RTLD_DEFAULT, "ingero_sim_stream_done_ns");
-        looked = 1;
-    }
-    return done ? done(stream) : -1;
-}
-
-/* The loss read after the forward pass, as loss.item() does: a sync that covers only the rank's
- * own kernels (self-work), so a slow GPU shows in it. */
-int read_loss(struct training *t, int step)
-{
-    int every = t->cfg->loss_every;
-    if (!every || step % every || !synced_step(t->cfg, step))
-        return 0;
-    int64_t entry = now_ns();
-    if (cuda_failed(t, "cudaStreamSynchronize", cudaStreamSynchronize(t->stream)))
-        return 1;
-    int64_t back = now_ns(), done = stream_done_ns(t->stream);
-    t->loss_sync_ns[step] = back - entry;
-    t->loss_device_ns[step] = done < 0 ? -1 : done > entry ? done - entry : 0;
-    return 0;
-}
-
-/* Host time that varies from step to step (Python, the data loader): uniform in [0, jitter]. */
-void jitter(struct training *t)
-{
-    if (t->cfg->jitter_ns > 0)
-        sleep_for_ns((int64_t)((double)rand_r(&t->seed) / RAND_MAX * (double)t->cfg->jitter_ns));
-}
-
 static int compute_and_communicate(struct training *t, int step)
 {
     int64_t delay = rank_delay_ns(t->cfg, step);
@@ -319,16 +206,6 @@ static int compute_and_communicate(struct training *t, int step)
     if (delay > 0)
         sleep_for_ns(delay);
     return communicate(t, step) || launch(t, &t->optimizer, 1);
-}
-
-/* Whether the host waits for its GPU at the end of this step: every step, or only every
- * --sync-every steps (PyTorch syncs only on .item(), a blocking copy or the allocator: between
- * those the host enqueues steps ahead of its GPU). The allocation, the loss read and the
- * blocking copy of a step are syncs too, so they come only with it. */
-int synced_step(const struct rank_config *cfg, int step)
-{
-    return cfg->sync_every <= 1 || step % cfg->sync_every == cfg->sync_every - 1
-        || step == cfg->steps - 1;
 }
 
 static int run_step(struct training *t, int step)

@@ -1,6 +1,7 @@
 /*
  * The rank's training state, shared by the training loop (rank.c) and its tensor-, pipeline-
- * and data-parallel variant (rank_parallel.c). Private to the rank driver.
+ * and data-parallel variant (rank_parallel.c), and the calls both make (rank_train.c), which
+ * calls neither. Private to the rank driver.
  */
 #ifndef SIM_RANK_TRAIN_H
 #define SIM_RANK_TRAIN_H
