@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import text  # noqa: E402
 
 from bench import harness, push_cost  # noqa: E402
-from echod.db import make_engine  # noqa: E402
+from echod.store.db import make_engine  # noqa: E402
 from echod.embedded import EmbeddedPostgres  # noqa: E402
 from stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for  # noqa: E402
 from tests.support import Producer  # noqa: E402

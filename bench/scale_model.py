@@ -13,8 +13,8 @@ import math
 
 from bench import fleet_scale, harness
 from echod import config as echod_config
-from echod.chunks import CHUNKED
-from echod.retention import THINNED
+from echod.store.chunks import CHUNKED
+from echod.store.retention import THINNED
 from fleetd import config as fleetd_config
 
 GPUS = 10_000

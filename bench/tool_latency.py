@@ -37,12 +37,12 @@ from sqlalchemy.engine import Engine  # noqa: E402
 
 from bench import harness  # noqa: E402
 from echod import tools  # noqa: E402
-from echod.db import (DAY, chunk_partition_name, event_partitions, make_engine,  # noqa: E402
-                      partition_name, upgrade)
+from echod.store.db import (DAY, chunk_partition_name, event_partitions,  # noqa: E402
+                            make_engine, partition_name, upgrade)
 from echod.embedded import EmbeddedPostgres  # noqa: E402
 from echod.registry import REGISTRY, Scope, ToolContext  # noqa: E402
 from echod.sandbox import Sandbox, prepare, sandbox_url  # noqa: E402
-from echod.summaries import SUMMARIZE  # noqa: E402
+from echod.store.summaries import SUMMARIZE  # noqa: E402
 
 NAME = "tool_latency"
 ROOT_BECAUSE = "echod's embedded PostgreSQL runs as postgres"

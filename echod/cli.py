@@ -16,15 +16,16 @@ from ingero.runtime import SignalFlags, serve_metrics, setup_logging
 from ingero.sdnotify import Notifier
 from ingero.settings import click_options
 
-from . import checks, db, store
+from .store import checks, db
+from .store.writer import IngestResult, batch_fault, first_line, write_batch
 from .config import DEFAULT_CONFIG, SETTINGS
 from .api.supervisor import ApiProcess, check_tls
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable
 from .ingest import IngestServer
 from .metrics import EchoMetrics
-from .retention import Policy
-from .retention import apply as apply_retention
+from .store.retention import Policy
+from .store.retention import apply as apply_retention
 from .slurmjobs import SlurmStates
 from .tokens_cli import token_group
 
@@ -86,7 +87,7 @@ def ticks(*calls):
 
 
 def writer(engine):
-    """store.write_batch (which refuses the rows the database refuses, and stores the rest),
+    """write_batch (which refuses the rows the database refuses, and stores the rest),
     with any other database error turned into DatabaseUnavailable (the batch is not
     acknowledged: it comes again, and the loop backs off), and any other error acknowledged
     as the batch refused, logged: a batch that fails on a bug of echod's must not come again
@@ -95,19 +96,17 @@ def writer(engine):
 
     def write(batch: dict):
         try:
-            return store.write_batch(engine, batch)
+            return write_batch(engine, batch)
         except (sqlalchemy.exc.DBAPIError, psycopg.Error) as exc:
-            if store.batch_fault(exc):   # one write_apart could not pin on its rows
-                return store.IngestResult(0, 0, [("batch", -1, first_line(exc))])
+            if batch_fault(exc):   # one write_apart could not pin on its rows
+                return IngestResult(0, 0, [("batch", -1, first_line(exc))])
             engine.dispose()
             raise DatabaseUnavailable(first_line(exc)) from None
         except Exception as exc:
             log.exception("storing a batch failed")
-            return store.IngestResult(0, 0, [("batch", -1, f"echod failed on it: {exc!r}")])
+            return IngestResult(0, 0, [("batch", -1, f"echod failed on it: {exc!r}")])
     return write
 
-
-first_line = store.first_line
 
 
 def upgrade(engine, notifier: Notifier | None = None) -> str:

@@ -27,7 +27,7 @@ from ingero.errors import FrameError
 from ingero.router import SecureRouter
 
 from .errors import DatabaseUnavailable
-from .store import reason_label
+from .store.writer import reason_label
 from ingero.runtime import RateLimitedLog, SignalFlags, Watchdog
 from ingero.sdnotify import Notifier
 

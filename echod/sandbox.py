@@ -48,7 +48,7 @@ import psycopg
 import sqlalchemy.exc
 from sqlalchemy import URL, Connection, Engine, event, make_url, text
 
-from .db import make_engine
+from .store.db import make_engine
 from .errors import StorageError
 from .registry import Scope
 from .sandbox_roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, catalog_closed,

@@ -18,7 +18,7 @@ from pytest_postgresql import factories
 from pytest_postgresql.executors import NoopExecutor
 from sqlalchemy import URL
 
-from echod.db import make_engine, upgrade
+from echod.store.db import make_engine, upgrade
 from echod.embedded import EmbeddedPostgres
 
 FAST_BUT_UNSAFE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}

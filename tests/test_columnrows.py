@@ -1,5 +1,5 @@
-"""echod stages a push of columns a column at a time (echod/columnrows.py) and a batch of the
-same events as maps row by row (echod/store.py): both must stage the same rows, refuse the
+"""echod stages a push of columns a column at a time (echod/store/columnrows.py) and a batch of the
+same events as maps row by row (echod/store/writer.py): both must stage the same rows, refuse the
 same events for the same reasons, and say the same of nodes, days and jobs, whatever the
 events hold (what the wire itself refuses, a text past 256 characters or not UTF-8, never
 reaches echod). No database: what reaches PostgreSQL is what is compared."""
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from echod import checks, chunks, store
-from echod.chunks import Chunk
+from echod.store import checks, chunks, writer
+from echod.store.chunks import Chunk
 from ingero import columns, wire
 from tests.test_columns import SIG, events
 
@@ -41,8 +41,8 @@ def rows_of(chunk: Chunk) -> list[tuple]:
 
 
 def both(push: wire.ColumnPush) -> tuple[checks.CheckedBatch, checks.CheckedBatch]:
-    as_rows = store.check_batch({"events": push.stored_rows()}, NOW)
-    as_columns = store.check_batch({"events": push.stored_rows(push.events),
+    as_rows = writer.check_batch({"events": push.stored_rows()}, NOW)
+    as_columns = writer.check_batch({"events": push.stored_rows(push.events),
                                     "pushes": [push]}, NOW)
     return as_rows, as_columns
 

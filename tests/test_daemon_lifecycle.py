@@ -71,8 +71,8 @@ def test_echod_migrating_a_store_with_data_keeps_systemd_waiting(spawn, keys, en
     from alembic import command
     from sqlalchemy import text
 
-    from echod.db import alembic_config, head_revision, status
-    from echod.store import write_batch
+    from echod.store.db import alembic_config, head_revision, status
+    from echod.store.writer import write_batch
 
     now = time.time()
     write_batch(engine, {"events": [{

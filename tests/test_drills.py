@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 
 import sim
-from echod.db import make_engine
+from echod.store.db import make_engine
 from echod.embedded import EmbeddedPostgres
 from ingero.errors import ApiCallError
 from stack.launch import Daemon, wait_for

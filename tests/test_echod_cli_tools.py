@@ -25,10 +25,10 @@ from jsonschema import Draft202012Validator
 from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy import text
 
-from echod.db import make_engine
+from echod.store.db import make_engine
 from echod.registry import REGISTRY, Scope, ToolError
 from echod.sandbox import Sandbox, prepare, sandbox_url
-from echod.store import write_batch
+from echod.store.writer import write_batch
 
 from . import test_echod_tools as tools_tests
 from .pg import url_of

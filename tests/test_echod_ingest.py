@@ -16,7 +16,7 @@ import pytest
 import zmq
 from sqlalchemy import text
 
-from echod.db import make_engine
+from echod.store.db import make_engine
 from echod.embedded import EmbeddedPostgres
 from echod.errors import EmbeddedDatabaseError
 from ingero import columns, curve, wire

@@ -23,15 +23,15 @@ from alembic import command
 from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy import Engine, select, text
 
-from echod.db import alembic_config, make_engine, upgrade
+from echod.store.db import alembic_config, make_engine, upgrade
 from echod.errors import StorageError
-from echod.models import Base, Event
+from echod.store.models import Base, Event
 from echod.registry import Scope
 from echod.sandbox import READABLE_TABLES, Sandbox, catalog_closed, prepare, sandbox_url
 from echod.sandbox_roles import READABLE_VIEWS, tenant_credentials
 from echod.sqlcheck import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlScopedUnavailable,
                              SqlTimeout, SqlTooLarge, check_sql)
-from echod.store import write_batch
+from echod.store.writer import write_batch
 
 from .pg import url_of
 

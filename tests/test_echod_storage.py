@@ -20,14 +20,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from echod.chunks import CHUNKED
-from echod.db import event_partitions, head_revision, make_engine, status, upgrade
+from echod.store.chunks import CHUNKED
+from echod.store.db import event_partitions, head_revision, make_engine, status, upgrade
 from echod.embedded import EmbeddedPostgres, find_bindir
 from echod.errors import EmbeddedDatabaseError, SchemaTooNew
-from echod.models import Base, Event, HealthScore, Node, Threshold
-from echod.retention import Policy
-from echod.retention import apply as apply_retention
-from echod.store import write_batch
+from echod.store.models import Base, Event, HealthScore, Node, Threshold
+from echod.store.retention import Policy
+from echod.store.retention import apply as apply_retention
+from echod.store.writer import write_batch
 from echod.tools.anomalies import FAILED_CALLS
 from ingero import columns, wire
 
@@ -457,7 +457,7 @@ def test_an_event_older_than_the_store_keeps_is_refused_and_makes_no_partition(
     """A node that backdates its events one day each would have echod make a partition a day
     back to 2000; echod (--retention-days 30) refuses those older than it keeps, as maps and as
     columns, and stores the rest."""
-    from echod import checks
+    from echod.store import checks
     monkeypatch.setattr(checks, "KEEP_DAYS", 30)
     now = time.time()
     backdated = [event("node01", 40 + d, now - d * 86_400) for d in (10, 40, 400, 4000)]

@@ -28,11 +28,11 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from echod import tools
 from ingero import analysis
-from echod.db import make_engine
+from echod.store.db import make_engine
 from echod.registry import REGISTRY, Scope, ToolContext, ToolError
 from echod.sandbox import Sandbox, prepare, sandbox_url
 from echod.tools.anomalies import anomaly, newest_first
-from echod.store import write_batch
+from echod.store.writer import write_batch
 
 from .pg import url_of
 

@@ -25,7 +25,7 @@ import pytest
 from psycopg import sql
 
 import sim
-from echod.db import head_revision
+from echod.store.db import head_revision
 from stack.launch import free_port, wait_for
 from stack.local import Stack
 from ingero.command.words import verdict_summary

@@ -11,10 +11,10 @@ import pytest
 from pytest_postgresql.janitor import DatabaseJanitor
 
 import echod.tools  # noqa: F401  (registers the tools)
-from echod.db import make_engine
+from echod.store.db import make_engine
 from echod.registry import REGISTRY, Scope, ToolContext
 from echod.sandbox import Sandbox, prepare, sandbox_url
-from echod.store import write_batch
+from echod.store.writer import write_batch
 
 from .pg import url_of
 

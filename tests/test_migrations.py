@@ -1,6 +1,6 @@
 """Migrations that index large tables build concurrently, against a real PostgreSQL: the writes
 go on during the build, a start killed midway is finished by the next, and two echods started
-together migrate once (``echod.migrations.concurrently``, ``echod.db.upgrade``).
+together migrate once (``echod.migrations.concurrently``, ``echod.store.db.upgrade``).
 
 The store comes with rows in three day partitions, taken back to 0006, so that upgrading builds
 0007's index on ``events`` again (and 0011's on ``jobs``). The tests stop the build at a known
@@ -23,10 +23,11 @@ from alembic import command
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from echod.db import (MIGRATION_LOCK, alembic_config, ensure_partitions, event_partitions,
-                      head_revision, make_engine, partition_name, status, upgrade)
-from echod.models import FAILED_CALL
-from echod.store import write_batch
+from echod.store.db import (MIGRATION_LOCK, alembic_config, ensure_partitions,
+                            event_partitions, head_revision, make_engine, partition_name, status,
+                            upgrade)
+from echod.store.models import FAILED_CALL
+from echod.store.writer import write_batch
 from stack.launch import wait_for
 
 BEFORE = "0006"                     # the revision before 0007 builds INDEX
@@ -98,7 +99,7 @@ def watch(engine):
 
 
 class Migrator(threading.Thread):
-    """``echod.db.upgrade`` as an echod starting would run it: its own engine and thread, its
+    """``echod.store.db.upgrade`` as an echod starting would run it: its own engine and thread, its
     backend named ``name`` in pg_stat_activity."""
 
     def __init__(self, engine, name: str) -> None:

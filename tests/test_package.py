@@ -272,6 +272,27 @@ def test_no_module_imports_itself_round_a_circle():
     assert sorted(map(sorted, circles)) == sorted(map(sorted, CIRCLES))
 
 
+# echod's store, one way: each module imports only those before it (echod/store/__init__.py).
+STORE = ("summaries", "models", "db", "jobrecords", "checks", "attrsjson", "chunks",
+         "columnrows", "writer", "retention")
+
+
+def test_the_store_is_a_one_way_room():
+    sources = _sources()
+    assert sorted(name for name in sources if name.startswith("echod.store.")) == sorted(
+        f"echod.store.{name}" for name in STORE)
+    wrong = []
+    for at, name in enumerate(STORE):
+        below = {f"echod.store.{other}" for other in STORE[:at]}
+        module = f"echod.store.{name}"
+        for target in _imports(sources[module], module):
+            while target and target not in sources:
+                target = target.rpartition(".")[0]
+            if target.startswith("echod.store.") and target != module and target not in below:
+                wrong.append(f"{name} imports {target}")
+    assert wrong == []
+
+
 def test_no_module_is_longer_than_a_reader_can_hold():
     long = {str(path.relative_to(ROOT)) for path in _sources().values()
             if len(path.read_text().splitlines()) > MAX_LINES}

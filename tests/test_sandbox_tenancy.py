@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy.exc
 from sqlalchemy import text
 
-from echod.db import make_engine
+from echod.store.db import make_engine
 from echod.registry import Scope
 from echod.sandbox import Sandbox, prepare, sandbox_url
 from echod.sandbox_roles import TENANT_FUNCTION, tenant_credentials

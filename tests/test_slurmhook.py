@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from echod.jobrecords import job_fields, merge
-from echod.models import Job
-from echod.store import write_batch
+from echod.store.jobrecords import job_fields, merge
+from echod.store.models import Job
+from echod.store.writer import write_batch
 from ingero import hostlist, slurmhook
 from stack.local import AGENT_STOP_S
 from ingerod.jobs import ControlSocket, JobSpool, record_event

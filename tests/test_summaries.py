@@ -15,11 +15,11 @@ from sqlalchemy import text
 from alembic import command
 
 from bench.push_cost import node_second
-from echod.db import alembic_config, upgrade
-from echod.store import write_batch
+from echod.store.db import alembic_config, upgrade
+from echod.store.writer import write_batch
 from tests.test_columnrows import push_of
-from echod.summaries import (BUCKETS_PER_OCTAVE, DETAIL_SQL, FAILED_SQL, SMALL_BYTES, Histogram,
-                             bucket, minutes)
+from echod.store.summaries import (BUCKETS_PER_OCTAVE, DETAIL_SQL, FAILED_SQL, SMALL_BYTES,
+                                   Histogram, bucket, minutes)
 
 BUCKET = 2 ** (1 / BUCKETS_PER_OCTAVE) - 1        # a quantile's error, at most
 MIX = {"sync": 12, "alloc": 5, "collective": 6, "free": 5, "memcpy": 2}
@@ -94,7 +94,7 @@ def as_columns(batch: dict, cluster: str = "bench") -> dict:
                                t=events[-1]["t"])]}
 
 
-@pytest.mark.parametrize("form", ["maps", "columns"])    # rows, chunks (echod/chunks.py)
+@pytest.mark.parametrize("form", ["maps", "columns"])    # rows, chunks (echod/store/chunks.py)
 def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothing(engine, form):
     batches = pushes(20) if form == "maps" else [as_columns(batch) for batch in pushes(20)]
     for batch in batches:

@@ -1,1 +1,1 @@
-"""Alembic migrations of the event store (run by ``echod.db.upgrade``)."""
+"""Alembic migrations of the event store (run by ``echod.store.db.upgrade``)."""

@@ -1,4 +1,4 @@
-"""Alembic environment for echod. ``echod.db.upgrade`` hands in an open connection (in
+"""Alembic environment for echod. ``echod.store.db.upgrade`` hands in an open connection (in
 ``config.attributes["connection"]``), outside any transaction, in a session that holds the
 migration lock; the ``alembic`` command line, given ``sqlalchemy.url``, gets a connection of its
 own and takes the lock there. Each migration runs in a transaction of its own, which a
@@ -8,8 +8,8 @@ handed in inside a transaction (a test's downgrade) keeps it: its migrations mus
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from echod.db import migration_lock
-from echod.models import Base
+from echod.store.db import migration_lock
+from echod.store.models import Base
 
 
 def run_on(connection) -> None:

@@ -9,7 +9,7 @@ from sqlalchemy import Connection
 
 from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTION_BURST
 
-from ..models import FAILED_CALL
+from ..store.models import FAILED_CALL
 from ..registry import ToolContext, obj, tool
 from .calltotals import call_totals
 from .evidence import BY_ANOTHER_PROCESS

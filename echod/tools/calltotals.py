@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from ..summaries import (BUCKET_SQL, DETAIL_SQL, FAILED_SQL, PEER_WAIT_SQL, SMALL_BYTES,
+from ..store.summaries import (BUCKET_SQL, DETAIL_SQL, FAILED_SQL, PEER_WAIT_SQL, SMALL_BYTES,
                          Histogram, minutes)
 from .selection import Selection, Window, rows, whole
 

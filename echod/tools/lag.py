@@ -48,8 +48,8 @@ from sqlalchemy import Connection
 from ingero.analysis import Bar, LagPolicy, LagStats, entry_lags, lag_bar
 from ingero.analysis.lag import median_of_others
 
-from ..chunks import UNIX_AT_PG_EPOCH
-from ..retention import thinned_of
+from ..store.chunks import UNIX_AT_PG_EPOCH
+from ..store.retention import thinned_of
 from .collectives import (Communicator, communicators, rank_nodes, read_entries,
                           without_point_to_point)
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed

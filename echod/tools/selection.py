@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from ..chunks import CHUNK_SPAN
+from ..store.chunks import CHUNK_SPAN
 from ..registry import ToolContext, ToolError
 
 HOUR = timedelta(hours=1)

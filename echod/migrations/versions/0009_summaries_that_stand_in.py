@@ -19,7 +19,7 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 
-from echod.summaries import SUMMARIZE
+from echod.store.summaries import SUMMARIZE
 
 revision = "0009"
 down_revision = "0008"

@@ -4,8 +4,8 @@ Every table that holds cluster data has a ``cluster`` column that leads its inde
 (row-level security per cluster) keys on it. The raw events are ``event_rows`` (an event a row)
 and ``event_chunks`` (a push's frequent calls, per job, rank and kind, as arrays), both shown
 as one row an event by the view ``events`` (migration 0010); both are range-partitioned by
-their time ``t``, one partition per UTC day (see ``echod.db``), and their key ``(t, id)`` makes
-a replay change nothing.
+their time ``t``, one partition per UTC day (see ``echod.store.db``), and their key
+``(t, id)`` makes a replay change nothing.
 The Alembic migrations in ``echod/migrations`` create these tables; this module describes them
 for queries.
 """
@@ -173,7 +173,7 @@ class PeerLag(Base):
 class CallStats(Base):
     """One minute of one rank's calls of a kind, op and communicator (syncs apart by whether
     they waited on peers, failed calls apart, copies by direction): counts, sums and a
-    histogram of durations (``echod.summaries``)."""
+    histogram of durations (``echod.store.summaries``)."""
 
     __tablename__ = "call_stats"
     __table_args__ = (

@@ -4,7 +4,7 @@ bounded and typed where it enters the store (a time within what the store keeps,
 most ``MAX_ATTRS_JSON``); a row that fails one is ``Rejected`` with the reason, alone. What the
 good rows tell of nodes, event days and jobs gathers in a ``CheckedBatch``.
 
-The floor of echod's writer: imports only ``echod.jobrecords`` (and what it imports) and
+The floor of echod's writer: imports only ``echod.store.jobrecords`` (and what it imports) and
 ``ingero``; ``attrsjson``, ``chunks``, ``columnrows`` and ``store`` stand above it.
 """
 
@@ -321,7 +321,7 @@ class CheckedBatch:
     jobs: dict[tuple[str, str], dict] = field(default_factory=dict)    # from job records
     days: set[date] = field(default_factory=set)
     superseded: int = 0     # verdict revisions a newer one in the same batch replaces
-    chunks: list[tuple] = field(default_factory=list)       # events as chunks (echod.chunks)
+    chunks: list[tuple] = field(default_factory=list)       # events as chunks (echod.store.chunks)
     chunk_stats: list[tuple] = field(default_factory=list)  # and their summaries
     chunked: int = 0        # events in the chunks
 

@@ -7,9 +7,9 @@ counts as a duplicate. The day partitions the events need are made first, and th
 are upserted, all in the same transaction, committed before ``write_batch`` returns: the caller
 acknowledges the batch only then.
 
-The top of echod's writer: a batch's rows are checked by ``echod.checks``, its pushes of
-columns staged by ``echod.columnrows`` (their frequent calls kept as ``echod.chunks``), and
-written here; none of those imports this module.
+The top of echod's writer: a batch's rows are checked by ``checks``, its pushes of columns
+staged by ``columnrows`` (their frequent calls kept as ``chunks``), and written here; none of
+those imports this module.
 """
 
 from __future__ import annotations

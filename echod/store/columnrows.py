@@ -7,7 +7,7 @@ JSON) is checked here over whole arrays, and each text once per batch, not once 
 event that any of it fails, and the rare kind that says more than its row (a job's start and
 end, which fill the job records), goes through ``check_event`` as a map: the same checks, the
 same reasons, the same rows; a batch of columns and the same events as maps store alike. The
-frequent calls that pass are kept in chunks (``echod.chunks``), the others as rows; the view
+frequent calls that pass are kept in chunks (``echod.store.chunks``), the others as rows; the view
 ``events`` reads both alike.
 """
 

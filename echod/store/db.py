@@ -6,7 +6,7 @@ the build: ``echod.migrations.concurrently``), all under one advisory lock held 
 so that two echod processes starting together migrate once, and refuses a database that a
 newer echod has migrated (``SchemaTooNew``). Partitions are named
 ``events_YYYYMMDD`` and cover one UTC day each; the writer makes them on demand, retention
-(``echod.retention``) thins and drops them.
+(``echod.store.retention``) thins and drops them.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from alembic.util.exc import CommandError
 from sqlalchemy import URL, Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 
-from .errors import SchemaTooNew, StorageError
+from ..errors import SchemaTooNew, StorageError
 
-MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_LOCK = 0x6563686F01      # advisory lock keys: "echo" + a number
 PARTITION_LOCK = 0x6563686F02
 RETENTION_LOCK = 0x6563686F03
