@@ -7,8 +7,8 @@
         ├── DatabaseUnavailable     PostgreSQL cannot commit now (down, restarting)
         ├── EmbeddedDatabaseError   the private PostgreSQL cluster cannot be found, set up or run
         ├── TokenFileError          (auth) --tokens-file cannot be used as written
-        ├── SqlError                (sqlcheck) a SQL statement is refused (SqlRefused), runs
-        │                           past its timeout (SqlTimeout) or fails (SqlFailed): 400
+        ├── SqlError                (sandbox.check) a SQL statement is refused (SqlRefused),
+        │                           runs past its timeout (SqlTimeout) or fails (SqlFailed): 400
         ├── ApiStartError           (api.supervisor) the API cannot be configured or started
         └── HttpError               an answer of the HTTP API other than 200 (status, code)
             ├── BadRequest          400 bad_request (bad_json, bad_arguments, ...)

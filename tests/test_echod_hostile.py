@@ -30,7 +30,7 @@ from echod.api.supervisor import concurrency_per_token
 from echod.auth import PUBLIC, access
 from echod.errors import HTTP_ERRORS
 from echod.registry import ToolError
-from echod.sqlcheck import SqlRefused
+from echod.sandbox.check import SqlRefused
 from stack.launch import KeyRing, wait_for
 
 from .support import EchodApi

@@ -28,8 +28,8 @@ from echod.errors import StorageError
 from echod.store.models import Base, Event
 from echod.registry import Scope
 from echod.sandbox import READABLE_TABLES, Sandbox, catalog_closed, prepare, sandbox_url
-from echod.sandbox_roles import READABLE_VIEWS, tenant_credentials
-from echod.sqlcheck import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlScopedUnavailable,
+from echod.sandbox.roles import READABLE_VIEWS, tenant_credentials
+from echod.sandbox.check import (MAX_SQL_CHARS, SqlFailed, SqlRefused, SqlScopedUnavailable,
                              SqlTimeout, SqlTooLarge, check_sql)
 from echod.store.writer import write_batch
 

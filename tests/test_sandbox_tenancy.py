@@ -22,8 +22,8 @@ from sqlalchemy import text
 from echod.store.db import make_engine
 from echod.registry import Scope
 from echod.sandbox import Sandbox, prepare, sandbox_url
-from echod.sandbox_roles import TENANT_FUNCTION, tenant_credentials
-from echod.sqlcheck import SCOPED_EXPLAIN, SqlRefused
+from echod.sandbox.roles import TENANT_FUNCTION, tenant_credentials
+from echod.sandbox.check import SCOPED_EXPLAIN, SqlRefused
 
 from .test_echod_sql import seeded_database
 

@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from echod.registry import REGISTRY, Scope, ToolContext
 from echod.sandbox import Sandbox, prepare, sandbox_url
-from echod.sandbox_roles import TENANT_FUNCTION, tenant_credentials
+from echod.sandbox.roles import TENANT_FUNCTION, tenant_credentials
 from echod.store.writer import write_batch
 
 from .test_echod_tools import Batch, collectives

@@ -1,7 +1,7 @@
 """The one error shape: every answer other than 200 is ``{"error": ..., "code": ...}`` with the
 status and headers of an ``HttpError``. What is not one yet is translated here, and only here:
 Flask's and werkzeug's own HTTP errors, an error of a library that carries ``status`` and
-``code`` (``registry.ToolError``, ``sqlcheck.SqlError``), a lost database (503), and anything
+``code`` (``registry.ToolError``, ``sandbox.check.SqlError``), a lost database (503), and anything
 else (500, logged with its traceback under the request id)."""
 
 from __future__ import annotations

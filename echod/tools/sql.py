@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..registry import ToolContext, ToolError, obj, tool
-from ..sqlcheck import MAX_SQL_CHARS, SqlError
+from ..sandbox.check import MAX_SQL_CHARS, SqlError
 from .schema import BOOL, NUM, STR, array, closed
 
 # A user who reads only their own jobs is told a statement's time to this: how long a scan of

@@ -31,8 +31,8 @@ import re
 import sqlalchemy.exc
 from sqlalchemy import URL, Connection, Engine, make_url, text
 
-from .errors import StorageError
-from .registry import Scope
+from ..errors import StorageError
+from ..registry import Scope
 
 log = logging.getLogger("echod.sandbox")
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .errors import EchodError
+from ..errors import EchodError
 
 MAX_SQL_CHARS = 100_000
 

@@ -3,13 +3,13 @@ tables of the caller's clusters and nothing else.
 
 Three walls, so that what gets past one meets the next:
 
-1. ``check_sql`` (``echod.sqlcheck``) tokenizes the text as PostgreSQL does (comments, nested
+1. ``check_sql`` (``echod.sandbox.check``) tokenizes the text as PostgreSQL does (comments, nested
    comments, every kind of quoting) and refuses anything but one SELECT, WITH, VALUES, TABLE or
    EXPLAIN statement (no EXPLAIN for a token scoped to clusters: its estimates count every
    cluster's rows), any word that writes, changes the schema or the session, and functions
    that reach files, large objects, the network, locks, sequences, other sessions, table
    statistics or run SQL given as a string.
-2. The statement runs as its tenant's LOGIN role (``echod.sandbox_roles``): one per set of
+2. The statement runs as its tenant's LOGIN role (``echod.sandbox.roles``): one per set of
    clusters, no superuser, a member of no role, allowed to SELECT the ingero tables only,
    inside a READ ONLY transaction with a statement timeout, and always rolled back. PostgreSQL
    itself keeps a tenant from another's sessions (their query text, cancelling, terminating)
@@ -23,7 +23,7 @@ Three walls, so that what gets past one meets the next:
 The pool discards each session's leftovers (DISCARD ALL) before the next caller of the same
 tenant gets it.
 
-Errors are ``echod.sqlcheck``'s SqlError family (400). A lost connection is not the caller's
+Errors are ``echod.sandbox.check``'s SqlError family (400). A lost connection is not the caller's
 doing: it leaves as SQLAlchemy's ``OperationalError``.
 """
 
@@ -48,13 +48,13 @@ import psycopg
 import sqlalchemy.exc
 from sqlalchemy import URL, Connection, Engine, event, make_url, text
 
-from .store.db import make_engine
-from .errors import StorageError
-from .registry import Scope
-from .sandbox_roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, catalog_closed,
-                            ensure_tenant, prepare, sandbox_url, tenant_credentials)
-from .sqlcheck import (SqlFailed, SqlRefused, SqlScopedUnavailable, SqlTimeout, SqlTooLarge,
-                       check_sql, tokens)
+from ..errors import StorageError
+from ..registry import Scope
+from ..store.db import make_engine
+from .check import (SqlFailed, SqlRefused, SqlScopedUnavailable, SqlTimeout, SqlTooLarge,
+                    check_sql, tokens)
+from .roles import (DEFAULT_ROLE, DEFAULT_TIMEOUT_MS, READABLE_TABLES, catalog_closed,
+                    ensure_tenant, prepare, sandbox_url, tenant_credentials)
 
 __all__ = ["DEFAULT_ROLE", "DEFAULT_ROW_CAP", "DEFAULT_TIMEOUT_MS", "READABLE_TABLES", "Sandbox",
            "SqlResult", "catalog_closed", "json_ready", "prepare", "sandbox_url"]
@@ -92,7 +92,7 @@ class Sandbox:
                  row_cap: int = DEFAULT_ROW_CAP, pool_size: int = 4,
                  byte_cap: int | None = None, scoped: bool = True):
         """``scoped``: whether tenant-scoped callers may run SQL at all (off where the catalog
-        stays open to tenants, see ``sandbox_roles.catalog_closed``)."""
+        stays open to tenants, see ``roles.catalog_closed``)."""
         self.url = make_url(url)
         self.key = key
         self.timeout_ms = timeout_ms
