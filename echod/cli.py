@@ -27,7 +27,7 @@ from .metrics import EchoMetrics
 from .store.retention import Policy
 from .store.retention import apply as apply_retention
 from .slurmjobs import SlurmStates
-from .tokens_cli import token_group
+from .access.tokens_cli import token_group
 
 log = logging.getLogger("echod")
 

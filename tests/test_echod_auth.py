@@ -16,12 +16,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from echod import auth
-from echod.audit import AuditLog
-from echod.auth import AuthError, TokenFileError, TokenStore, new_token, token_hash
+from echod.access import tokens as auth
+from echod.access.audit import AuditLog
+from echod.access.principal import AuthError, new_token, token_hash
+from echod.access.tokens import TokenFileError, TokenStore
 from echod.errors import RateLimited
-from echod.ratelimit import RateLimiter
-from echod.tokens_cli import token_group
+from echod.access.ratelimit import RateLimiter
+from echod.access.tokens_cli import token_group
 
 GRACE = 300.0
 
@@ -422,7 +423,7 @@ def test_two_processes_write_whole_lines(tmp_path):
     writer = textwrap.dedent("""\
         import sys
         from pathlib import Path
-        from echod.audit import AuditLog
+        from echod.access.audit import AuditLog
         audit = AuditLog(Path(sys.argv[1]))
         for i in range(2000):
             audit.write(writer=sys.argv[2], seq=i, padding=sys.argv[2] * 3000)

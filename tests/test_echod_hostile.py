@@ -27,7 +27,7 @@ from echod.api import create_app
 from echod.api.jsonio import encode
 from echod.api.settings import ApiSettings
 from echod.api.supervisor import concurrency_per_token
-from echod.auth import PUBLIC, access
+from echod.access.auth import PUBLIC, access
 from echod.errors import HTTP_ERRORS
 from echod.registry import ToolError
 from echod.sandbox.check import SqlRefused
@@ -271,7 +271,7 @@ def test_every_framework_error_leaves_in_the_one_shape(app):
 
 
 def test_every_error_class_the_api_answers_with_is_an_http_error():
-    from echod.auth import AuthError, NotAllowed, TokenRefused
+    from echod.access.principal import AuthError, NotAllowed, TokenRefused
     from echod.errors import HttpError
 
     for cls in (*HTTP_ERRORS.values(), AuthError, TokenRefused, NotAllowed):

@@ -2,9 +2,9 @@
 
 ``create_app`` only wires. Each concern registers its own hooks with ``init_app(app)``, in the
 order a request meets them: the envelope (``X-Request-Id``, the drain check, metrics), the one
-error shape, authentication (``echod.auth``), the per-token rate and concurrency limits
-(``echod.ratelimit``) and the audit log (``echod.audit``: one line per request, refused or
-not). Bodies come in and answers go out as strict JSON (``jsonio``).
+error shape, authentication (``echod.access.auth``), the per-token rate and concurrency limits
+(``echod.access.ratelimit``) and the audit log (``echod.access.audit``: one line per request,
+refused or not). Bodies come in and answers go out as strict JSON (``jsonio``).
 
 Routes live in the blueprints of ``routes``; the OpenAPI document is generated from the same
 tool registry that serves ``POST /api/v1/tools/<name>`` and MCP.
@@ -16,7 +16,7 @@ import os
 
 from flask import Flask
 
-from .. import audit, auth, ratelimit
+from ..access import audit, auth, ratelimit
 from ..sandbox import Sandbox
 from . import envelope, error_shape
 from .jsonio import DRAIN_LIMIT_BYTES, MAX_BODY_BYTES, StrictJSONProvider

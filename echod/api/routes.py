@@ -17,7 +17,8 @@ from sqlalchemy import text
 import ingero
 
 from .. import tools  # noqa: F401 (declaring the tools fills REGISTRY)
-from ..auth import OPTIONAL, PUBLIC, NotAllowed, access
+from ..access.auth import OPTIONAL, PUBLIC, access
+from ..access.principal import NotAllowed
 from ..errors import BadRequest, NotFound
 from ..registry import REGISTRY, Scope, ToolContext, ToolError
 from ..tools.selection import raw_job_args

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from .. import auth, sandbox
+from .. import sandbox
+from ..access.tokens import TokenStore
 from ..errors import EchodError
 from . import FRONT
 from .jsonio import DRAIN_LIMIT_BYTES, MAX_BODY_BYTES
@@ -81,7 +82,7 @@ class ApiProcess:
         """``tls``: (certificate, key) from ``check_tls``, or None for plain HTTP."""
         self.cfg = cfg
         self.tls = tls
-        self.tokens = auth.TokenStore(cfg.tokens_file, cfg.state_dir / "retired-tokens.json",
+        self.tokens = TokenStore(cfg.tokens_file, cfg.state_dir / "retired-tokens.json",
                                       cfg.token_grace)
         self.tokens.load()
         password = role_password(cfg.state_dir)

@@ -14,10 +14,11 @@ import yaml
 
 from ingero.cli_common import load_settings
 
-from .auth import (TokenFileError, format_time, new_token, ordered, parse_capabilities,
-                   parse_clusters, parse_expires, parse_name, parse_tokens, read_tokens_document,
-                   token_hash, write_atomically)
-from .config import DEFAULT_CONFIG, SETTINGS
+from .principal import new_token, token_hash
+from .tokens import (TokenFileError, format_time, ordered, parse_capabilities, parse_clusters,
+                     parse_expires, parse_name, parse_tokens, read_tokens_document,
+                     write_atomically)
+from ..config import DEFAULT_CONFIG, SETTINGS
 
 HEADER = ("# echod's API tokens: sha256 hashes only, never the tokens. Manage them with\n"
           "# 'echod token'; echod reads this file again on SIGHUP.\n")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from flask import Flask, g
 
-from .errors import RateLimited
+from ..errors import RateLimited
 
 
 class RateLimiter:

@@ -1,38 +1,21 @@
-"""Who may use echod's HTTP API: bearer tokens, their scopes and capabilities, and rotation.
+"""Bearer tokens: the tokens file, and the store of those a process accepts, with rotation.
 
 A token is ``ingero_`` and 43 URL-safe characters; only its sha256 is kept, in --tokens-file,
 each with the clusters and capabilities (read, sql, admin) it grants. On SIGHUP the supervising
 process calls ``TokenStore.rotate()``: a token gone from the file keeps working for the grace
 window, recorded with the time in a JSON file (the retired file) so that every API worker
-process, restarted or not, honours it too. The audit log is ``echod.audit``, the per-token rate
-limit ``echod.ratelimit``.
-
-    EchodError (echod.errors)
-    ├── TokenFileError      --tokens-file (or the retired file) cannot be used as written
-    └── HttpError
-        └── AuthError       a request is refused, with whose request it was
-            ├── TokenRefused    401 (also Unauthorized): unauthorized, invalid_token,
-            │                   token_expired
-            └── NotAllowed      403 (also Forbidden): forbidden, forbidden_cluster
-
-``init_app`` puts authentication in front of a Flask app's views: each view says who may call it
-(``access``), and a request that presents a bad token counts against its address's rate limit,
-so that guessing is slowed down.
+process, restarted or not, honours it too. ``TokenFileError``: --tokens-file (or the retired
+file) cannot be used as written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import grp
-import hashlib
 import hmac
 import json
 import logging
-import math
 import os
-import pwd
 import re
-import secrets
 import stat
 import tempfile
 import threading
@@ -44,93 +27,25 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from flask import Flask, g, request
 
-from ingero import munge
-
-from .errors import EchodError, Forbidden, HttpError, Unauthorized
-from .ratelimit import worker_share
-from .registry import CAPABILITIES, Scope
+from ..errors import EchodError
+from ..registry import CAPABILITIES, Scope
+from .principal import RAW_TOKEN, TOKEN_PREFIX, Principal, TokenRefused, token_hash
 
 log = logging.getLogger("echod.auth")
 
-TOKEN_PREFIX = "ingero_"
 MAX_AUTHORIZATION = 512                    # longest Authorization header looked at
-RAW_TOKEN = re.compile(r"ingero_[A-Za-z0-9_-]{40,}")   # what a token looks like, anywhere
 _B64TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*", re.ASCII)  # RFC 6750's b64token
 _SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
 _FIELDS = ("name", "sha256", "clusters", "capabilities", "expires")
-_CHALLENGE = 'Bearer realm="echod"'
-_BAD_TOKEN = {"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'}
+CHALLENGE = 'Bearer realm="echod"'
+_BAD_TOKEN = {"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'}
 
 
 class TokenFileError(EchodError):
     """--tokens-file cannot be used as written (the message names the file and the entry), or
     the retired-tokens file cannot be written."""
-
-
-class AuthError(HttpError):
-    """A request refused for who made it or what it holds; ``token_sha256`` and ``token`` (the
-    name) say whose request it was, where known, for the audit log."""
-
-    def __init__(self, message: str, *, code: str | None = None, headers: dict | None = None,
-                 token_sha256: str | None = None, token: str | None = None):
-        super().__init__(message, code=code, headers=headers)
-        self.token_sha256 = token_sha256
-        self.token = token
-
-
-class TokenRefused(AuthError, Unauthorized):
-    """401: no token, not a bearer token, or one that is unknown, revoked or expired."""
-
-
-class NotAllowed(AuthError, Forbidden):
-    """403: a good token that may not use this capability or see this cluster."""
-
-
-def new_token() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode("ascii")).hexdigest()
-
-
-# -- the tokens file ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Principal:
-    """Who a request comes from: a token's name, hash, clusters and capabilities; or a Unix
-    user proven by MUNGE (``user``), who reads their own jobs only unless ``every_user``."""
-
-    name: str
-    token_sha256: str
-    scope: Scope
-    capabilities: frozenset[str]
-    retiring_until: float | None = None     # unix seconds its grace ends, once rotated out
-    user: str | None = None
-    every_user: bool = True
-
-    def own_jobs_only(self) -> bool:
-        return self.user is not None and not self.every_user
-
-    def may(self, capability: str) -> bool:
-        if capability not in CAPABILITIES:
-            raise ValueError(f"unknown capability {capability!r}")
-        return capability in self.capabilities or "admin" in self.capabilities
-
-    def require(self, capability: str) -> None:
-        if not self.may(capability):
-            whose = f"{self.user!r} (a MUNGE user)" if self.user else f"token {self.name!r}"
-            raise NotAllowed(f"{whose} may not use {capability}",
-                             token_sha256=self.token_sha256, token=self.name)
-
-    def require_cluster(self, cluster: str) -> None:
-        if not self.scope.allows(cluster):
-            raise NotAllowed(f"token {self.name!r} may not see cluster {cluster!r}",
-                             code="forbidden_cluster", token_sha256=self.token_sha256,
-                             token=self.name)
 
 
 @dataclass(frozen=True)
@@ -483,123 +398,4 @@ def bearer_token(authorization: str | None) -> str:
         if len(parts) == 2 and parts[0].lower() == "bearer" and _B64TOKEN.fullmatch(parts[1]):
             return parts[1]
         problem = "the Authorization header must be 'Bearer <token>'"
-    raise TokenRefused(problem, headers={"WWW-Authenticate": _CHALLENGE})
-
-
-# -- MUNGE ---------------------------------------------------------------------------------------
-
-_MUNGE_CHALLENGE = {"WWW-Authenticate": f'{munge.SCHEME} realm="echod"'}
-
-
-class MungeUsers:
-    """``Authorization: MUNGE <credential>``: the Unix user munged says minted it, as a
-    Principal that may read (never SQL) every cluster's jobs of that user; root and the
-    members of ``admin_group`` read every user's."""
-
-    def __init__(self, socket: str, admin_group: str | None):
-        self.socket, self.admin_group = socket, admin_group
-
-    def enabled(self) -> bool:
-        return self.socket != "none"
-
-    def authenticate(self, authorization: str, payload: bytes) -> Principal:
-        """The user behind a credential minted for the request whose ``payload``
-        (``munge.request_payload``) is given."""
-        _, _, credential = authorization.partition(" ")
-        try:
-            who = munge.decode(credential.strip(), self.socket, payload)
-        except munge.MungeError as exc:
-            raise TokenRefused(f"MUNGE credential refused: {exc}", code="invalid_credential",
-                               headers=_MUNGE_CHALLENGE) from None
-        try:
-            entry = pwd.getpwuid(who.uid)
-        except KeyError:
-            raise TokenRefused(f"MUNGE credential refused: uid {who.uid} is no user on echod's "
-                               "host", code="invalid_credential",
-                               headers=_MUNGE_CHALLENGE) from None
-        name = entry.pw_name
-        return Principal(f"munge:{name}", token_hash(f"munge:{who.uid}"), Scope(None),
-                         frozenset({"read", "sql"}), user=name, every_user=self.admin(entry))
-
-    def admin(self, entry: pwd.struct_passwd) -> bool:
-        if entry.pw_uid == 0:
-            return True
-        if not self.admin_group:
-            return False
-        try:
-            gid = grp.getgrnam(self.admin_group).gr_gid
-        except KeyError:
-            return False
-        return gid in os.getgrouplist(entry.pw_name, entry.pw_gid)
-
-
-def raw_target(request) -> str:
-    """The request's path and query as the client wrote them (percent escapes and all)."""
-    environ = request.environ
-    return environ.get("RAW_URI") or environ.get("REQUEST_URI") or \
-        request.full_path.removesuffix("?")
-
-
-def munge_scheme(authorization: str | None) -> bool:
-    return bool(authorization) and authorization.split(" ", 1)[0].upper() == munge.SCHEME
-
-
-# -- the API's hook ----------------------------------------------------------------------------
-
-# Who may call a view: anyone, anyone (a token, if given, must be good), or a token holder.
-PUBLIC, OPTIONAL, TOKEN = "public", "optional", "token"
-
-
-def access(level: str):
-    """Mark a view with who may call it (TOKEN when unmarked)."""
-    def mark(view):
-        view.access = level
-        return view
-    return mark
-
-
-def init_app(app: Flask) -> None:
-    """Authenticate each request its view asks it of: ``g.principal`` is the caller, None for
-    an anonymous call. A refused token counts against its client address's share of the rate
-    limit, so that an address that keeps guessing gets 429 instead of 401."""
-    settings = app.config["ECHOD_SETTINGS"]
-    tokens = TokenStore(settings.tokens_file, settings.retired_file, settings.token_grace)
-    tokens.load()
-    users = MungeUsers(settings.munge_socket, settings.munge_admin_group)
-    guessing = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
-    munging = worker_share(settings.rate_limit, settings.rate_burst, app.config["ECHOD_WORKERS"])
-
-    @app.before_request
-    def authenticate():
-        g.principal = None
-        view = app.view_functions.get(request.endpoint)
-        level = getattr(view, "access", TOKEN) if view else PUBLIC
-        header = request.headers.get("Authorization")
-        if level == PUBLIC or (level == OPTIONAL and header is None):
-            return
-        try:
-            if munge_scheme(header):
-                if not users.enabled():
-                    raise TokenRefused("this echod takes bearer tokens only (its "
-                                       "--munge-socket is none)", code="unauthorized",
-                                       headers={"WWW-Authenticate": _CHALLENGE})
-                # each credential costs an unmunge: an address's share first, as a token's
-                munging.check(f"address:{request.remote_addr}")
-                from .api.jsonio import read_body      # the api package imports this one
-                g.principal = users.authenticate(header, munge.request_payload(
-                    request.method, request.host, raw_target(request),
-                    read_body(app.config["MAX_CONTENT_LENGTH"])))
-            else:
-                g.principal = tokens.authenticate(header)
-        except AuthError as exc:
-            g.refused = (exc.token_sha256, exc.token)
-            guessing.check(f"address:{request.remote_addr}")
-            raise
-
-    @app.after_request
-    def say_retiring(response):
-        principal = g.get("principal")
-        if principal is not None and principal.retiring_until is not None:
-            response.headers["X-Token-Retiring-In"] = str(
-                max(0, math.ceil(principal.retiring_until - time.time())))
-        return response
+    raise TokenRefused(problem, headers={"WWW-Authenticate": CHALLENGE})

@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Flask, current_app, g, request
 
-from .auth import RAW_TOKEN
+from .principal import RAW_TOKEN
 
 log = logging.getLogger("echod.api")
 
