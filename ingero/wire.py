@@ -14,7 +14,6 @@ rejected frames. The protocol is documented in ingero-wire(7).
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
@@ -23,7 +22,12 @@ import msgpack
 
 from . import columns as columnar
 from .errors import BadSchema, BadVersion, FrameError, FrameTooLarge
-from .vocabulary import NAME, NAME_RULE, SIGNALS
+from .fields import (ATTR_TYPES, MAX_ATTRS, check_bool, check_float, check_int, check_list,
+                     check_name, check_signals, check_text, fail as _fail,
+                     event_list as _event_list, text_list as _text_list, state as _state,
+                     optional as _optional, seconds as _seconds, interval as _interval,
+                     unit as _unit, count as _count, clock_sample as _clock_sample, ranks as _ranks)
+from .vocabulary import SIGNALS  # noqa: F401 (the signals a push carries, by their wire names)
 
 MAGIC = b"INGR"
 MAJOR = 1
@@ -33,220 +37,6 @@ HEADER_SIZE = _HEADER.size
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_EVENTS = columnar.MAX_EVENTS    # a push's events, whichever form they take
-MAX_ATTRS = 32
-MAX_TEXT = 256
-MAX_LIST = 64
-STATES = ("calibrating", "active", "idle")
-# Event attributes the daemons read, and the one type each must have where it is set (nil is
-# "not known"): an event whose attribute has another type is malformed, so a string rank is
-# refused with its frame at decode instead of stopping the analysis that would read it.
-ATTR_TYPES: dict[str, type] = {
-    **dict.fromkeys(("rank", "comm_rank", "nranks", "seq", "pid", "local_rank", "world_size",
-                     "count", "bytes", "duration_ns", "requests", "preempted_ns",
-                     "preemptor_pid", "preemptor_tgid", "peer", "root", "covered_ts_ns",
-                     "exit_status", "signal", "requeue", "restart", "color", "key",
-                     "parent_rank", "parent_nranks", "split"), int),
-    **dict.fromkeys(("comm_hash", "op", "role", "preemptor_comm", "preemptor_job",
-                     "parent_hash"), str),
-    **dict.fromkeys(("peer_wait", "preemptor_own", "in_group"), bool),
-}
-
-
-# -- field checks ------------------------------------------------------------------------------
-
-def _fail(name: str, why: str) -> None:
-    raise BadSchema(f"field {name!r}: {why}")
-
-
-def check_text(name: str, value: Any, max_len: int = MAX_TEXT, empty_ok: bool = False) -> str:
-    if not isinstance(value, str):
-        _fail(name, f"expected a string, got {type(value).__name__}")
-    if len(value) > max_len:
-        _fail(name, f"longer than {max_len} characters")
-    if not value and not empty_ok:
-        _fail(name, "empty")
-    return value
-
-
-def check_name(name: str, value: Any) -> str:
-    """A node's or cluster's name (``vocabulary.NAME``)."""
-    if not isinstance(value, str) or not NAME.fullmatch(value):
-        _fail(name, f"not a node or cluster name ({NAME_RULE})")
-    return value
-
-
-def check_int(name: str, value: Any, lo: int = 0, hi: int = 2**63 - 1) -> int:
-    if type(value) is not int:
-        _fail(name, f"expected an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        _fail(name, f"{value} outside [{lo}, {hi}]")
-    return value
-
-
-def check_float(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf) -> float:
-    if type(value) not in (int, float):
-        _fail(name, f"expected a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        _fail(name, "not a finite number")
-    if not lo <= value <= hi:
-        _fail(name, f"{value} outside [{lo}, {hi}]")
-    return value
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if type(value) is not bool:
-        _fail(name, f"expected a boolean, got {type(value).__name__}")
-    return value
-
-
-def check_scalar(name: str, value: Any) -> Any:
-    """An event attribute: a short string, an integer, a finite number, a boolean or nil."""
-    if value is None or type(value) is bool:
-        return value
-    if type(value) is int:
-        return check_int(name, value, -(2**63), 2**64 - 1)
-    if type(value) is float:
-        return check_float(name, value)
-    return check_text(name, value, empty_ok=True)
-
-
-def check_signals(name: str, value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        _fail(name, "expected a map")
-    if set(value) != set(SIGNALS):
-        _fail(name, f"expected exactly the signals {', '.join(SIGNALS)}")
-    return {k: check_float(f"{name}.{k}", value[k], 0.0, 1.0) for k in SIGNALS}
-
-
-def _plain_event(value: Any) -> bool:
-    """Whether an event passes every check of ``check_event`` unchanged (its time already a
-    float), tested without naming each field: fleetd checks thousands of events a second, and
-    only a bad one needs the names, which ``check_event`` then finds the slow way."""
-    if type(value) is not dict:
-        return False
-    attrs, ident, t, kind = (value.get("attrs", {}), value.get("id"), value.get("t"),
-                             value.get("kind"))
-    if (type(attrs) is not dict or len(attrs) > MAX_ATTRS or type(ident) is not str
-            or not 0 < len(ident) <= 128 or type(kind) is not str or not 0 < len(kind) <= 64
-            or type(t) is not float or not 0.0 <= t < math.inf):
-        return False
-    for k, v in attrs.items():
-        if type(k) is not str or not 0 < len(k) <= 64:
-            return False
-        kind_of = type(v)
-        want = ATTR_TYPES.get(k)
-        if want is not None and kind_of is not want and v is not None:
-            return False
-        if kind_of is str:
-            if len(v) > MAX_TEXT:
-                return False
-        elif kind_of is int:
-            if not -(2**63) <= v <= 2**64 - 1:
-                return False
-        elif kind_of is float:
-            if v - v != 0.0:        # an infinity or NaN
-                return False
-        elif v is not None and kind_of is not bool:
-            return False
-    return True
-
-
-def _event(value: dict) -> dict[str, Any]:
-    return {"id": value["id"], "t": value["t"], "kind": value["kind"],
-            "attrs": value.get("attrs", {})}
-
-
-def check_event(name: str, value: Any) -> dict[str, Any]:
-    """One traced event: a node-namespaced id, a wall time, a kind and flat attributes."""
-    return _event(value) if _plain_event(value) else check_event_fields(name, value)
-
-
-def check_event_fields(name: str, value: Any) -> dict[str, Any]:
-    """``check_event`` field by field, naming the first that is wrong."""
-    if not isinstance(value, dict):
-        _fail(name, "expected a map")
-    attrs = value.get("attrs", {})
-    if not isinstance(attrs, dict) or len(attrs) > MAX_ATTRS:
-        _fail(f"{name}.attrs", f"expected a map of at most {MAX_ATTRS} entries")
-    return {
-        "id": check_text(f"{name}.id", value.get("id"), 128),
-        "t": check_float(f"{name}.t", value.get("t"), 0.0),
-        "kind": check_text(f"{name}.kind", value.get("kind"), 64),
-        "attrs": {check_text(f"{name}.attrs key", k, 64): check_attr(f"{name}.attrs.{k}", k, v)
-                  for k, v in attrs.items()},
-    }
-
-
-def check_attr(name: str, key: str, value: Any) -> Any:
-    """An event attribute: a scalar, of its own type where the daemons read it."""
-    value = check_scalar(name, value)
-    want = ATTR_TYPES.get(key)
-    if want is not None and value is not None and type(value) is not want:
-        _fail(name, f"expected {'an integer' if want is int else 'a ' + want.__name__}, "
-                    f"got {type(value).__name__}")
-    return value
-
-
-def check_list(name: str, value: Any, item, max_len: int = MAX_LIST) -> list:
-    if not isinstance(value, list):
-        _fail(name, f"expected a list, got {type(value).__name__}")
-    if len(value) > max_len:
-        _fail(name, f"more than {max_len} items")
-    return [item(f"{name}[{i}]", v) for i, v in enumerate(value)]
-
-
-def _text_list(name: str, value: Any) -> list[str]:
-    return check_list(name, value, check_text)
-
-
-def _event_list(name: str, value: Any) -> list[dict]:
-    if type(value) is list and len(value) <= MAX_EVENTS and all(map(_plain_event, value)):
-        return list(map(_event, value))
-    return check_list(name, value, check_event, MAX_EVENTS)
-
-
-def _state(name: str, value: Any) -> str:
-    if value not in STATES:
-        _fail(name, f"expected one of {', '.join(STATES)}")
-    return value
-
-
-def _optional(check):
-    def optional(name: str, value: Any):
-        return None if value is None else check(name, value)
-    return optional
-
-
-def _seconds(name: str, value: Any) -> float:
-    return check_float(name, value, 0.0)
-
-
-def _interval(name: str, value: Any) -> float:
-    return check_float(name, value, 0.001, 3600.0)
-
-
-def _unit(name: str, value: Any) -> float:
-    return check_float(name, value, 0.0, 1.0)
-
-
-def _count(name: str, value: Any) -> int:
-    return check_int(name, value, 0, 10_000_000)
-
-
-def _clock_sample(name: str, value: Any) -> list[float]:
-    """One exchange's four times: push sent (agent's clock), received and answered (fleetd's),
-    reply received (agent's)."""
-    times = check_list(name, value, _seconds, 4)
-    if len(times) != 4:
-        _fail(name, "expected 4 times")
-    return times
-
-
-def _ranks(name: str, value: Any) -> list[int]:
-    return check_list(name, value, lambda n, v: check_int(n, v, 0, 2**31 - 1), MAX_EVENTS)
-
-
 # -- messages ----------------------------------------------------------------------------------
 
 @dataclass

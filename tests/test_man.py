@@ -22,7 +22,7 @@ from echod.metrics import EchoMetrics
 from echod.registry import REGISTRY
 from fleetd.config import SETTINGS as FLEETD
 from fleetd.metrics import FleetMetrics
-from ingero import wire
+from ingero import fields as wirefields, wire
 from ingero.settings import load
 from ingerod.config import SETTINGS as INGEROD
 from ingerod.metrics import AgentMetrics
@@ -258,10 +258,10 @@ def test_every_message_type_is_documented_with_its_type_byte_and_fields():
 def test_wire_page_states_the_header_and_limits():
     text = plain("ingero-wire.7")
     assert wire.MAGIC.decode() in text and wire.HEADER_SIZE == 8
-    for number in (wire.MAX_FRAME_BYTES, wire.MAX_EVENTS, wire.MAX_ATTRS, wire.MAX_TEXT,
-                   wire.MAX_LIST):
+    for number in (wire.MAX_FRAME_BYTES, wire.MAX_EVENTS, wirefields.MAX_ATTRS, wirefields.MAX_TEXT,
+                   wirefields.MAX_LIST):
         assert str(number) in text, number
-    for state in wire.STATES + wire.SIGNALS:
+    for state in wirefields.STATES + wire.SIGNALS:
         assert f".B {state}" in text or f".BR {state}" in text, state
 
 

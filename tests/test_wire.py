@@ -6,7 +6,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ingero import wire
+from ingero import fields, wire
 from ingero.errors import BadSchema, BadVersion, FrameError, FrameTooLarge
 
 SIGNALS = {"throughput": 0.9, "compute": 0.8, "memory": 0.7, "cpu": 1.0}
@@ -155,7 +155,7 @@ events = st.one_of(
     st.fixed_dictionaries(
         {"id": _edge_text(128), "kind": _edge_text(64), "t": times},
         optional={"attrs": st.dictionaries(
-            st.one_of(_edge_text(64), st.sampled_from(sorted(wire.ATTR_TYPES))), attr_values,
+            st.one_of(_edge_text(64), st.sampled_from(sorted(fields.ATTR_TYPES))), attr_values,
             max_size=4)}),
     st.fixed_dictionaries({}, optional={
         "id": st.one_of(st.text(max_size=3), st.integers()),
@@ -172,12 +172,12 @@ def test_event_fast_path_agrees_with_the_named_checks(event):
     """fleetd takes well-formed events without naming each field; whatever it takes that way
     must be exactly what the field-by-field checks take, and what they refuse it refuses."""
     try:
-        slow = wire.check_event_fields("e", event)
+        slow = fields.check_event_fields("e", event)
     except BadSchema:
         slow = None
-    assert wire._plain_event(event) == (slow is not None and type(event.get("t")) is float)
+    assert fields.plain_event(event) == (slow is not None and type(event.get("t")) is float)
     try:
-        fast = wire.check_event("e", event)
+        fast = fields.check_event("e", event)
     except BadSchema:
         fast = None
     assert fast == slow
