@@ -36,7 +36,8 @@ from bench.quality_scoring import (HEALTH_K, LAG_SIGMAS, METHODS, Entry, Tally, 
                                    diagnosed, health_mad, lag_mean_sigma, ranks_of_nodes,
                                    rounded, spread)
 from sim import scenario as scenarios  # noqa: E402
-from sim.cluster import Cluster, ClusterResult  # noqa: E402
+from sim.cluster import Cluster  # noqa: E402
+from sim.processes import ClusterResult  # noqa: E402
 from sim.records import read_record  # noqa: E402
 
 NAME = "quality"

@@ -19,7 +19,8 @@ import pytest
 
 import sim
 from sim import scenario as scenarios
-from sim.cluster import Cluster, record_of
+from sim.cluster import Cluster
+from sim.processes import record_of
 from sim.errors import ScenarioError
 from sim.records import read_record
 
