@@ -16,7 +16,8 @@ import pytest
 from fleetd.alignment import CommWindow, Entries
 from fleetd.clocks import ClockBook
 from fleetd.config import SETTINGS
-from fleetd.ranks import RankAnalysis, waits_around
+from fleetd.ranks import RankAnalysis
+from fleetd.ranks.common import waits_around
 from ingero.analysis.cost import waits_grew
 from ingero import columns, wire
 

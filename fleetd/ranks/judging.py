@@ -1,0 +1,472 @@
+"""Applies the rules: names late ranks (and what they cost, or why they cost nobody), hung and
+dead ones, slow kernels, with the facts and evidence each verdict carries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+
+from ingero.analysis import causes
+from ingero.analysis.cost import COST_SHARE, ONSET_WAITS, excess, growth, stands_out, waits_grew
+from ingero.analysis.lag import peer_lag
+from ingero.analysis.stragglers import judge, quiet, slow_workers
+
+from ..alignment import CommWindow
+from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
+from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PAIR, PASSED_DOWN,
+                     after_first_sync, by_program, drift_seen, own_growth, runs_ahead, waits_around)
+
+log = logging.getLogger("fleetd")
+
+
+class Judging:
+    """The part of ``RankAnalysis`` (``fleetd.ranks.analysis``) that applies the rules; it reads
+    and keeps the state the face declares."""
+
+    def _judge_lag(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
+        """The communicator's late ranks, by rank: its dominant op's instances on fleetd's
+        clock are judged (``stragglers.judge``, past the warm-up, with the clocks' slack), each
+        late rank given its cause (``causes.diagnose_late``); a lateness passed down from a
+        sync on another communicator, or one shown to cost nobody (``_costs``: its host ahead
+        of its GPU queue), is a note, not a verdict. Each verdict carries its severity, what
+        its lag over the bar cost the peers (``excess``) and its evidence. Send/Recv pairs are
+        not judged for lag: a pipeline's receives wait on their sends by design."""
+        op, rows = window.dominant()
+        if op is None or PAIR in comm:
+            return {}        # a pipeline's receives wait on their sends by design: not lag
+        ranks = self._ranks(job, comm, window.nranks)
+        entries, steps = self._on_fleet_clock(job, ranks, window.entries[rows]), window.step[rows]
+        # Hysteresis for a persistent verdict only: a rank named periodic, late one instance
+        # in five, would otherwise pass the kept share and be renamed persistent.
+        named = frozenset(column for column, rank in enumerate(ranks)
+                          if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
+                          and v.kind == "persistent")
+        judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries),
+                          warming=int((steps < self.policy.warm_up).sum()))
+        window.bar = judgement.bar_s
+        lag = peer_lag(entries)
+        found = {}
+        for f in judgement.findings:
+            rank = ranks[f.column]
+            facts = self._facts_of(job, rank, now, late_share=f.lag_p50_s / (
+                judgement.step_s * (f.period or 1)) if judgement.step_s else None)
+            diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
+            onset = float(np.nanmedian(entries[f.onset]))
+            if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
+                    self._inherited(job, comm, ranks, entries[f.onset:], f):
+                self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
+                           int(steps[f.onset]), onset, now)
+                continue
+            costs = f.kind != "persistent" or self._shown(
+                job, (comm, rank), self._recent(lag, f.column),
+                lambda: self._costs(job, ranks, f, onset, lag, entries))
+            if not costs:
+                if costs is False:
+                    self._note(job, rank, "ahead", f, comm, self.ops.names[op],
+                               int(steps[f.onset]), onset, now)
+                continue
+            verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
+                              diagnosis.cause, confidence=diagnosis.confidence,
+                              severity=causes.severity(f.lag_p50_s, judgement.step_s),
+                              fix=diagnosis.fix, findings=diagnosis.findings,
+                              op=self.ops.names[op], comm_hash=comm,
+                              step=int(steps[f.onset]),
+                              onset=float(np.nanmedian(entries[f.onset])),
+                              lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s,
+                              last_share=f.last_share, period=f.period,
+                              occurrences=f.occurrences,
+                              evidence=self._evidence(facts, judgement.bar_s, judgement.step_s))
+            verdict.cost_gpu_s = excess(lag[f.onset:, f.column], judgement.bar_s, window.nranks)
+            self._clock_caveat(verdict)
+            found[(rank, "lag")] = verdict
+        late = {(comm, ranks[f.column]) for f in judgement.findings}
+        for key in [key for key in job.harmless if key[0] == comm and key not in late]:
+            del job.harmless[key]          # on time again: a new lateness is weighed anew
+        return found
+
+    def _recent(self, lag: np.ndarray, column: int) -> float:
+        """The column's median lag over the last instances judged."""
+        with quiet():
+            return float(np.nanmedian(lag[-self.policy.min_instances:, column]))
+
+    @staticmethod
+    def _shown(job: JobState, key: tuple[str, int], recent: float,
+               costs: Callable[[], bool | None]) -> bool | None:
+        """``costs()``, but a lateness already shown to cost nobody stays so while it lasts
+        and its lag (``recent``: over the last instances) has not grown ``HARMLESS_GROWTH``
+        times: the peers' waits from before its onset, the proof, are kept for the last
+        ``FACTS_KEPT`` syncs only, and without them a rank looks late from the start, which
+        is taken to cost."""
+        shown = job.harmless.get(key)
+        if shown is not None and recent <= HARMLESS_GROWTH * shown:
+            return False
+        answer = costs()
+        if answer is False:
+            job.harmless[key] = recent
+        elif answer:
+            job.harmless.pop(key, None)
+        return answer
+
+    def _costs(self, job: JobState, ranks: list[int], f, onset: float,
+               lag: np.ndarray, entries: np.ndarray) -> bool | None:
+        """Whether the rank's lateness delays its peers: whether their waits at collectives
+        grew from its onset on, beyond what a later rank explains (``lag``: every column's, at
+        each instance judged, at ``entries``; see ``waits_grew``). A rank
+        late from the first instances judged has no before to weigh them against: it is
+        taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
+        so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
+        where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
+        once its lag stands out of the swing of its peers' (``stands_out``) over enough
+        instances to show that swing (``drift_seen``), and until then it is not known yet.
+        There, only its instances since its peers' first sync count (``after_first_sync``):
+        a host that starts its loop a few ms late while its GPU queue is empty is late at
+        every step it enqueues before the first sync, which realigns the hosts (CI: a rank
+        7 ms late over a job's first steps named beside the straggler)."""
+        if f.onset < self.policy.min_instances:
+            if runs_ahead(job, ranks, f.column, entries) is False:
+                return True
+            rows = after_first_sync(job, ranks, f.column, entries)
+            if rows.sum() < self.policy.min_instances or \
+                    not drift_seen(job, ranks, f.column, entries[rows]):
+                return None
+            with quiet():
+                since = float(np.nanmedian(lag[rows, f.column]))
+            return True if stands_out(lag[rows], f.column, since, self.policy.k) else None
+        before, after, peers = [], [], 0
+        placed = self._waits_placed(job, ranks)
+        for column, rank in enumerate(ranks):
+            facts = job.facts.get(rank)
+            if column == f.column or facts is None or not facts.peer_wait_ns:
+                continue
+            peers += 1
+            waits = waits_around(facts, onset, placed)
+            before += waits[0]
+            after += waits[1]
+        with quiet():
+            since = np.nanmedian(lag[f.onset:], axis=0)
+            later = float(np.nanmax(since) - since[f.column])
+        own = own_growth(job.facts.get(ranks[f.column]), onset, placed)
+        answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
+                            enough=ONSET_WAITS * peers)
+        named = job.verdicts.get((ranks[f.column], "lag"))
+        if not answer or (named is not None and named.cleared is None):
+            return answer                  # said once, as the lateness is first named
+        if len(before) < 3:
+            log.info("job %s: rank %d's lateness (%.1f ms) taken to cost: %d sync(s) of its "
+                     "peers kept from before its onset, too few to weigh", job.job,
+                     ranks[f.column], f.lag_p50_s * 1e3, len(before))
+        else:
+            grew, error = growth(before, after)
+            log.info("job %s: rank %d's lateness (%.1f ms) costs: its peers' waits at syncs "
+                     "grew %.1f ms (±%.1f) from %d before its onset to %d since; %.1f ms of "
+                     "that is a later rank's or its own", job.job, ranks[f.column],
+                     f.lag_p50_s * 1e3, grew / 1e6, error / 1e6, len(before), len(after),
+                     (later + own) * 1e3)
+        return answer
+
+    def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,
+                   f) -> bool:
+        """Whether the rank's lateness was passed down to it. Its host came from a sync that
+        waited on a collective of another communicator (a pipeline stage's send, another
+        group's collective) at most of its entries since the onset (``entries``, on
+        fleetd's clock, as the syncs are kept); and from that sync's end (its GPU done, its
+        thread woken) to its entry it took no longer than its peers did from theirs, by a
+        share of its lag (a host slow to get back its CPU is late on its own): its host
+        came late only because its GPU was kept waiting elsewhere (its own kernels are no
+        slower: asked before). The rank that held it up is judged where it was late."""
+        gaps = np.full(len(ranks), np.nan)
+        for column, rank in enumerate(ranks):
+            facts = job.facts.get(rank)
+            if facts is None or not facts.sync_end:
+                continue
+            ends = np.fromiter(facts.sync_end, float)
+            order = np.argsort(ends, kind="stable")
+            ends, entered = ends[order], entries[:, column][np.isfinite(entries[:, column])]
+            at = np.searchsorted(ends, entered, side="right") - 1
+            entered, at = entered[at >= 0], at[at >= 0]
+            if not len(at):
+                continue
+            gaps[column] = np.median(entered - ends[at])
+            if column == f.column:
+                on = [facts.sync_on[i] for i in order[at]]
+                if sum(c is not None and c != comm for c in on) * 2 <= len(on):
+                    return False
+        others = np.delete(gaps, f.column)
+        if not np.isfinite(gaps[f.column]) or not np.isfinite(others).any():
+            return False
+        return gaps[f.column] - float(np.nanmedian(others)) < COST_SHARE * f.lag_p50_s
+
+    def _note(self, job: JobState, rank: int, kind: str, f, comm: str, op: str, step: int,
+              onset: float, now: float) -> None:
+        """A rank late on the host that costs nobody (``ahead``: its peers wait no longer
+        for it since, its GPU queue still ahead of it) or whose lateness is another's
+        (``passed_down``): said once, in the log and to echod as a note (severity info, no
+        cost, cleared as it is raised: it is what was seen then), and never named."""
+        if rank in job.noted:
+            return
+        job.noted.add(rank)
+        words = NOTES[kind].format(lag=f.lag_p50_s * 1e3)
+        log.info("job %s rank %d %s", job.job, rank, words)
+        note = Verdict(job.cluster, job.job, rank, job.facts[rank].node, kind, "none",
+                       severity="info", findings=[words], op=op, comm_hash=comm, step=step,
+                       onset=onset, first_seen=now, last_seen=now, cleared=now,
+                       lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s, last_share=f.last_share)
+        if any(value is not None for value in job.run):
+            note.evidence["run"] = job.run_json()
+        self.pending_rows.append(note.row())
+
+    def _clock_slack(self, job: JobState, ranks: list[int], entries: np.ndarray) -> np.ndarray:
+        """Per column, how far its node's clock estimate may be off at the latest entries (0
+        where none is known: then the column is compared with its own node's only; and 0 for
+        all where all are on one node: a clock compares with itself)."""
+        nodes = [job.facts[rank].node for rank in ranks]
+        if len(set(nodes)) == 1:
+            return np.zeros(len(ranks))
+        t = float(np.nanmax(entries)) if np.isfinite(entries).any() else 0.0
+        fits = (self.clocks.at(node) for node in nodes)
+        return np.array([float(f.uncertainty_at(t)) if f else 0.0 for f in fits])
+
+    def _clock_caveat(self, verdict: Verdict) -> None:
+        """Say what the node's clock estimate is, and when it is too loose for this lag."""
+        known = self.clocks.at(verdict.node)
+        if known is None:
+            return
+        verdict.evidence["clock_offset_ms"] = round(known.offset * 1e3, 3)
+        verdict.evidence["clock_uncertainty_ms"] = round(known.uncertainty * 1e3, 3)
+        if verdict.lag_p50_s is not None and known.uncertainty > verdict.lag_p50_s / 2:
+            verdict.findings.append(
+                f"{verdict.node}'s clock is known only to ±{known.uncertainty * 1e3:.1f} ms, "
+                f"a large part of this {verdict.lag_p50_s * 1e3:.1f} ms lag: the lag may be "
+                "the clocks'")
+            verdict.confidence = "low"
+
+    def _judge_work(self, job: JobState, now: float, named: set[int]) -> dict:
+        """A rank whose own kernels are slow, against the ranks doing its work, though it is
+        not (yet) late at collectives. Where other processes take its CPU, once its node's
+        preemptions cover ``HOST_SETTLE`` push intervals: they come summed per interval, and
+        a hog that started within the first weighs as a share of time it did not run in, too
+        small to explain the kernels it slows (with a busy loop beside the test, a rank under
+        three hogs was named slow_gpu, then cleared, and never named at its collectives)."""
+        peers = self._peers(job, now)
+        found = {}
+        slow = slow_workers(peers.work, self.policy) if peers.alike is None else [
+            slow_workers(peers.work[np.r_[at, peers.like(at)]], self.policy)[0]
+            for at in range(len(peers.ranks))]
+        for at, rank in enumerate(peers.ranks):
+            if rank in named or not slow[at]:
+                continue
+            facts = self._facts_of(job, rank, now)
+            diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
+            if diagnosis.cause != "slow_gpu" or facts.preemptions and facts.window_s < \
+                    HOST_SETTLE * self.heard.get(job.facts[rank].node, (now, 1.0))[1]:
+                continue
+            found[(rank, "lag")] = Verdict(
+                job.cluster, job.job, rank, job.facts[rank].node, "slow_gpu", "slow_gpu",
+                confidence=diagnosis.confidence, fix=diagnosis.fix,
+                findings=diagnosis.findings, onset=now,
+                evidence=self._evidence(facts, None, None))
+        return found
+
+    def _judge_missing(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
+        """The ranks missing from the oldest instance some rank has not entered, once it is
+        known that they will not come: they crashed (at once), their peers gave up on them
+        (aborted or failed while waiting: a hang the job's end cut short), or the peers have
+        waited the hang timeout. A rank not heard of yet is not missing."""
+        stalled = window.stalled(now, 0.0)
+        if not stalled:
+            return {}
+        seq, op, columns = stalled[0]
+        ranks = self._ranks(job, comm, window.nranks)
+        unseen = self._unseen(job, window, ranks, now)
+        columns = [c for c in columns if not unseen[c] and job.facts.get(ranks[c]) is not None]
+        if not columns:
+            return {}                  # not observed is never missing
+        opened = self._on_fleet_clock(job, ranks, window.open[seq % len(window.open_seq)][None])
+        if not np.isfinite(opened).any():
+            return {}      # entered only by ranks of nodes whose clocks are not known yet
+        began = float(np.nanmin(opened))
+        missing = {int(c) for c in columns}
+        entered = [job.facts[ranks[c]] for c in range(window.nranks) if c not in missing]
+        gave_up = min((t for f in entered if (t := f.gave_up_at()) is not None and t >= began),
+                      default=None)
+        # Ranks that entered and have since exited, none failing, wait on no one: the
+        # instance completed and the missing entry was lost, or the whole job ended.
+        nobody_waits = gave_up is None and all(f.exited_at is not None for f in entered)
+        found = {}
+        for column in columns:
+            rank = ranks[column]
+            current = job.verdicts.get((rank, "missing"))
+            if nobody_waits:
+                if current is not None and current.cleared is None:
+                    found[(rank, "missing")] = current    # named while its peers waited
+                continue
+            kind = self._missing(job.facts[rank], began, gave_up, now)
+            if kind is None and current is not None and current.cleared is None:
+                found[(rank, "missing")] = current     # named: a node heard from only
+                continue                                # again after a silence clears nothing
+            if kind is not None:
+                if PAIR in comm:          # its own side of the pair: the Send or the Recv
+                    op = self.ops.code("ncclSend" if column == 0 else "ncclRecv")
+                found[(rank, "missing")] = self._missing_verdict(
+                    job, comm, rank, kind, op, seq, began, gave_up, now, len(entered))
+        return found
+
+    def _missing(self, facts: RankFacts, began: float, gave_up: float | None,
+                 now: float) -> str | None:
+        """hang, died, or None while it may still come (or what its node knows of it may)."""
+        gone_at = min((t for t in (facts.exited_at, facts.aborted_at) if t is not None),
+                      default=None)
+        if gave_up is not None:
+            if self._silent(facts.node, gave_up):
+                return None   # what its node saw up to the peers' giving up is on its way
+            return "died" if gone_at is not None and gone_at <= gave_up else "hang"
+        if facts.crashed:
+            return "died"     # its process ended failing: it will not come
+        waiting = now - began
+        if waiting < self.hang_timeout or (self._silent(facts.node, began)
+                                           and waiting < 2 * self.hang_timeout):
+            return None       # a silent node may only be late to tell: the time of two
+        return "died" if gone_at is not None else "hang"
+
+    def _missing_verdict(self, job: JobState, comm: str, rank: int, kind: str, op: int,
+                         seq: int, began: float, gave_up: float | None, now: float,
+                         waiting: int) -> Verdict:
+        facts = job.facts[rank]
+        waited = (gave_up if gave_up is not None else now) - began
+        comm, _, pair = comm.partition(PAIR)
+        where = f"communicator {comm}" + (
+            f" (the Send/Recv of its ranks {pair.replace(PAIR, ' to ')})" if pair else "")
+        why = (f"never entered {self.ops.names[op]} #{seq} on {where}; its peers "
+               + (f"gave up after waiting {waited:.1f} s (NCCL failed or timed out in them)"
+                  if gave_up is not None else f"have waited {waited:.1f} s")
+               + (" and its process exited" if facts.exited_at is not None else "")
+               + (" failing" if facts.crashed else "")
+               + (" after it aborted its NCCL communicator (an NCCL error or timeout)"
+                  if facts.aborted_at is not None else "")
+               + (f"; {facts.node or 'its node'} has not reported since"
+                  if self._silent(facts.node, began) else ""))
+        return Verdict(job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",
+                       severity="critical",
+                       fix=causes.FIXES[kind].format(node=facts.node or "its node"),
+                       findings=[why], op=self.ops.names[op], comm_hash=comm, onset=began,
+                       lag_p50_s=waited, cost_gpu_s=waited * waiting,
+                       evidence={"seq": seq, "waited_s": round(waited, 3),
+                                 **({"pair": pair} if pair else {})})
+
+    def _silent(self, node: str, since: float) -> bool:
+        """Whether ``node`` has not pushed, one push interval after ``since``, since then, or
+        its last push is its first after a silence: what it knows of a collective entered at
+        ``since`` may still be on its way. An agent starved of CPU catches up over more than
+        one push (beside a busy loop and a rank's three hogs, node1's first push after 4 s
+        without one carried 322 events, the next, 2 s later, 1,270, among them its ranks'
+        entries of 2.5 s before: its ranks were named hung in between)."""
+        heard = self.heard.get(node)
+        return heard is None or heard[0] < since + heard[1] or \
+            self.resumed.get(node) == heard[0]
+
+    def _facts_of(self, job: JobState, rank: int, now: float,
+                  late_share: float | None = None) -> causes.Facts:
+        """What the cause rules weigh for the rank; ``late_share``: what its lateness costs it,
+        a share of its time (without it: its kernels' extra time per second, if any)."""
+        mine, peers = job.facts[rank], self._peers(job, now)
+        at = peers.ranks.index(rank)
+        # A preemptor counts against the rank when it keeps the rank off its CPU far longer than
+        # the same program keeps its peers off theirs: every node's daemons take everyone's now
+        # and then (each node's under its own pid), a hog only the rank's.
+        others = peers.preemptions[:at] + peers.preemptions[at + 1:]
+        usual = {comm: float(np.median([by_program(seen).get(comm, 0) for seen in others]
+                                       or [0]))
+                 for comm, _pid in peers.preemptions[at]}
+        taken = {who: (n, ns) for who, (n, ns) in peers.preemptions[at].items()
+                 if ns >= 3 * usual[who[0]]}
+        blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
+        work, alloc, wait, io = (peers.own_and_others(values, at) for values in (
+            peers.work, peers.alloc, peers.wait, peers.io))
+        work_share = None if None in work else \
+            max(work[0] - work[1], 0.0) * mine.self_work_rate()
+        if late_share is None:
+            late_share = work_share
+        return causes.Facts(
+            self_work_s=work[0], peers_self_work_s=work[1],
+            self_work_samples=len(mine.self_work_ns),
+            preemptions={who: n for who, (n, _ns) in taken.items()},
+            preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
+            window_s=min(HOST_FACTS_S, now - job.started), late_share=late_share,
+            work_share=work_share,
+            blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
+            peers_blockio_bytes=io[1],
+            allocation_s=alloc[0], peers_allocation_s=alloc[1],
+            peer_wait_s=wait[0], peers_peer_wait_s=wait[1])
+
+    def _peers(self, job: JobState, now: float) -> PeerFacts:
+        """Every rank's self-work, medians and preemptors, once per tick: a rank is weighed
+        against all."""
+        if job.peers is None:
+            ranks = sorted(job.facts)
+            measures = [[job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
+                        for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
+            io = [sum(b for t, _r, b in job.facts[r].blockio if t >= now - HOST_FACTS_S)
+                  for r in ranks]
+            pids = {f.pid for f in job.facts.values() if f.pid is not None}
+            job.peers = PeerFacts(ranks, *(np.array(m, float) for m in measures),
+                                  [self._preemptions(job.facts[r], pids, now) for r in ranks],
+                                  np.array(io, float), self._alike(job, ranks))
+        return job.peers
+
+    @staticmethod
+    def _alike(job: JobState, ranks: list[int]) -> list[np.ndarray] | None:
+        """Per rank, the ranks doing the same work: those it shares a communicator smaller
+        than the job with (its tensor- and data-parallel groups, its pipeline stage's), whose
+        kernels are its kernels' peers; None when it has none (every rank is its peer). A
+        pipeline's stages do unequal work by design, and are never compared with each other."""
+        widest = max((w.nranks for w in job.comms.values()), default=0)
+        index = {rank: i for i, rank in enumerate(ranks)}
+        alike: dict[int, set[int]] = defaultdict(set)
+        for comm, window in job.comms.items():
+            members = set(job.columns.get(comm, {}).values()) & index.keys()
+            if window.nranks < widest and window.op_counts and PAIR not in comm:
+                for member in members:
+                    alike[member] |= members - {member}
+        if not alike:
+            return None
+        return [np.array(sorted(index[m] for m in alike.get(rank, ())), np.int64)
+                for rank in ranks]
+
+    @staticmethod
+    def _preemptions(facts: RankFacts, ranks: set[int],
+                     now: float) -> dict[tuple[str, int], tuple[int, int]]:
+        """Who else took the rank's CPU lately, how often and for how long (ns): processes
+        other than the job's own ranks (``ranks``: their pids; ranks crowding each other are
+        the job's own doing). What is older than the window is let go on the way."""
+        while facts.preemptions and facts.preemptions[0][0] < now - HOST_FACTS_S:
+            facts.preemptions.popleft()
+        while facts.blockio and facts.blockio[0][0] < now - HOST_FACTS_S:
+            facts.blockio.popleft()
+        taken: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+        for t, comm, pid, count, tgid, ns in facts.preemptions:
+            if (pid if tgid is None else tgid) not in ranks:
+                taken[(comm, pid)][0] += count
+                taken[(comm, pid)][1] += ns
+        return {who: (n, ns) for who, (n, ns) in taken.items()}
+
+    @staticmethod
+    def _evidence(facts: causes.Facts, bar_s: float | None, step_s: float | None) -> dict:
+        ms = (lambda s: None if s is None or not np.isfinite(s) else round(s * 1e3, 3))
+        return {"bar_ms": ms(bar_s), "step_ms": ms(step_s),
+                "self_work_ms": ms(facts.self_work_s),
+                "peers_self_work_ms": ms(facts.peers_self_work_s),
+                "preemptions": [{"comm": c, "pid": p, "count": n}
+                                for (c, p), n in sorted(facts.preemptions.items(),
+                                                        key=lambda kv: -kv[1])[:5]],
+                "blockio": {"requests": facts.blockio_requests, "bytes": facts.blockio_bytes},
+                "allocation_ms": ms(facts.allocation_s),
+                "peers_allocation_ms": ms(facts.peers_allocation_s),
+                "peer_wait_ms": ms(facts.peer_wait_s),
+                "peers_peer_wait_ms": ms(facts.peers_peer_wait_s),
+                "preempted_ms": ms(facts.preempted_s), "host_window_ms": ms(facts.window_s),
+                **{name: None if value is None else round(value, 4) for name, value in (
+                    ("late_share", facts.late_share), ("work_share", facts.work_share))}}
