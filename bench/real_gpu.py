@@ -38,9 +38,7 @@ import json
 import os
 import platform
 import re
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,18 +49,17 @@ from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.elfsymbols import Symbols, command_output, elf_symbols, nm_symbols  # noqa: E402
+from bench.real_gpu_job import scan_job, start_job, stop_job, wait_ready  # noqa: E402
+
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 RESULT = "real_gpu.json"
 SIM_LIBRARIES = REPO / "sim" / "build" / "lib"
 
 BUDGET_S = 330             # the whole run; the machine gives the script about six minutes
-NM_TIMEOUT_S = 120         # nm -D over libtorch_cuda.so (a file of a gigabyte or more)
-TOOL_TIMEOUT_S = 20        # ldconfig, nvidia-smi
 READY_TIMEOUT_S = 150      # torchrun up to the rank's first step: imports, CUDA and NCCL init
-JOB_SECONDS = 40           # how long the rank trains after its first step
-SCANS = 5                  # discovery scans while the job trains
-SCAN_EVERY_S = 5.0
-STOP_TIMEOUT_S = 20        # SIGTERM to SIGKILL
 DISCOVERY_NEEDS_S = 90     # left in the budget, or the torchrun part is skipped
 
 # A library by its file name, as a person names it: independent of ingerod's own matching, so
@@ -86,65 +83,6 @@ PYTORCH_CUDA_CALLS = (
     "cudaEventRecordWithFlags cudaStreamSynchronize cudaEventSynchronize cudaDeviceSynchronize "
     "cudaStreamIsCapturing cudaMemsetAsync cudaEventQuery cudaStreamWaitEvent cudaGraphLaunch "
     "cuGraphLaunch").split()
-
-# ELF constants (elf.h) for the fallback reader.
-SHT_DYNSYM, SHN_UNDEF = 11, 0
-SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
-VER_FLG_BASE, VERSYM_HIDDEN = 1, 0x8000
-
-WORKER = '''"""A torchrun rank: NCCL, DDP, a DataLoader with two workers; trains for argv[1] s."""
-import os
-import sys
-import time
-
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-
-
-class Data(torch.utils.data.Dataset):
-    def __len__(self):
-        return 1 << 30
-
-    def __getitem__(self, index):
-        time.sleep(0.001)
-        return torch.randn(256)
-
-
-def main():
-    seconds = float(sys.argv[1])
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
-                                torch.nn.Linear(1024, 256)).to(device)
-    model = DistributedDataParallel(model, device_ids=[device.index])
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = iter(torch.utils.data.DataLoader(Data(), batch_size=64, num_workers=2,
-                                              persistent_workers=True,
-                                              multiprocessing_context="fork"))
-    steps, end = 0, None
-    while end is None or time.time() < end:
-        loss = model(next(loader).to(device, non_blocking=True)).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        steps += 1
-        if end is None:
-            loss.item()
-            print("READY", os.environ.get("RANK"), os.getpid(), flush=True)
-            end = time.time() + seconds
-        elif steps % 20 == 0:
-            loss.item()
-        time.sleep(0.01)
-    print("DONE", steps, flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
-'''
-
 
 # -- the run: sections, errors, the result file ---------------------------------------------
 
@@ -236,15 +174,6 @@ def load_torch(run: Run) -> tuple[ModuleType | None, str | None]:
 # -- machine ------------------------------------------------------------------------------
 
 
-def command_output(command: list[str], timeout: float = TOOL_TIMEOUT_S) -> str | None:
-    """A tool's standard output, or None where it is missing, fails or runs too long."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
 def nccl_version(torch: ModuleType) -> str | None:
     """NCCL's version as torch reports it (a tuple in recent releases, an int before)."""
     version = torch.cuda.nccl.version()
@@ -293,130 +222,6 @@ def measure_gpumem(torch: ModuleType | None, no_gpu: str | None, ingerod: Ingero
 
 
 # -- symbols: nm -D, else the ELF file's .dynsym --------------------------------------------
-
-
-@dataclasses.dataclass
-class Symbols:
-    """A library's dynamic symbols: each defined name with its versioned spellings
-    (``cudaLaunchKernel@@libcudart.so.13``), the undefined (imported) names, and the reader."""
-
-    defined: dict[str, list[str]]
-    undefined: set[str]
-    reader: str
-
-
-def plain(name: str) -> str:
-    return name.split("@", 1)[0]
-
-
-def nm_names(path: str, which: str) -> list[str] | None:
-    """``nm -D --defined-only`` or ``--undefined-only``: the names as nm spells them, with
-    their versions; None where nm is missing or fails."""
-    out = command_output(["nm", "-D", f"--{which}-only", path], timeout=NM_TIMEOUT_S)
-    if out is None:
-        return None
-    return [line.split()[-1] for line in out.splitlines() if line.split()]
-
-
-def nm_symbols(path: str) -> Symbols | None:
-    """The dynamic symbol table as nm reads it, or None where nm cannot."""
-    defined, undefined = nm_names(path, "defined"), nm_names(path, "undefined")
-    if defined is None or undefined is None:
-        return None
-    table: dict[str, list[str]] = {}
-    for name in defined:
-        table.setdefault(plain(name), []).append(name)
-    return Symbols(table, {plain(name) for name in undefined}, "nm")
-
-
-def c_string(table: bytes, offset: int) -> str:
-    end = table.find(b"\0", offset)
-    return table[offset:end if end >= 0 else len(table)].decode(errors="replace")
-
-
-def elf_sections(f, shoff: int, shentsize: int, shnum: int) -> list[tuple[int, ...]]:
-    """Each section header as (type, offset, size, link, info); a count of 0 in the file
-    header means the real count is in section 0's size (files with 65,280 sections or more)."""
-    def header(index: int) -> tuple[int, ...]:
-        f.seek(shoff + index * shentsize)
-        fields = struct.unpack("<IIQQQQIIQQ", f.read(64))
-        return fields[1], fields[4], fields[5], fields[6], fields[7]
-    if shnum == 0:
-        shnum = header(0)[2]
-    return [header(i) for i in range(shnum)]
-
-
-def read_section(f, section: tuple[int, ...]) -> bytes:
-    f.seek(section[1])
-    return f.read(section[2])
-
-
-def elf_version_names(f, sections: list[tuple[int, ...]]) -> tuple[dict[int, str],
-                                                                     dict[int, str]]:
-    """Version index → name, for definitions (.gnu.version_d, the base entry left out: it is
-    the file's own name, not a symbol version) and for needs (.gnu.version_r)."""
-    defs: dict[int, str] = {}
-    needs: dict[int, str] = {}
-    for section in sections:
-        kind, link, count = section[0], section[3], section[4]
-        if kind not in (SHT_GNU_VERDEF, SHT_GNU_VERNEED):
-            continue
-        data, strings = read_section(f, section), read_section(f, sections[link])
-        at = 0
-        for _ in range(count):
-            if kind == SHT_GNU_VERDEF:
-                _v, flags, index, _cnt, _hash, aux, nxt = struct.unpack_from("<HHHHIII", data, at)
-                if not flags & VER_FLG_BASE:
-                    defs[index] = c_string(strings, struct.unpack_from("<I", data, at + aux)[0])
-            else:
-                _v, cnt, _file, aux, nxt = struct.unpack_from("<HHIII", data, at)
-                entry = at + aux
-                for _ in range(cnt):
-                    _hash, _flags, index, name, anext = struct.unpack_from("<IHHII", data, entry)
-                    needs[index] = c_string(strings, name)
-                    entry += anext
-            if not nxt:
-                break
-            at += nxt
-    return defs, needs
-
-
-def elf_symbols(path: str) -> Symbols:
-    """The dynamic symbol table read from the file itself (64-bit little-endian ELF), with
-    versions spelled as nm spells them: ``name@@ver`` (default), ``name@ver`` (hidden)."""
-    with open(path, "rb") as f:
-        ident = f.read(64)
-        if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
-            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-        fields = struct.unpack_from("<HHIQQQIHHHHHH", ident, 16)
-        sections = elf_sections(f, fields[5], fields[10], fields[11])
-        dynsym = next((s for s in sections if s[0] == SHT_DYNSYM), None)
-        if dynsym is None:
-            return Symbols({}, set(), "elf")
-        strings = read_section(f, sections[dynsym[3]])
-        raw = read_section(f, dynsym)
-        versym_section = next((s for s in sections if s[0] == SHT_GNU_VERSYM), None)
-        versym = read_section(f, versym_section) if versym_section else b""
-        defs, needs = elf_version_names(f, sections)
-    count = len(raw) // 24
-    versions = struct.unpack(f"<{len(versym) // 2}H", versym[:len(versym) // 2 * 2])
-    defined: dict[str, list[str]] = {}
-    undefined: set[str] = set()
-    for i, (name_at, _info, _other, shndx, _value, _size) in enumerate(
-            struct.iter_unpack("<IBBHQQ", raw[:count * 24])):
-        name = c_string(strings, name_at)
-        if i == 0 or not name:
-            continue
-        version = versions[i] if i < len(versions) else 0
-        if shndx == SHN_UNDEF:
-            undefined.add(name)
-            continue
-        label = defs.get(version & 0x7FFF)
-        label = None if label == name else label    # a version's own symbol: nm prints it bare
-        spelled = f"{name}{'@' if version & VERSYM_HIDDEN else '@@'}{label}" if label else name
-        defined.setdefault(name, []).append(spelled)
-    return Symbols(defined, undefined, "elf")
-
 
 def read_symbols(path: str, run: Run) -> tuple[Symbols, dict]:
     """nm's reading where nm works, else the ELF reader's; and whether the two agree on the
@@ -621,117 +426,6 @@ def measure_libraries(torch: ModuleType | None, ingerod: Ingerod, run: Run) -> d
 
 
 # -- discovery: a real torchrun job read from the real /proc -------------------------------
-
-
-def start_job(folder: Path, log: Path) -> subprocess.Popen:
-    """torchrun with one rank in its own session (so the whole tree can be stopped), its
-    output to a file (a pipe nobody reads could stall it)."""
-    worker = folder / "rank.py"
-    worker.write_text(WORKER)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith(("TORCHELASTIC_", "SLURM_", "OMPI_", "PMIX_", "PMI_"))}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=1", str(worker), str(JOB_SECONDS)]
-    with open(log, "wb") as out:
-        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=folder)
-
-
-def wait_ready(job: subprocess.Popen, log: Path, timeout: float) -> bool:
-    """Whether the rank reports its first step before the timeout or the job's end."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if "READY" in log.read_text(errors="replace"):
-            return True
-        if job.poll() is not None:
-            return False
-        time.sleep(0.5)
-    return False
-
-
-def stop_job(discovery: ModuleType, job: subprocess.Popen) -> int | None:
-    """SIGTERM to torchrun's agent (it stops its workers), then SIGKILL to every process of
-    the tree as it was before, by pid and only while its start time is unchanged: torchrun
-    starts each worker in a session of its own, out of reach of a signal to the agent's group.
-    Returns the agent's exit code."""
-    proc = Path("/proc")
-    tree = {pid: discovery.start_time(proc, pid) for pid in descendants(discovery, job.pid)}
-    try:
-        job.send_signal(signal.SIGTERM)
-        job.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pass
-    for pid, started in tree.items():
-        if started is not None and discovery.start_time(proc, pid) == started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    try:
-        return job.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def descendants(discovery: ModuleType, root: int) -> set[int]:
-    """The root and every process below it now, from each process's parent in /proc."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            parents[int(entry.name)] = discovery.read_stat(Path("/proc"), int(entry.name))[0]
-    tree, grew = {root}, True
-    while grew:
-        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return tree
-
-
-def expected_role(process: Any, root: int) -> str:
-    """The role the process tree calls for: torchrun's agent a launcher, its children ranks,
-    their children (data-loader workers) helpers."""
-    if process.pid == root:
-        return "launcher"
-    return "rank" if process.ppid == root else "helper"
-
-
-def describe(found: dict, tree: set[int], root: int) -> list[dict]:
-    """One row per candidate, as the agent would tag it, with the role it should have."""
-    rows = []
-    for pid, p in sorted(found.items()):
-        row = {"pid": pid, "ppid": p.ppid, "comm": p.comm, "role": p.role, "owner": p.owner,
-               "rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
-               "told_by": p.told_by, "job": p.job, "restart": p.restart,
-               "libraries": sorted({lib.kind for lib in p.libraries}),
-               "library_paths": sorted({lib.path for lib in p.libraries}),
-               "in_job": pid in tree}
-        if pid in tree:
-            row["expected_role"] = expected_role(p, root)
-        rows.append(row)
-    return rows
-
-
-def scan_job(discovery: ModuleType, job: subprocess.Popen) -> list[dict]:
-    """Scan /proc several times while the job trains, as the agent's rescans do (each scan
-    given the last one's result), timing each."""
-    scans, known = [], None
-    for index in range(SCANS):
-        if index:
-            time.sleep(SCAN_EVERY_S)
-        if job.poll() is not None:
-            break
-        tree = descendants(discovery, job.pid)
-        began = time.monotonic()
-        known = discovery.scan(Path("/proc"), known=known)
-        took = round(1000 * (time.monotonic() - began), 1)
-        rows = describe(known, tree, job.pid)
-        scans.append({"ms": took, "candidates": rows,
-                      "mismatches": [r["pid"] for r in rows
-                                     if r["in_job"] and r["role"] != r["expected_role"]]})
-    return scans
-
 
 def measure_discovery(torch: ModuleType | None, no_gpu: str | None, ingerod: Ingerod,
                       run: Run) -> dict:
