@@ -23,7 +23,7 @@ test: setup
 # Every benchmark at full size (tens of minutes), then docs/benchmarks.md and the README's
 # figures from the results; BENCH_ARGS="--only quality", "--docs-only" or "--smoke --out DIR".
 bench: setup
-	$(PYTHON) bench/all.py $(BENCH_ARGS)
+	$(PYTHON) -m bench.all $(BENCH_ARGS)
 
 # The wheel into /opt/ingero/venv, the units, the Slurm hooks and the man pages (ROOT=DIR for a
 # staging tree). The Ansible roles in ansible/ do the same across a cluster.

@@ -6,7 +6,7 @@ collectives from their own records, their per-step CUDA calls from the steps the
 what the agent says it lost (ring buffer) or dropped (its queue), and what echod stored, per
 kind; and the agent's CPU while the job ran.
 
-    .venv/bin/python bench/agent_rate.py [--times 4] [--seconds 20] [--smoke]
+    .venv/bin/python -m bench.agent_rate [--times 4] [--seconds 20] [--smoke]
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import harness  # noqa: E402
-from bench.push_cost import reference_mix  # noqa: E402
-from stack.launch import free_port  # noqa: E402
-from sim import scenario as scenarios  # noqa: E402
-from sim.cluster import Cluster  # noqa: E402
-from sim.records import read_record  # noqa: E402
-from tests.support import metric  # noqa: E402
+from bench import harness
+from bench.push_cost import reference_mix
+from stack.launch import free_port
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+from sim.records import read_record
+from tests.support import metric
 
 NAME = "agent_rate"
 ROOT_BECAUSE = "the agent loads eBPF probes (CAP_BPF, CAP_PERFMON)"

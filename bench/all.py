@@ -1,10 +1,10 @@
 """Every benchmark, one after the other, then docs/benchmarks.md and the README's figures rebuilt
 from their results: what ``make bench`` runs.
 
-    .venv/bin/python bench/all.py                   # all, full size (tens of minutes)
-    .venv/bin/python bench/all.py --only quality    # one, then the documents again
-    .venv/bin/python bench/all.py --docs-only       # the documents from the stored results
-    .venv/bin/python bench/all.py --smoke --out DIR # the smallest run of each (what CI runs);
+    .venv/bin/python -m bench.all                   # all, full size (tens of minutes)
+    .venv/bin/python -m bench.all --only quality    # one, then the documents again
+    .venv/bin/python -m bench.all --docs-only       # the documents from the stored results
+    .venv/bin/python -m bench.all --smoke --out DIR # the smallest run of each (what CI runs);
                                                     # results and documents go to DIR only
 
 Each benchmark runs in a process of its own (this machine has two cores: never two at once)
@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import scale_model  # noqa: E402
-from bench.harness import RESULTS  # noqa: E402
+from bench import scale_model
+from bench.harness import RESULTS
 
 # In the order they run and appear: the cheap ones first, so a failure shows early.
 BENCHMARKS = ["rank_analysis", "push_cost", "trace_overhead", "agent_rate", "ingest_rate",
@@ -54,7 +53,7 @@ def module(name: str):
 
 
 def run_one(name: str, smoke: bool, out: Path | None) -> tuple[bool, str]:
-    command = [sys.executable, str(REPO / "bench" / f"{name}.py")]
+    command = [sys.executable, "-m", f"bench.{name}"]
     if smoke:
         command.append("--smoke")
     if out is not None:
@@ -75,7 +74,7 @@ def documents(results: Path) -> tuple[str, list[str]]:
     for name in BENCHMARKS:
         path = results / f"{name}.json"
         if not path.exists():
-            sections.append(f"## `{name}.py`\n\nNot run yet: `.venv/bin/python bench/all.py "
+            sections.append(f"## `{name}.py`\n\nNot run yet: `.venv/bin/python -m bench.all "
                             f"--only {name}`.")
             continue
         result = json.loads(path.read_text())

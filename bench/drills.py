@@ -6,7 +6,7 @@ that asserts its outcome; this script runs them and gathers the line each prints
 produced, stored and dropped, and how long recovery took) into one table. ``--smoke`` runs
 the quickest drill only (the spool on a full filesystem).
 
-    .venv/bin/python bench/drills.py [--smoke]
+    .venv/bin/python -m bench.drills [--smoke]
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import harness  # noqa: E402
+from bench import harness
 
 NAME = "drills"
 ROOT_BECAUSE = "the drills kill daemons, cut network namespaces and mount a tmpfs"

@@ -12,7 +12,7 @@ shards, comma-separated in shard order: each agent then pushes to its job's owne
 latencies (ms), pushes sent and answered, how late the sends ran behind their schedule, and
 the process's CPU seconds.
 
-    python bench/fleet_load.py ENDPOINT AGENT_SECRET FLEET_PUBLIC COUNT FIRST TOTAL DURATION \\
+    python -m bench.fleet_load ENDPOINT AGENT_SECRET FLEET_PUBLIC COUNT FIRST TOTAL DURATION \\
         EVENTS RANKS_PER_JOB
 """
 
@@ -29,10 +29,8 @@ from pathlib import Path
 import msgpack
 import zmq
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from ingero import __version__, curve, shards, wire  # noqa: E402
+from ingero import __version__, curve, shards, wire
 
 RANKS_PER_NODE = 8
 SIGNALS = dict.fromkeys(wire.SIGNALS, 0.9)

@@ -9,7 +9,7 @@ entries and syncs, which fleetd aligns per job. Measured: reply time from send t
 the agents (p50, p99), fleetd's CPU share and memory, its recompute time per job, and
 whether the generator kept its schedule (it must not be what is measured).
 
-    .venv/bin/python bench/fleet_scale.py [--agents 1000 5000 10000 20000] [--smoke]
+    .venv/bin/python -m bench.fleet_scale [--agents 1000 5000 10000 20000] [--smoke]
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bench import harness  # noqa: E402
-from stack.launch import Daemon, KeyRing, free_port, wait_for  # noqa: E402
-from tests.support import metric  # noqa: E402
+from bench import harness
+from stack.launch import Daemon, KeyRing, free_port, wait_for
+from tests.support import metric
 
 NAME = "fleet_scale"
 ROOT_BECAUSE = "tens of thousands of sockets need the hard descriptor limit raised"
@@ -43,7 +42,7 @@ def generators(endpoint: str, keys: KeyRing, agents: int, processes: int, second
                events: int) -> list[subprocess.Popen]:
     shares = np.array_split(np.arange(agents), processes)
     return [subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "fleet_load.py"), endpoint, str(keys.agent_secret),
+        [sys.executable, "-m", "bench.fleet_load", endpoint, str(keys.agent_secret),
          str(keys.fleet_public), str(len(share)), str(share[0]), str(agents), str(seconds),
          str(events), str(RANKS_PER_JOB)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)

@@ -57,7 +57,7 @@ def main(module: ModuleType, argv: list[str] | None = None) -> int:
         sys.exit(f"bench/{module.NAME}.py needs root: {module.ROOT_BECAUSE}")
     result = module.run(args)
     result["measured"] = {**machine(), "smoke": args.smoke,
-                          "command": " ".join(["bench/" + module.NAME + ".py",
+                          "command": " ".join(["python -m bench." + module.NAME,
                                                *(argv if argv is not None else sys.argv[1:])])}
     target = args.json or (None if args.smoke else RESULTS / f"{module.NAME}.json")
     if target is not None:

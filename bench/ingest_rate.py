@@ -9,7 +9,7 @@ agents' encoding), and its CPU from the start on is counted.
 fleetd forwards to echod, which runs its embedded PostgreSQL (durable settings). The rate is
 events stored over the time from the first push until the last event is in the database;
 loss is checked by count. Needs root (echod's embedded cluster runs as postgres).
-Run: ``.venv/bin/python bench/ingest_rate.py [--smoke] [--form maps]``.
+Run: ``.venv/bin/python -m bench.ingest_rate [--smoke] [--form maps]``.
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from bench import harness, push_cost  # noqa: E402
-from echod.store.db import make_engine  # noqa: E402
-from echod.embedded import EmbeddedPostgres  # noqa: E402
-from stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for  # noqa: E402
-from tests.support import Producer  # noqa: E402
+from bench import harness, push_cost
+from echod.store.db import make_engine
+from echod.embedded import EmbeddedPostgres
+from stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
+from tests.support import Producer
 
 NAME = "ingest_rate"
 ROOT_BECAUSE = "echod's embedded PostgreSQL runs as postgres"

@@ -11,7 +11,7 @@ arrays checked whole, taken in by the analysis a group at a time, and the push's
 echod as it came. CPU time (``time.process_time``), the two forms interleaved over rounds,
 medians; the agent's encoding is outside the measurement. The rank analysis's tick is not in a
 push's cost (it runs once per recompute: ``rank_analysis``).
-Run: ``.venv/bin/python bench/push_cost.py``.
+Run: ``.venv/bin/python -m bench.push_cost``.
 """
 
 from __future__ import annotations
@@ -24,16 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import harness  # noqa: E402
-from fleetd.config import SETTINGS  # noqa: E402
-from fleetd.forward import Forwarder  # noqa: E402
-from fleetd.server import FleetServer  # noqa: E402
-from ingero import columns, wire  # noqa: E402
-from ingero.settings import load  # noqa: E402
-from ingerod import events as bpf  # noqa: E402
+from bench import harness
+from fleetd.config import SETTINGS
+from fleetd.forward import Forwarder
+from fleetd.server import FleetServer
+from ingero import columns, wire
+from ingero.settings import load
+from ingerod import events as bpf
 
 NAME = "push_cost"
 ROOT_BECAUSE = None

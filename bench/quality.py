@@ -12,7 +12,7 @@ than the widest job, its clock 250 ms ahead (faketime): the clock-skew scenarios
 their nodes on it. ``--smoke`` runs two 8-rank jobs, one late rank (on the skewed node) and
 one healthy. The tables and notes of the section are ``quality_report``'s.
 
-    .venv/bin/python bench/quality.py [--smoke] [--only NAME ...]
+    .venv/bin/python -m bench.quality [--smoke] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -28,17 +28,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import harness, quality_report  # noqa: E402
-from bench.quality_scoring import (HEALTH_K, LAG_SIGMAS, METHODS, Entry, Tally,  # noqa: E402
+from bench import harness, quality_report
+from bench.quality_scoring import (HEALTH_K, LAG_SIGMAS, METHODS, Entry, Tally,
                                    diagnosed, health_mad, lag_mean_sigma, ranks_of_nodes,
                                    rounded, spread)
-from sim import scenario as scenarios  # noqa: E402
-from sim.cluster import Cluster  # noqa: E402
-from sim.processes import ClusterResult  # noqa: E402
-from sim.records import read_record  # noqa: E402
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+from sim.processes import ClusterResult
+from sim.records import read_record
 
 NAME = "quality"
 ROOT_BECAUSE = "the agents load eBPF probes (CAP_BPF, CAP_PERFMON)"

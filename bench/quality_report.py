@@ -275,8 +275,8 @@ def section(result: dict) -> str:
         f"fleetd, echod and PostgreSQL share the same CPUs, so the larger jobs keep the "
         f"machine busy (the CPU busy column: all CPUs, over the job), which real nodes with "
         f"cores of their own would not. The run took {result['seconds']} s.",
-        "```\n.venv/bin/python bench/quality.py            # every scenario\n"
-        ".venv/bin/python bench/quality.py --smoke    # two 8-rank jobs\n```",
+        "```\n.venv/bin/python -m bench.quality            # every scenario\n"
+        ".venv/bin/python -m bench.quality --smoke    # two 8-rank jobs\n```",
         harness.table(["method", "precision", "recall", "found", "wrong", "missed", "cause",
                        "time to verdict (median / max)"], method_rows(result)),
         target(result),

@@ -7,7 +7,7 @@ analysis taking its events in (``RankAnalysis.observe``), and the analysis's tic
 (settle, judge, verdicts: once per recompute, not per push). Reported as ratios, since these
 machines are shared and noisy: observe per event over decode per event, and a tick over the
 pushes of one second. One rank is late, so the rules do their whole work.
-Run: ``.venv/bin/python bench/rank_analysis.py [--json bench/results/rank-analysis.json]``.
+Run: ``.venv/bin/python -m bench.rank_analysis [--json bench/results/rank-analysis.json]``.
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import harness  # noqa: E402
-from fleetd.config import SETTINGS  # noqa: E402
-from fleetd.ranks import RankAnalysis  # noqa: E402
-from ingero import wire  # noqa: E402
+from bench import harness
+from fleetd.config import SETTINGS
+from fleetd.ranks import RankAnalysis
+from ingero import wire
 
 NAME = "rank_analysis"
 ROOT_BECAUSE = None

@@ -14,7 +14,7 @@ signed scope) for the whole job and for a one-hour window: one
 cold call (server restarted, page cache dropped when allowed), then warm calls (p50, p95);
 also once with every collective read (stride 1) for comparison; then one warm call of each
 other job-level tool. Needs root (the embedded cluster runs as postgres). Run:
-``.venv/bin/python bench/tool_latency.py [--smoke]``.
+``.venv/bin/python -m bench.tool_latency [--smoke]``.
 """
 
 from __future__ import annotations
@@ -29,20 +29,18 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from sqlalchemy import Float, Integer, Text, bindparam, event, text  # noqa: E402
-from sqlalchemy.engine import Engine  # noqa: E402
+from sqlalchemy import Float, Integer, Text, bindparam, event, text
+from sqlalchemy.engine import Engine
 
-from bench import harness  # noqa: E402
-from echod import tools  # noqa: E402
-from echod.store.db import (DAY, chunk_partition_name, event_partitions,  # noqa: E402
+from bench import harness
+from echod import tools
+from echod.store.db import (DAY, chunk_partition_name, event_partitions,
                             make_engine, partition_name, upgrade)
-from echod.embedded import EmbeddedPostgres  # noqa: E402
-from echod.registry import REGISTRY, Scope, ToolContext  # noqa: E402
-from echod.sandbox import Sandbox, prepare, sandbox_url  # noqa: E402
-from echod.store.summaries import SUMMARIZE  # noqa: E402
+from echod.embedded import EmbeddedPostgres
+from echod.registry import REGISTRY, Scope, ToolContext
+from echod.sandbox import Sandbox, prepare, sandbox_url
+from echod.store.summaries import SUMMARIZE
 
 NAME = "tool_latency"
 ROOT_BECAUSE = "echod's embedded PostgreSQL runs as postgres"

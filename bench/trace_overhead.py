@@ -8,7 +8,7 @@
 
 Each run's job time is the mean step time the ranks record. Results are ratios to ``none``
 within one invocation (this machine is shared and noisy), medians over the repetitions.
-Needs root and Debian's bcc. Run: ``.venv/bin/python bench/trace_overhead.py [--smoke]``.
+Needs root and Debian's bcc. Run: ``.venv/bin/python -m bench.trace_overhead [--smoke]``.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from bench import harness  # noqa: E402
-import sim  # noqa: E402
-from ingerod.probes import PROBES  # noqa: E402
-from sim import scenario as scenarios  # noqa: E402
-from sim.cluster import Cluster  # noqa: E402
-from sim.records import read_record  # noqa: E402
+from bench import harness
+import sim
+from ingerod.probes import PROBES
+from sim import scenario as scenarios
+from sim.cluster import Cluster
+from sim.records import read_record
 
 NOOP = "int noop(struct pt_regs *ctx) { return 0; }"
 

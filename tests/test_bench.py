@@ -23,7 +23,7 @@ from bench import all as bench_all  # noqa: E402
 
 
 def test_every_benchmark_runs_at_smoke_size_and_documents_itself(tmp_path):
-    done = subprocess.run([sys.executable, "bench/all.py", "--smoke", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "bench.all", "--smoke", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     summaries = done.stdout.strip().splitlines()[-len(bench_all.BENCHMARKS):]
@@ -57,8 +57,8 @@ def test_every_benchmark_runs_at_smoke_size_and_documents_itself(tmp_path):
 def test_the_stored_documents_are_what_the_stored_results_make():
     text, quoted = bench_all.documents(bench_all.RESULTS)
     assert (REPO / "docs" / "benchmarks.md").read_text() == text, \
-        "docs/benchmarks.md is stale: run bench/all.py --docs-only"
+        "docs/benchmarks.md is stale: run python -m bench.all --docs-only"
     readme = (REPO / "README.md").read_text()
     block = bench_all.QUOTE.search(readme)
     assert block and block[0].splitlines()[1:-1] == quoted, \
-        "the README's figures are stale: run bench/all.py --docs-only"
+        "the README's figures are stale: run python -m bench.all --docs-only"
