@@ -855,6 +855,33 @@ def test_peers_that_wait_long_at_one_sync_and_briefly_at_another_are_weighed_by_
     assert [v.rank for v in ra.active()] == [5]
 
 
+def test_a_lateness_that_grew_is_weighed_from_where_it_grew():
+    """Beside a busy loop, rank 5's host drifts 9 ms behind its peers' from step 20, its GPU
+    queue still ahead: the peers wait no longer at their syncs (every ten steps, a long one
+    and a brief one), and it is noted harmless. From step 40 it falls 120 ms behind its
+    queue, and the peers' waits grow from the sync at step 49. It is one late run of
+    instances from step 20; weighed from there, the syncs at steps 29 and 39 counted as since
+    its onset and the growth at 49 did not stand out of them: it stayed harmless for good
+    (CI). Weighed from where its lateness reached its level, it is named."""
+    others = [r for r in range(8) if r != 5]
+    def peer_waits(first: int) -> list[dict]:
+        return [{"id": f"n:pw{r}:{s}:{kind}", "t": T0 + s * STEP + 0.005 * (kind + 1),
+                 "kind": "sync", "attrs": {
+                     "duration_ns": int(((175.0, 15.0) if s < 40 else (275.0, 33.0))[kind] * 1e6),
+                     "peer_wait": True, "comm_hash": COMM, "seq": s - 1 + kind, "rank": r,
+                     "job": "42", "pid": 1000 + r}}
+                for r in others for s in range(first, first + 10) if s % 10 == 9
+                for kind in (0, 1)]
+    def late(rank: int, step: int) -> float:
+        return (0.12 if step >= 40 else 0.009 if step >= 20 else 0.0) if rank == 5 else 0.0
+    ra = analysis()
+    feed(ra, late=late, until=40, also=peer_waits)
+    assert ra.active() == []
+    assert [(r["rank"], r["kind"]) for r in ra.take_rows()[0]] == [(5, "ahead")]
+    feed(ra, late=late, start=40, until=70, also=peer_waits)
+    assert [(v.rank, v.kind) for v in ra.active()] == [(5, "persistent")]
+
+
 @pytest.mark.parametrize("grew_ms", [0.0, 50.0])
 def test_waits_of_two_kinds_are_weighed_kind_by_kind(grew_ms):
     """Seven peers' waits, four ten-step runs before a rank's onset and two since, each run a

@@ -11,7 +11,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ingero.analysis import causes
-from ingero.analysis.cost import COST_SHARE, ONSET_WAITS, excess, growth, stands_out, waits_grew
+from ingero.analysis.cost import (COST_SHARE, ONSET_WAITS, excess, growth, level_onset,
+                                  stands_out, waits_grew)
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.stragglers import judge, quiet, slow_workers
 
@@ -61,9 +62,11 @@ class Judging:
                 self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
                            int(steps[f.onset]), onset, now)
                 continue
+            recent = self._recent(lag, f.column)
+            at = level_onset(lag[:, f.column], f.onset, recent)
             costs = f.kind != "persistent" or self._shown(
-                job, (comm, rank), self._recent(lag, f.column),
-                lambda: self._costs(job, ranks, f, onset, lag, entries))
+                job, (comm, rank), recent, lambda: self._costs(
+                    job, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -111,11 +114,13 @@ class Judging:
             job.harmless.pop(key, None)
         return answer
 
-    def _costs(self, job: JobState, ranks: list[int], f, onset: float,
+    def _costs(self, job: JobState, ranks: list[int], f, at: int, onset: float,
                lag: np.ndarray, entries: np.ndarray) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
-        grew from its onset on, beyond what a later rank explains (``lag``: every column's, at
-        each instance judged, at ``entries``; see ``waits_grew``). A rank
+        grew from its onset on (``at``: the instance its lateness reached its level, see
+        ``level_onset``; ``onset``: when, on fleetd's clock), beyond what a later rank
+        explains (``lag``: every column's, at each instance judged, at ``entries``; see
+        ``waits_grew``). A rank
         late from the first instances judged has no before to weigh them against: it is
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
         so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
@@ -126,7 +131,7 @@ class Judging:
         a host that starts its loop a few ms late while its GPU queue is empty is late at
         every step it enqueues before the first sync, which realigns the hosts (CI: a rank
         7 ms late over a job's first steps named beside the straggler)."""
-        if f.onset < self.policy.min_instances:
+        if at < self.policy.min_instances:
             if runs_ahead(job, ranks, f.column, entries) is False:
                 return True
             rows = after_first_sync(job, ranks, f.column, entries)
@@ -147,7 +152,7 @@ class Judging:
             before += waits[0]
             after += waits[1]
         with quiet():
-            since = np.nanmedian(lag[f.onset:], axis=0)
+            since = np.nanmedian(lag[at:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
         own = own_growth(job.facts.get(ranks[f.column]), onset, placed)
         answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,

@@ -23,6 +23,8 @@ COST_SHARE = 0.25      # a lag is confirmed when its peers' waits at collectives
                        # share of it at its onset
 COST_ERRORS = 2.0      # and by this many standard errors of that growth
 ONSET_WAITS = 2        # syncs a peer since the onset before it is weighed
+LEVEL_SHARE = 0.5      # a lateness is at its level from where its lag reaches this share of
+                       # its recent lag
 
 
 def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: float,
@@ -111,6 +113,22 @@ def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float) -> bool:
     if len(swing) < 2:
         return True
     return lag_s > k * MAD_TO_SIGMA * float(np.median(np.abs(swing)))
+
+
+def level_onset(lag: np.ndarray, onset: int, recent: float) -> int:
+    """Where a rank's lateness (``lag``: its lag at each instance judged, late from ``onset``)
+    reached the level it is weighed at: the first instance since ``onset`` whose lag is at
+    least ``LEVEL_SHARE`` of ``recent`` (its lag over the last instances). A lateness that
+    grew is weighed from where it grew: a host a few ms late from drift (beside a busy loop,
+    its GPU queue still ahead: its peers wait no longer) that then falls behind its queue by
+    a hundred ms is one late run of instances, and with the drift's onset the syncs of the
+    drift alone counted as since the onset, the peers' waits looked not to grow, and the
+    rank was shown harmless for good (CI)."""
+    if not math.isfinite(recent) or recent <= 0:
+        return onset
+    reached = np.flatnonzero(np.nan_to_num(np.asarray(lag[onset:], float), nan=-np.inf)
+                             >= LEVEL_SHARE * recent)
+    return onset + int(reached[0]) if len(reached) else onset
 
 
 def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
