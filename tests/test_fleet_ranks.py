@@ -831,6 +831,19 @@ def test_peers_waits_that_grew_by_less_than_their_spread_prove_no_cost(after_ms,
     assert bool([v for v in ra.active() if v.rank == 5]) == named
 
 
+def two_kinds_of_waits(others: list[int], first: int, grown_from: int) -> list[dict]:
+    """The peers' syncs of ten steps from ``first``: at the tenth, long at a blocking read that
+    covers the nine collectives since their last sync (175 ms) and brief at the step's end,
+    covering one more (15 ms); from step ``grown_from`` on, 275 and 33 ms."""
+    return [{"id": f"n:pw{r}:{s}:{kind}", "t": T0 + s * STEP + 0.005 * (kind + 1),
+             "kind": "sync", "attrs": {
+                 "duration_ns": int(((175.0, 15.0) if s < grown_from else (275.0, 33.0))[kind]
+                                    * 1e6),
+                 "peer_wait": True, "comm_hash": COMM, "seq": s - 1 + kind, "rank": r,
+                 "job": "42", "pid": 1000 + r}}
+            for r in others for s in range(first, first + 10) if s % 10 == 9 for kind in (0, 1)]
+
+
 def test_peers_that_wait_long_at_one_sync_and_briefly_at_another_are_weighed_by_kind():
     """The peers sync twice every ten steps: long at a blocking read, which covers the nine
     collectives since their last sync (175 ms), and briefly at the tenth step's end, which
@@ -840,13 +853,7 @@ def test_peers_that_wait_long_at_one_sync_and_briefly_at_another_are_weighed_by_
     weighed kind by kind, those two are proof enough: named one push after its onset."""
     others = [r for r in range(8) if r != 5]
     def peer_waits(first: int) -> list[dict]:
-        return [{"id": f"n:pw{r}:{s}:{kind}", "t": T0 + s * STEP + 0.005 * (kind + 1),
-                 "kind": "sync", "attrs": {
-                     "duration_ns": int(((175.0, 15.0) if s < 30 else (275.0, 33.0))[kind] * 1e6),
-                     "peer_wait": True, "comm_hash": COMM, "seq": s - 1 + kind, "rank": r,
-                     "job": "42", "pid": 1000 + r}}
-                for r in others for s in range(first, first + 10) if s % 10 == 9
-                for kind in (0, 1)]
+        return two_kinds_of_waits(others, first, grown_from=30)
     late = lambda r, s: 0.12 if r == 5 and s >= 30 else 0.0  # noqa: E731
     ra = analysis()
     feed(ra, late=late, until=30, also=peer_waits)
@@ -865,13 +872,7 @@ def test_a_lateness_that_grew_is_weighed_from_where_it_grew():
     (CI). Weighed from where its lateness reached its level, it is named."""
     others = [r for r in range(8) if r != 5]
     def peer_waits(first: int) -> list[dict]:
-        return [{"id": f"n:pw{r}:{s}:{kind}", "t": T0 + s * STEP + 0.005 * (kind + 1),
-                 "kind": "sync", "attrs": {
-                     "duration_ns": int(((175.0, 15.0) if s < 40 else (275.0, 33.0))[kind] * 1e6),
-                     "peer_wait": True, "comm_hash": COMM, "seq": s - 1 + kind, "rank": r,
-                     "job": "42", "pid": 1000 + r}}
-                for r in others for s in range(first, first + 10) if s % 10 == 9
-                for kind in (0, 1)]
+        return two_kinds_of_waits(others, first, grown_from=40)
     def late(rank: int, step: int) -> float:
         return (0.12 if step >= 40 else 0.009 if step >= 20 else 0.0) if rank == 5 else 0.0
     ra = analysis()
