@@ -28,8 +28,6 @@ complaints = RateLimitedLog(log, 60.0)
 
 MAX_BUFFERED = 65_536
 DEPARTED_GRACE = 30.0  # seconds an exited process's identity is kept for its last events
-DETACH_PER_SAMPLE = 1  # files detached at most per sample: each of its ~20 probes takes a
-                       # while to come off (seconds a file on a VM), and pushes must go on
 # Communicator inits whose rank and size say who the process is in the job (a split says who
 # it is in a part of it; ncclCommInitAll makes every rank of a group in one process).
 IDENTITY_INITS = ("ncclCommInitRank", "ncclCommInitRankConfig")
@@ -103,7 +101,8 @@ class EbpfSource:
         self.refused_libraries: set = set()
         self.preloaded: set = set()              # the configured files: attached for good
         self.unmapped_since: dict = {}           # attached file → when none mapped it last
-        self.detach_due: list = []               # files to detach, a few per sample
+        self.detach_due: list = []               # files to detach, a probe per pass
+        self.unknown: set[int] = set()           # pids of events read, not yet identified
         self.trusted = tuple(os.path.join(str(d), "") for d in cfg.trusted_library_dirs)
         self.preload()
         self.rescan(now)
@@ -127,9 +126,11 @@ class EbpfSource:
     def rescan(self, now: float) -> None:
         """Follow processes that come and go, and attach libraries loaded late."""
         found = scan(self.proc, known=self.processes, names=frozenset(self.cfg.match_env))
-        for pid in found.keys() - self.processes.keys():
-            self._say_tracing(found[pid])
-            self._say_unparsed(found[pid])
+        for pid, process in found.items():
+            if pid not in self.processes:
+                self._say_unparsed(process)
+            if pid not in self.told_roles:      # new, or wanted only now (read whole now)
+                self._say_tracing(process)
         for pid in self.processes.keys() - found.keys():
             if self.wanted(self.processes[pid]):
                 log.info("pid %d (%s) is gone", pid, self.processes[pid].role)
@@ -159,20 +160,25 @@ class EbpfSource:
         """Mark for detaching the files no traced process has mapped for library_grace
         seconds: a long-lived agent would otherwise hold every virtual environment's files of
         every job it ever traced (and a user's would count against their libraries_per_user
-        for good). They come off a few per sample (``detach_some``), not in the loop's pass."""
+        for good). They come off a probe per pass of the loop (``detach_one``)."""
         for library in mapped:
             self.unmapped_since.pop(library, None)
         self.detach_due = [library for library in set(self.tracer.attached) - mapped
                            if now - self.unmapped_since.setdefault(library, now)
                            > self.cfg.library_grace]
 
-    def detach_some(self) -> None:
-        for library in self.detach_due[:DETACH_PER_SAMPLE]:
+    def detach_one(self) -> None:
+        """Take one probe off the files no traced process maps: one per pass of the agent's
+        loop, which reads events between them (a file's probes took seconds to come off, and a
+        job short enough to start and end in them was never identified: its ranks were gone
+        by the time their events were read)."""
+        if not self.tracer.detaching and self.detach_due:
+            library = self.detach_due.pop(0)
             if library in self.tracer.attached and library in self.unmapped_since:
                 self.tracer.detach(library)
                 self.user_libraries.get(library.owner, set()).discard(library)
                 del self.unmapped_since[library]
-        self.detach_due = self.detach_due[DETACH_PER_SAMPLE:]
+        self.tracer.detach_next()
 
     def admit(self, library) -> bool:
         """Whether to attach a library file: root's and those under trusted_library_dirs
@@ -277,16 +283,24 @@ class EbpfSource:
         event = decode(raw)
         if event["kind"] == "process_exit":
             self.exit_seen.add(event["pid"])
+        elif event["pid"] not in self.processes:
+            self.unknown.add(event["pid"])
         if len(self.buffered) == self.buffered.maxlen:
             self.dropped += 1
         self.buffered.append(event)
 
     def poll(self, now: float) -> None:
-        """Empty the ring buffer; called often, so it never fills between samples."""
+        """Empty the ring buffer and say who the new senders are while they run (a short
+        job's ranks may be gone by the next sample); called often, so the buffer never fills
+        between samples."""
         self.tracer.poll()
+        for pid in sorted(self.unknown):
+            self.process(pid)
+        self.unknown.clear()
         self.duty_cycle(now)
         if now >= self.next_rescan:
             self.rescan(now)
+        self.detach_one()
 
     def duty_cycle(self, now: float) -> None:
         """Count kernel launches only for the configured part of each period."""
@@ -316,7 +330,6 @@ class EbpfSource:
     # -- the sample ------------------------------------------------------------------------------
 
     def sample(self, now: float) -> Sample:
-        self.detach_some()
         self.poll(now)
         elapsed = max(now - self.last_sample, 1e-3)
         self.last_sample = now

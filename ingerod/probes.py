@@ -109,6 +109,7 @@ class Tracer:
                                "CAP_BPF and CAP_PERFMON, and kernel headers") from None
         self.attached: dict[LibraryFile, list[Probe]] = {}
         self.missing: dict[LibraryFile, list[str]] = {}
+        self.detaching: dict[LibraryFile, list[Probe]] = {}   # files whose probes come off
         self.hot_attached: set[tuple[str, str]] = set()
         self._on_event = on_event
         self.bpf["events"].open_ring_buffer(self._receive)
@@ -120,6 +121,8 @@ class Tracer:
         """Attach every probe the file has a symbol for; log the symbols it lacks, once."""
         if library in self.attached:
             return self.attached[library]
+        while library in self.detaching:    # mapped again while its probes came off
+            self.detach_next(library)
         done, missing = [], []
         for probe in probes_for(library):
             try:
@@ -147,20 +150,38 @@ class Tracer:
                                       fn_name=probe.ret.encode())
 
     def detach(self, library: LibraryFile) -> None:
-        """Take a file's probes off again (no traced process maps it any more)."""
-        for probe in self.attached.pop(library, []):
-            name, sym = library.path.encode(), probe.symbol.encode()
-            try:
-                if probe.entry and (not probe.hot or (library.path, probe.symbol)
-                                    in self.hot_attached):
-                    self.bpf.detach_uprobe(name=name, sym=sym)
-                if probe.ret:
-                    self.bpf.detach_uretprobe(name=name, sym=sym)
-            except Exception:   # bcc raises plain Exception; the file may be gone
-                log.debug("%s: could not detach %s", library.path, probe.symbol)
-            self.hot_attached.discard((library.path, probe.symbol))
-        self.missing.pop(library, None)
-        log.info("%s: detached (no traced process maps it)", library.path)
+        """Mark a file's probes to come off (no traced process maps it any more): one at a
+        time, by ``detach_next``, for each takes ~0.1 s here (a file's ~16, 1.6 s, more on a
+        busy machine), and the agent must go on reading events between them."""
+        probes = self.attached.pop(library, None)
+        if probes is not None:
+            self.detaching[library] = list(probes)
+
+    def detach_next(self, library: LibraryFile | None = None) -> None:
+        """Take one probe off a file being detached (the first, unless named); say so when
+        it is bare."""
+        if library is None:
+            library = next(iter(self.detaching), None)
+        probes = self.detaching.get(library)
+        if probes is None:
+            return
+        if probes:
+            self._detach_one(library.path, probes.pop())
+        if not probes:
+            del self.detaching[library]
+            self.missing.pop(library, None)
+            log.info("%s: detached (no traced process maps it)", library.path)
+
+    def _detach_one(self, path: str, probe: Probe) -> None:
+        name, sym = path.encode(), probe.symbol.encode()
+        try:
+            if probe.entry and (not probe.hot or (path, probe.symbol) in self.hot_attached):
+                self.bpf.detach_uprobe(name=name, sym=sym)
+            if probe.ret:
+                self.bpf.detach_uretprobe(name=name, sym=sym)
+        except Exception:   # bcc raises plain Exception; the file may be gone
+            log.debug("%s: could not detach %s", path, probe.symbol)
+        self.hot_attached.discard((path, probe.symbol))
 
     def set_hot(self, enabled: bool) -> None:
         """Duty-cycle the launch counters: detach them for a while, attach them again."""
