@@ -9,6 +9,7 @@ import yaml
 from .errors import ConfigError
 
 SHIPPED = Path(__file__).with_name("rates.yaml")
+USD_PLACES = 6     # a millionth of a dollar: a short job's cost is cents, not 0
 
 
 def load_rates(path: Path | None = None) -> dict[str, dict[str, float]]:
@@ -41,3 +42,11 @@ def rate(gpu: str | None, provider: str | None, usd_per_gpu_hour: float | None =
     except KeyError:
         raise ConfigError(f"no rate for GPU {gpu!r} at provider {provider!r}; known: "
                           + ", ".join(f"{g}/{p}" for g in table for p in table[g])) from None
+
+
+def usd(gpu_seconds: float, usd_per_gpu_hour: float | None) -> float | None:
+    """What GPU time costs at a rate (None: unpriced), rounded one way wherever it is said:
+    fleetd's verdicts and echod's get_cost."""
+    if usd_per_gpu_hour is None:
+        return None
+    return round(gpu_seconds / 3600.0 * usd_per_gpu_hour, USD_PLACES)

@@ -376,7 +376,7 @@ def test_get_cost_attributes_the_idle_time_to_the_late_rank(world):
     answer = call(world, "get_cost", job=JOB, gpu="H100-80GB", provider="ec2")
     assert answer["gpu_seconds_idle"] == pytest.approx(expected, abs=1e-3)
     assert answer["usd_per_gpu_hour"] == 12.29 and answer["rate_source"] == "table:H100-80GB/ec2"
-    assert answer["usd"] == round(expected / 3600 * 12.29, 2)
+    assert answer["usd"] == pytest.approx(expected / 3600 * 12.29, abs=1e-5)
     assert answer["estimated"] is False
     [culprit] = answer["by_rank"]
     assert (culprit["rank"], culprit["node"], culprit["last_arrivals"]) == (LATE_RANK, "a-node2",

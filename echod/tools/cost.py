@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, text
 
-from ingero.rates import load_rates
+from ingero.rates import load_rates, usd
 
 from .lag import Survey
 from .schema import BOOL, INT, NUM_OR_NULL, STR, STR_OR_NULL, array, closed
@@ -12,8 +12,8 @@ from .selection import Selection, num
 
 # Published on-demand prices per GPU-hour: the one table fleetd prices verdicts with
 # (``ingero/rates.yaml``, as shipped). List prices, not anyone's bill.
-GPU_RATES = {(gpu, provider): usd for gpu, providers in load_rates().items()
-             for provider, usd in providers.items()}
+GPU_RATES = {(gpu, provider): price for gpu, providers in load_rates().items()
+             for provider, price in providers.items()}
 GPUS = sorted({gpu for gpu, _ in GPU_RATES})
 PROVIDERS = sorted({provider for _, provider in GPU_RATES})
 
@@ -26,10 +26,6 @@ def gpu_rate(args: dict) -> tuple[float | None, str | None]:
         return float(args["usd_per_gpu_hour"]), "explicit"
     rate = GPU_RATES.get((args.get("gpu"), args.get("provider")))
     return (rate, f"table:{args['gpu']}/{args['provider']}") if rate is not None else (None, None)
-
-
-def usd(gpu_seconds: float, rate: float | None) -> float | None:
-    return None if rate is None else num(gpu_seconds / 3600.0 * rate, 2)
 
 
 def cost_summary(conn: Connection, sel: Selection, found: Survey, rate: float | None,

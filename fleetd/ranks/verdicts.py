@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from ingero.rates import usd
+
 from ..rankstate import JobState, Verdict
 
 log = logging.getLogger("fleetd")
@@ -83,4 +85,4 @@ class VerdictBook:
         return closed
 
     def _usd(self, gpu_s: float) -> float | None:
-        return None if self.rate is None else round(gpu_s / 3600.0 * self.rate, 6)
+        return usd(gpu_s, self.rate)
