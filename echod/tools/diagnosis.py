@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingero.analysis import Bar, causes
+from ingero.analysis.causes import Diagnosis
 
 from .evidence import HostEvidence, NodeHealth, lowest_signal
 from .lag import RankLag
@@ -37,7 +38,8 @@ class SyncWork:
 
 @dataclass
 class Facts:
-    """What explain weighs for one rank."""
+    """What explain weighs for one rank: the stored evidence, from which the rules' own facts
+    (``causes.Facts``) are drawn (``stored_facts``)."""
 
     lag: RankLag | None
     bar: Bar | None
@@ -47,14 +49,6 @@ class Facts:
     peers_self_ms: float | None
     peers_wait_ms: float | None
     verdict: dict | None = None         # fleetd's latest verdict on the rank, as stored
-
-
-@dataclass
-class Diagnosis:
-    cause: str
-    confidence: str
-    fix: str | None
-    findings: list[str]
 
 
 def diagnose(facts: Facts) -> Diagnosis:
