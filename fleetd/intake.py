@@ -11,43 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ingero.analysis.segments import group_rows, grouped
 from ingero.columns import EventColumns
 from ingero.vocabulary import POINT_TO_POINT, UNKNOWN_COMM
 
 from .rankstate import RUN_TAGS, JobState
 
 BULK = ("collective", "sync", "alloc", "free", "memcpy")
-
-
-def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of ``keys`` (events × fields) and each event's group: a field that is the
-    same for every event (the usual run tags) costs one comparison; the others are numbered
-    one by one and the numbers combined, so one sort of single integers is the most it takes."""
-    n, width = keys.shape
-    if n == 0:
-        return np.empty((0, width), np.int64), np.empty(0, np.int64)
-    varying = [column for column in keys.T if not column.min() == column.max()]
-    if not varying:
-        return keys[:1], np.zeros(n, np.int64)
-    if len(varying) == 1:
-        combined = varying[0]
-    else:
-        combined = np.zeros(n, np.int64)
-        for column in varying:
-            values, code = np.unique(column, return_inverse=True)
-            combined = combined * len(values) + code.ravel()
-    _, first, group = np.unique(combined, return_index=True, return_inverse=True)
-    return keys[first], group.ravel()
-
-
-def _grouped(keys: np.ndarray) -> list[tuple[list[int], np.ndarray]]:
-    """Each distinct row of ``keys`` with the positions holding it, in order."""
-    unique, group = _groups(keys)
-    if len(unique) == 1:
-        return [(unique[0].tolist(), np.arange(len(group)))]
-    order = np.argsort(group, kind="stable")
-    cuts = np.flatnonzero(np.diff(group[order])) + 1
-    return [(unique[group[chunk[0]]].tolist(), chunk) for chunk in np.split(order, cuts)]
 
 
 class ColumnIntake:
@@ -72,7 +42,7 @@ class ColumnIntake:
         """Each event's run (job, step, requeue, restart), as ``JobState``s and an index; a
         run only of events not ``taken`` (refused) has none, and none is made for it."""
         coded = [cols.coded(name) for name in ("job", *RUN_TAGS)]   # of any type each
-        unique, group = _groups(np.stack([codes for codes, _values in coded], axis=1))
+        unique, group = group_rows(*(codes for codes, _values in coded))
         wanted = np.zeros(len(unique), bool)
         wanted[group[taken]] = True
         states = []
@@ -109,14 +79,13 @@ class ColumnIntake:
         nranks, column = cols.ints("nranks"), cols.ints("comm_rank")
         seq, pid = cols.ints("seq"), cols.ints("pid")
         who = np.where(rank >= 0, rank, column)
-        for (r, c, size), part in _grouped(np.stack([run[at], comm[at], nranks[at]], axis=1)):
+        for (r, c, size), part in grouped(run[at], comm[at], nranks[at]):
             mine = at[part]
             job = states[r]
             chunks[(job, comms[c], size)].append(   # as the node timed them
                 (seq[mine], column[mine], cols.t[mine], op_code[mine]))
-            pairs = np.unique((column[mine] << 32) | who[mine])
-            job.columns.setdefault(comms[c], {}).update(
-                zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist()))
+            job.columns.setdefault(comms[c], {}).update(   # communicator rank → job rank
+                group_rows(column[mine], who[mine])[0].tolist())
         self._processes(node, states, run[at], who[at], pid[at], t[at])
 
     @staticmethod
@@ -124,7 +93,7 @@ class ColumnIntake:
                    pid: np.ndarray, t: np.ndarray) -> None:
         """Each rank's node and process, from its collectives: a new process of a rank clears
         what the last one's end said (an exit after the new one's first call stands)."""
-        for (r, rank), mine in _grouped(np.stack([run, who], axis=1)):
+        for (r, rank), mine in grouped(run, who):
             facts = states[r].facts[rank]
             pids = pid[mine]
             before = np.concatenate([[-1 if facts.pid is None else facts.pid], pids[:-1]])
@@ -142,7 +111,7 @@ class ColumnIntake:
         at = np.flatnonzero(which)
         if not len(at):
             return
-        for r, rk in _groups(np.stack([run[at], rank[at]], axis=1))[0].tolist():
+        for r, rk in group_rows(run[at], rank[at])[0].tolist():
             states[r].facts[rk].node = node
         duration = cols.ints("duration_ns")
         timed = which & (duration >= 0)
@@ -166,5 +135,5 @@ def _per_rank(states: list[JobState], run: np.ndarray, rank: np.ndarray, which: 
     """Each rank's facts with the positions of its events among ``which``."""
     at = np.flatnonzero(which)
     if len(at):
-        for (r, rk), part in _grouped(np.stack([run[at], rank[at]], axis=1)):
+        for (r, rk), part in grouped(run[at], rank[at]):
             yield states[r].facts[rk], at[part]

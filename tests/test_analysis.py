@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from ingero.analysis import causes
 from ingero.analysis.clock import best_offset, exchange, fit_offset
 from ingero.analysis.lag import peer_lag
+from ingero.analysis.segments import group_rows, grouped
 from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, last_share,
                                         missing_ranks, onset, period, recent_instances,
                                         slow_workers, step_interval)
@@ -395,3 +396,26 @@ def test_a_small_stall_every_k_steps_that_costs_little_of_them_is_not_named():
     assert judge(entries).findings == []
     entries[::10, 4] += 0.070
     assert kinds(judge(entries)) == {4: "periodic"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(*[st.integers(-3, 3)] * 3), max_size=40))
+def test_rows_are_grouped_in_order_and_each_row_finds_its_own(rows):
+    columns = [np.array([row[k] for row in rows], np.int64) for k in range(3)]
+    distinct, group = group_rows(*columns)
+    assert [tuple(row) for row in distinct.tolist()] == sorted(set(rows))
+    assert [tuple(distinct[g]) for g in group.tolist()] == rows
+    assert [(key, part.tolist()) for key, part in grouped(*columns)] == [
+        (list(key), [i for i, row in enumerate(rows) if row == key]) for key in sorted(set(rows))]
+
+
+def test_rows_of_many_wide_columns_are_grouped_past_what_one_integer_holds():
+    """Eight columns of 400 values each: 400^8 combinations do not fit in 63 bits, so the
+    combined key is numbered afresh on the way."""
+    rng = np.random.default_rng(7)
+    columns = [rng.integers(0, 400, 2000) for _ in range(8)]
+    columns[3] = np.full(2000, 5)                       # one column the same in every row
+    distinct, group = group_rows(*columns)
+    rows = list(zip(*(c.tolist() for c in columns)))
+    assert [tuple(row) for row in distinct.tolist()] == sorted(set(rows))
+    assert all(tuple(distinct[g]) == row for g, row in zip(group.tolist(), rows))

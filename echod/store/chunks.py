@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
+from ingero.analysis.segments import group_rows
 from ingero.columns import EventColumns
 
 from . import attrsjson, checks
@@ -233,9 +234,7 @@ def build(push, cols: EventColumns, at: np.ndarray) -> tuple[list[Chunk], list[t
     rank = cols.ints("rank", NO_RANK)[at]
     ranks, rank_codes = np.unique(rank, return_inverse=True)
     minute = us // MINUTE_US
-    chunk_keys, chunk_of = _groups(job_codes, rank_codes.ravel(), cols.kind[at],
-                                   minute - minute.min())
-    chunk_keys[:, 3] += minute.min()
+    chunk_keys, chunk_of = group_rows(job_codes, rank_codes.ravel(), cols.kind[at], minute)
     order = np.lexsort((np.arange(len(at)), us, chunk_of))       # by chunk, then time
     starts = np.flatnonzero(np.r_[True, np.diff(chunk_of[order]) != 0])
     ends = np.r_[starts[1:], len(order)]
@@ -299,16 +298,6 @@ def _job_codes(cols: EventColumns, default: str | None, at: np.ndarray
     return np.where(codes[at] < 0, len(texts), codes[at]), names
 
 
-def _groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of small non-negative codes (an array a column) grouped: the distinct rows in
-    order, and each row's group (one integer key a row, the columns its digits)."""
-    key = np.zeros(len(codes[0]), np.int64)
-    for column in codes:
-        key = key * (int(column.max()) + 1) + column
-    _, first, group = np.unique(key, return_index=True, return_inverse=True)
-    return np.stack(codes, axis=1)[first], group.ravel()
-
-
 def _numbers(cols: EventColumns, name: str, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """An integer attribute at ``at`` as int64 and where it is present (the lifted columns'
     checks passed: integers in range)."""
@@ -337,9 +326,7 @@ def summarize(push, cols: EventColumns, at: np.ndarray, us: np.ndarray, chunk_of
     peer_wait = (cols.flags("peer_wait") & cols.of_kind("sync"))[at]
     direction, directions = cols.coded("direction")
     direction = np.where(cols.of_kind("memcpy"), direction, -1)[at]
-    groups, group = _groups(chunk_of, op[at] + 1, comm[at] + 1, peer_wait.astype(np.int64),
-                            direction + 1)
-    groups -= [0, 1, 1, 0, 1]
+    groups, group = group_rows(chunk_of, op[at], comm[at], peer_wait.astype(np.int64), direction)
     order = np.argsort(group, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
     duration, timed = _numbers(cols, "duration_ns", at)
@@ -382,8 +369,7 @@ def _histograms(group: np.ndarray, bucket: np.ndarray, duration: np.ndarray,
     out = [([], [], []) for _ in range(n)]
     if not len(group):
         return out
-    pairs, index = _groups(group, bucket - ZERO)
-    pairs[:, 1] += ZERO
+    pairs, index = group_rows(group, bucket)
     counts = np.bincount(index, minlength=len(pairs))
     order = np.argsort(index, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(index[order]) != 0])
