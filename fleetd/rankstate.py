@@ -44,6 +44,13 @@ class RankFacts:
     blind_since: float | None = None    # its agent no longer knows its communicators (the
                                         # agent restarted): its collectives cannot be placed
 
+    def let_go(self, before: float) -> None:
+        """Forget the preemptions and block I/O from before ``before`` (the host facts'
+        window)."""
+        for kept in (self.preemptions, self.blockio):
+            while kept and kept[0][0] < before:
+                kept.popleft()
+
     def gave_up_at(self) -> float | None:
         """When it stopped waiting on its collectives: it aborted its communicator (NCCL failed,
         or timed out), or exited failing."""

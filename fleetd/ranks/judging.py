@@ -411,6 +411,8 @@ class Judging:
         """Every rank's self-work, medians and preemptors, once per tick: a rank is weighed
         against all."""
         if job.peers is None:
+            for facts in job.facts.values():
+                facts.let_go(now - HOST_FACTS_S)
             ranks = sorted(job.facts)
             measures = [[job.facts[r].median(getattr(job.facts[r], name)) for r in ranks]
                         for name in ("self_work_ns", "allocation_ns", "peer_wait_ns")]
@@ -446,14 +448,10 @@ class Judging:
                      now: float) -> dict[tuple[str, int], tuple[int, int]]:
         """Who else took the rank's CPU lately, how often and for how long (ns): processes
         other than the job's own ranks (``ranks``: their pids; ranks crowding each other are
-        the job's own doing). What is older than the window is let go on the way."""
-        while facts.preemptions and facts.preemptions[0][0] < now - HOST_FACTS_S:
-            facts.preemptions.popleft()
-        while facts.blockio and facts.blockio[0][0] < now - HOST_FACTS_S:
-            facts.blockio.popleft()
+        the job's own doing), within the host facts' window."""
         taken: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
         for t, comm, pid, count, tgid, ns in facts.preemptions:
-            if (pid if tgid is None else tgid) not in ranks:
+            if t >= now - HOST_FACTS_S and (pid if tgid is None else tgid) not in ranks:
                 taken[(comm, pid)][0] += count
                 taken[(comm, pid)][1] += ns
         return {who: (n, ns) for who, (n, ns) in taken.items()}
