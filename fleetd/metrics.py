@@ -176,9 +176,8 @@ class FleetMetrics:
         self.jobs.set(len(ranks.jobs))
         self.unaligned.inc(ranks.unaligned - self._unaligned)
         self._unaligned = ranks.unaligned
-        for reason, count in ranks.refused.items():
+        for reason, count in ranks.take_refused().items():
             self.refused_events.labels(reason).inc(count)
-        ranks.refused.clear()
         self.incomplete.set(ranks.incomplete)
         for verdict in changed:
             if verdict.revision == 0:

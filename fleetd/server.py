@@ -361,8 +361,7 @@ class FleetServer:
         self.metrics.analysis_errors.inc(self.ranks.failed - failed)
         self.metrics.publish_ranks(self.ranks, self.clocks, changed)
         if self.notices is not None:
-            self.notices.tell(changed, self.ranks.user_of,
-                              lambda: {(job.cluster, job.job) for job in self.ranks.jobs.values()})
+            self.notices.tell(changed, self.ranks.user_of, self.ranks.tracked_jobs)
         verdicts, peer_lag = self.ranks.take_rows()
         if self.forwarder is not None:
             self.forwarder.add_analysis(verdicts, peer_lag)

@@ -85,7 +85,7 @@ class RankAnalysis(Observing, Settling, Judging, VerdictBook):
         changed = list({id(v): v for v in changed}.values())   # a verdict once, as it is now
         self.heard = {node: said for node, said in self.heard.items()
                       if now - said[0] <= max(self.job_ttl, RESUMED_AFTER * said[1])}
-        tracked = {(job.cluster, job.job) for job in self.jobs.values()}
+        tracked = self.tracked_jobs()
         self.users = {key: said for key, said in self.users.items()
                       if key in tracked or now - said[1] <= self.job_ttl}
         self.owners = {key: said for key, said in self.owners.items()
@@ -102,6 +102,14 @@ class RankAnalysis(Observing, Settling, Judging, VerdictBook):
             self.live_by_node[verdict.node].add((verdict.job, verdict.rank))
         return changed
 
+    def tracked_jobs(self) -> set[tuple[str, str | None]]:
+        """(cluster, job) of every job run the analysis holds."""
+        return {(job.cluster, job.job) for job in self.jobs.values()}
+
+    def take_refused(self) -> Counter[str]:
+        """The events refused at intake since the last call, by reason."""
+        refused, self.refused = self.refused, Counter()
+        return refused
 
     @property
     def incomplete(self) -> int:
