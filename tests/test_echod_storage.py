@@ -476,3 +476,40 @@ def test_an_event_older_than_the_store_keeps_is_refused_and_makes_no_partition(
         days = event_partitions(connection)
     oldest = datetime.fromtimestamp(now - 31 * 86_400, UTC).date()
     assert not [day for day in days if day < oldest], sorted(days)
+
+
+def test_a_pushs_walk_from_its_columns_to_the_database_passes_each_store_module_once(engine):
+    """A push of columns as fleetd forwards it, stored: every call from one of the store's
+    modules into another goes down the room's one-way order (tests/test_package.py's ROOMS),
+    so the walk enters each module from above and, once it has left it downwards, never comes
+    back up into it (it went back into store.py four times when the writer was a circle)."""
+    import sys
+
+    from .test_columnrows import NOW, push_of
+    from .test_columns import events
+    from .test_package import ROOMS
+
+    order = [f"echod.store.{name}" for name in ROOMS["echod.store"]]
+    push = push_of(events(400))
+    edges: set[tuple[str, str]] = set()
+
+    def seen(frame, event, _arg):
+        if event != "call" or frame.f_globals.get("__name__") not in order:
+            return
+        caller = frame.f_back
+        while caller is not None and caller.f_globals.get("__name__") not in order:
+            caller = caller.f_back
+        if caller is not None and caller.f_globals["__name__"] != frame.f_globals["__name__"]:
+            edges.add((caller.f_globals["__name__"], frame.f_globals["__name__"]))
+
+    sys.setprofile(seen)
+    try:
+        result = write_batch(engine, {"events": push.stored_rows(push.events),
+                                      "pushes": [push]}, NOW)
+    finally:
+        sys.setprofile(None)
+    assert result.stored == 400 and not result.rejected, result
+    upward = sorted((a, b) for a, b in edges if order.index(b) > order.index(a))
+    assert upward == [], upward
+    walked = {name.rpartition(".")[2] for edge in edges for name in edge}
+    assert {"writer", "columnrows", "chunks", "attrsjson", "checks"} <= walked, edges
