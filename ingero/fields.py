@@ -1,14 +1,16 @@
 """The fields of the wire's messages, each checked where it enters (``ingero.wire`` declares
 which field takes which check): texts by length, names as Slurm's, integers and floats in their
 ranges, an event's id, time, kind and attributes (those the daemons read by their one type).
-A field that fails raises ``BadSchema`` naming it. Imports only ``ingero.columns``,
+A field that fails raises ``BadSchema`` naming it. The checks themselves (``FieldChecks``) are
+echod's store's too, which raises its own error with them. Imports only ``ingero.columns``,
 ``ingero.errors`` and ``ingero.vocabulary``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from .columns import MAX_EVENTS
 from .errors import BadSchema
@@ -35,49 +37,76 @@ ATTR_TYPES: dict[str, type] = {
 
 # -- field checks ------------------------------------------------------------------------------
 
-def fail(name: str, why: str) -> None:
-    raise BadSchema(f"field {name!r}: {why}")
+class FieldChecks:
+    """The checks of one field, said alike wherever a field enters: the wire's (``BadSchema``,
+    a frame refused) and echod's store's (``Rejected``, a row refused). Each raises
+    ``error(name, why)`` where the value fails, and returns it checked where it passes."""
+
+    def __init__(self, error: Callable[[str, str], Exception]):
+        self.error = error
+
+    def fail(self, name: str, why: str) -> NoReturn:
+        raise self.error(name, why)
+
+    def text(self, name: str, value: Any, max_len: int = MAX_TEXT, empty_ok: bool = False,
+             utf8: bool = False) -> str:
+        """A string of at most ``max_len`` characters, empty where ``empty_ok``; with
+        ``utf8``, one UTF-8 can carry and PostgreSQL can hold (no NUL)."""
+        if type(value) is not str:
+            self.fail(name, f"expected a string, got {type(value).__name__}")
+        if not value and not empty_ok:
+            self.fail(name, "empty")
+        if len(value) > max_len:
+            self.fail(name, f"longer than {max_len} characters ({len(value)})")
+        if utf8 and ("\x00" in value or not encodable(value)):
+            self.fail(name, "not valid UTF-8 text")
+        return value
+
+    def integer(self, name: str, value: Any, lo: int = 0, hi: int = 2**63 - 1) -> int:
+        if type(value) is not int:
+            self.fail(name, f"expected an integer, got {type(value).__name__}")
+        if not lo <= value <= hi:
+            self.fail(name, "negative" if value < 0 <= lo else
+                      f"{value} out of range [{lo}, {hi}]")
+        return value
+
+    def number(self, name: str, value: Any, lo: float = -math.inf,
+               hi: float = math.inf) -> float:
+        if type(value) not in (int, float):
+            self.fail(name, f"expected a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            self.fail(name, "not a finite number")
+        if not lo <= value <= hi:
+            self.fail(name, f"{value} out of range [{lo}, {hi}]")
+        return float(value)
+
+    def boolean(self, name: str, value: Any) -> bool:
+        if type(value) is not bool:
+            self.fail(name, f"expected a boolean, got {type(value).__name__}")
+        return value
+
+
+def encodable(value: str) -> bool:
+    """Whether a string encodes as UTF-8 (a lone surrogate does not)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+WIRE = FieldChecks(lambda name, why: BadSchema(f"field {name!r}: {why}"))
+fail, check_int, check_float, check_bool = WIRE.fail, WIRE.integer, WIRE.number, WIRE.boolean
 
 
 def check_text(name: str, value: Any, max_len: int = MAX_TEXT, empty_ok: bool = False) -> str:
-    if not isinstance(value, str):
-        fail(name, f"expected a string, got {type(value).__name__}")
-    if len(value) > max_len:
-        fail(name, f"longer than {max_len} characters")
-    if not value and not empty_ok:
-        fail(name, "empty")
-    return value
+    return WIRE.text(name, value, max_len, empty_ok)
 
 
 def check_name(name: str, value: Any) -> str:
     """A node's or cluster's name (``vocabulary.NAME``)."""
     if not isinstance(value, str) or not NAME.fullmatch(value):
         fail(name, f"not a node or cluster name ({NAME_RULE})")
-    return value
-
-
-def check_int(name: str, value: Any, lo: int = 0, hi: int = 2**63 - 1) -> int:
-    if type(value) is not int:
-        fail(name, f"expected an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        fail(name, f"{value} outside [{lo}, {hi}]")
-    return value
-
-
-def check_float(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf) -> float:
-    if type(value) not in (int, float):
-        fail(name, f"expected a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        fail(name, "not a finite number")
-    if not lo <= value <= hi:
-        fail(name, f"{value} outside [{lo}, {hi}]")
-    return value
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if type(value) is not bool:
-        fail(name, f"expected a boolean, got {type(value).__name__}")
     return value
 
 

@@ -22,11 +22,11 @@ def check(cols: EventColumns, slow: np.ndarray) -> None:
     """Mark slow the events whose attributes' JSON ``checks.attrs_json`` would refuse for a
     name or a text (no NUL, no lone surrogate), to be refused with its reason."""
     for name, column in attributes(cols).items():
-        if "\x00" in name or not checks._encodable(name):
+        if "\x00" in name or not checks.encodable(name):
             slow |= column.mask(cols.n)
         if column.strings is not None:
             bad = [k for k, text in enumerate(column.strings)
-                   if "\x00" in text or not checks._encodable(text)]
+                   if "\x00" in text or not checks.encodable(text)]
             slow |= column.mask(cols.n) & np.isin(column.values, bad)
 
 

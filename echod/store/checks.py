@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
+from ingero.fields import FieldChecks, encodable
 from ingero.vocabulary import INT32, LIFTED, SIGNALS, UINT63
 
 from .jobrecords import JOB_KINDS, job_fields, merge
@@ -44,8 +45,8 @@ class Rejected(Exception):
 
 # -- field checks ------------------------------------------------------------------------------
 
-def _fail(name: str, why: str):
-    raise Rejected(f"{name}: {why}")
+STORE = FieldChecks(lambda name, why: Rejected(f"{name}: {why}"))
+_fail = STORE.fail
 
 
 def check_text(row: dict, name: str, optional: bool = False) -> str | None:
@@ -56,58 +57,28 @@ def check_text(row: dict, name: str, optional: bool = False) -> str | None:
 
 
 def check_string(name: str, value: Any) -> str:
+    """A text PostgreSQL can hold, of at most ``MAX_TEXT`` characters: plain ASCII passes at
+    a glance; anything else is checked one by one, to pass it or say which check it fails."""
     if (type(value) is str and 0 < len(value) <= MAX_TEXT and value.isascii()
             and "\x00" not in value):
         return value
-    return _check_string_slowly(name, value)
-
-
-def _check_string_slowly(name: str, value: Any) -> str:
-    """The checks again, one by one, to say which failed (or pass non-ASCII text)."""
-    if type(value) is not str:
-        _fail(name, f"expected a string, got {type(value).__name__}")
-    if not value:
-        _fail(name, "empty")
-    if len(value) > MAX_TEXT:
-        _fail(name, f"longer than {MAX_TEXT} characters ({len(value)})")
-    if "\x00" in value or not _encodable(value):
-        _fail(name, "not valid UTF-8 text")
-    return value
-
-
-def _encodable(value: str) -> bool:
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
+    return STORE.text(name, value, MAX_TEXT, utf8=True)
 
 
 def check_number(name: str, value: Any, optional: bool = False) -> float | None:
     if value is None and optional:
         return None
-    if type(value) not in (float, int):
-        _fail(name, f"expected a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        _fail(name, "not a finite number")
-    return float(value)
+    return STORE.number(name, value)
 
 
 def check_integer(name: str, value: Any, bounds: tuple[int, int],
                   optional: bool = False) -> int | None:
     if value is None and optional:
         return None
-    if type(value) is not int:
-        _fail(name, f"expected an integer, got {type(value).__name__}")
-    if not bounds[0] <= value <= bounds[1]:
-        _fail(name, "negative" if value < 0 <= bounds[0] else f"{value} out of range")
-    return value
+    return STORE.integer(name, value, *bounds)
 
 
-def check_bool(name: str, value: Any) -> bool:
-    if type(value) is not bool:
-        _fail(name, f"expected a boolean, got {type(value).__name__}")
-    return value
+check_bool = STORE.boolean
 
 
 def check_time(row: dict, now: float) -> datetime:
@@ -159,7 +130,7 @@ def attrs_json(attrs: dict) -> str:
 
 def _attrs_storable(attrs: dict) -> bool:
     """No NUL and no lone surrogate (jsonb refuses both) in keys or string values."""
-    return all("\x00" not in text and _encodable(text)
+    return all("\x00" not in text and encodable(text)
                for text in (*attrs, *attrs.values()) if type(text) is str)
 
 
@@ -260,7 +231,7 @@ def check_long_text(name: str, value: Any) -> str | None:
     """A sentence for people (a fix): up to 4 KiB of text."""
     if value is None:
         return None
-    if type(value) is not str or len(value) > 4096 or not _encodable(value) or "\x00" in value:
+    if type(value) is not str or len(value) > 4096 or not encodable(value) or "\x00" in value:
         _fail(name, "expected text of at most 4096 characters")
     return value
 
