@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from ingero.analysis import causes
 from ingero.analysis.clock import best_offset, exchange, fit_offset
 from ingero.analysis.lag import peer_lag
+from ingero.analysis.propagation import Syncs, after_first_sync, drift_seen, runs_ahead
 from ingero.analysis.segments import group_rows, grouped
 from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, last_share,
                                         missing_ranks, onset, period, recent_instances,
@@ -419,3 +420,15 @@ def test_rows_of_many_wide_columns_are_grouped_past_what_one_integer_holds():
     rows = list(zip(*(c.tolist() for c in columns)))
     assert [tuple(row) for row in distinct.tolist()] == sorted(set(rows))
     assert all(tuple(distinct[g]) == row for g, row in zip(group.tolist(), rows))
+
+
+def test_hosts_run_ahead_where_their_peers_sync_less_than_every_other_instance():
+    """Forty instances 10 ms apart; peers syncing at every one, at every tenth, or never."""
+    entries = np.tile(np.arange(40) * 0.01, (4, 1)).T
+    every = [Syncs(np.arange(40) * 0.01 + 0.005) for _ in range(3)]
+    tenth = [Syncs(np.arange(4) * 0.1 + 0.095) for _ in range(3)]
+    assert runs_ahead(every, entries) is False and runs_ahead(tenth, entries) is True
+    assert runs_ahead([Syncs(np.zeros(0))] * 3, entries) is None
+    since = after_first_sync(tenth, entries)
+    assert since.tolist() == [t > 0.095 + 1e-9 for t in np.arange(40) * 0.01]
+    assert drift_seen(tenth, entries[since]) and not drift_seen(tenth, entries[10:19])

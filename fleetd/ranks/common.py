@@ -1,7 +1,8 @@
 """What fleetd's rank analysis weighs beside the rules: its limits and the words of its notes,
-which preemptions are another program's, a rank's waits at syncs around an onset, whether the
-job's hosts run ahead of their GPUs (and since when), and Send/Recv pairs as windows of their
-own. Functions of fleetd's state (``fleetd.rankstate``), no clock, no socket.
+which preemptions are another program's, a rank's waits at syncs around an onset, its syncs
+as the propagation rules read them, and Send/Recv pairs as windows of their
+own. Functions of fleetd's state (``fleetd.rankstate``), no clock, no socket; the rules they
+feed are ``ingero.analysis``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ingero.analysis.cost import ONSET_WAITS, growth
-from ingero.analysis.stragglers import quiet
+from ingero.analysis.propagation import Syncs
 
 from ..rankstate import JobState, RankFacts
 
@@ -31,9 +32,6 @@ NOTES = {    # what fleetd says once of a rank late on the host that it does not
                    "first (a pipeline stage's send, another group's collective): not its own "
                    "lateness, no straggler"}
 PASSED_DOWN = ("host_work", "network_or_peer")   # causes a lateness passed down may look like
-UNSYNCED_INSTANCES = 16              # instances with no sync seen: a job ingerod sees none of
-DRIFT_STRETCHES = 3                  # runs of instances between the peers' syncs, or
-DRIFT_INSTANCES = 256                # this many instances, before a swing is known
 HARMLESS_GROWTH = 1.5                # a lateness shown to cost nobody is weighed again once
                                      # its lag has grown this many times
 WINDOW_IDLE_S = 60.0                 # a communicator unused this long is retired (and for
@@ -82,71 +80,18 @@ def own_growth(facts: RankFacts | None, onset: float,
     return max(0.0, growth(before, after)[0] / 1e9)
 
 
-def runs_ahead(job: JobState, ranks: list[int], column: int,
-               entries: np.ndarray) -> bool | None:
-    """Whether the job's hosts run ahead of their GPUs: its peers (of ``column``) sync with
-    them less than every other instance (``entries``, on fleetd's clock; where a peer's
-    syncs kept no longer reach back to the first, over those since the oldest one kept);
-    None where none of them has synced yet."""
-    with quiet():
-        times = np.nanmedian(entries, axis=1)
-    times = times[np.isfinite(times)]
-    shares, synced = [], False
-    for at, rank in enumerate(ranks):
-        facts = job.facts.get(rank)
-        if at == column or facts is None:
-            continue
-        ends = np.fromiter(facts.sync_end, float)
-        synced |= len(ends) > 0
-        since = times
-        if len(ends) and len(ends) == facts.sync_end.maxlen:
-            since = since[since >= ends.min()]
-        if len(since) >= 2:
-            shares.append(int(((ends >= since.min()) & (ends <= since.max())).sum())
-                          / len(since))
-    if not synced:
+def syncs_of(facts: RankFacts | None) -> Syncs | None:
+    """A rank's syncs as the propagation rules read them (``ingero.analysis.propagation``)."""
+    if facts is None:
         return None
-    return bool(shares) and float(np.median(shares)) < 0.5
+    ends = np.fromiter(facts.sync_end, float)
+    return Syncs(ends, facts.sync_on, len(ends) < facts.sync_end.maxlen)
 
 
-def after_first_sync(job: JobState, ranks: list[int], column: int,
-                     entries: np.ndarray) -> np.ndarray:
-    """Which instances (rows of ``entries``, on fleetd's clock) came after the first sync of
-    the peers of ``column`` returned (of those kept); all of them where no peer has synced in
-    ``UNSYNCED_INSTANCES`` (a job whose syncs ingerod does not see), none before that."""
-    ends = [min(facts.sync_end) for at, rank in enumerate(ranks)
-            if at != column and (facts := job.facts.get(rank)) is not None and facts.sync_end]
-    with quiet():
-        times = np.nanmedian(entries, axis=1)
-    if ends:
-        return np.nan_to_num(times, nan=-np.inf) > min(ends)
-    return np.full(len(entries), len(entries) >= UNSYNCED_INSTANCES)
-
-
-def drift_seen(job: JobState, ranks: list[int], column: int, entries: np.ndarray) -> bool:
-    """Whether the instances (rows of ``entries``, on fleetd's clock, those since the first
-    sync) show how far hosts that run ahead drift: they reach over ``DRIFT_STRETCHES`` runs of
-    two or more instances between syncs of the peers of ``column`` (their median), or over
-    ``DRIFT_INSTANCES``; or no peer syncs at all. Each sync realigns the hosts, and between
-    two they drift apart by however long each was kept off its CPU, each by about as much at
-    every instance of the run: within one run every rank's lag is steady, so its swing about
-    its own median is nil and any rank a few ms behind stands out of it (beside a busy loop,
-    a rank 10 ms behind in the run after a job's first sync, of peers from 11 ms ahead to
-    15 ms behind, named critical). Across runs a rank's place changes, and that is the swing."""
-    with quiet():
-        times = np.nanmedian(entries, axis=1)
-    times = times[np.isfinite(times)]
-    if len(times) >= DRIFT_INSTANCES:
-        return True
-    runs = []
-    for at, rank in enumerate(ranks):
-        facts = job.facts.get(rank)
-        if at == column or facts is None or not facts.sync_end:
-            continue
-        after = np.searchsorted(np.sort(np.fromiter(facts.sync_end, float)), times)
-        lengths = np.unique(after, return_counts=True)[1]  # instances between two syncs
-        runs.append(int((lengths >= 2).sum()))
-    return not runs or float(np.median(runs)) >= DRIFT_STRETCHES
+def peer_syncs(job: JobState, ranks: list[int], column: int) -> list[Syncs]:
+    """The syncs of the peers of ``column`` (of ``ranks``, the communicator's), those known."""
+    return [syncs_of(job.facts[rank]) for at, rank in enumerate(ranks)
+            if at != column and rank in job.facts]
 
 
 def pair_of(comm: str, me: int, peer: int, op: str) -> tuple[str, int, int]:

@@ -11,15 +11,15 @@ from collections.abc import Callable
 import numpy as np
 
 from ingero.analysis import causes
-from ingero.analysis.cost import (COST_SHARE, ONSET_WAITS, excess, growth, level_onset,
-                                  stands_out, waits_grew)
+from ingero.analysis.cost import ONSET_WAITS, excess, growth, level_onset, stands_out, waits_grew
 from ingero.analysis.lag import peer_lag
+from ingero.analysis.propagation import after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.stragglers import judge, quiet, slow_workers
 
 from ..alignment import CommWindow
 from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
 from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PAIR, PASSED_DOWN,
-                     after_first_sync, by_program, drift_seen, own_growth, runs_ahead, waits_around)
+                     by_program, own_growth, peer_syncs, syncs_of, waits_around)
 
 log = logging.getLogger("fleetd")
 
@@ -58,7 +58,8 @@ class Judging:
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             onset = float(np.nanmedian(entries[f.onset]))
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
-                    self._inherited(job, comm, ranks, entries[f.onset:], f):
+                    inherited([syncs_of(job.facts.get(r)) for r in ranks], entries[f.onset:],
+                              f.column, comm, f.lag_p50_s):
                 self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
                            int(steps[f.onset]), onset, now)
                 continue
@@ -132,11 +133,11 @@ class Judging:
         every step it enqueues before the first sync, which realigns the hosts (CI: a rank
         7 ms late over a job's first steps named beside the straggler)."""
         if at < self.policy.min_instances:
-            if runs_ahead(job, ranks, f.column, entries) is False:
+            peers = peer_syncs(job, ranks, f.column)
+            if runs_ahead(peers, entries) is False:
                 return True
-            rows = after_first_sync(job, ranks, f.column, entries)
-            if rows.sum() < self.policy.min_instances or \
-                    not drift_seen(job, ranks, f.column, entries[rows]):
+            rows = after_first_sync(peers, entries)
+            if rows.sum() < self.policy.min_instances or not drift_seen(peers, entries[rows]):
                 return None
             with quiet():
                 since = float(np.nanmedian(lag[rows, f.column]))
@@ -172,38 +173,6 @@ class Judging:
                      f.lag_p50_s * 1e3, grew / 1e6, error / 1e6, len(before), len(after),
                      (later + own) * 1e3)
         return answer
-
-    def _inherited(self, job: JobState, comm: str, ranks: list[int], entries: np.ndarray,
-                   f) -> bool:
-        """Whether the rank's lateness was passed down to it. Its host came from a sync that
-        waited on a collective of another communicator (a pipeline stage's send, another
-        group's collective) at most of its entries since the onset (``entries``, on
-        fleetd's clock, as the syncs are kept); and from that sync's end (its GPU done, its
-        thread woken) to its entry it took no longer than its peers did from theirs, by a
-        share of its lag (a host slow to get back its CPU is late on its own): its host
-        came late only because its GPU was kept waiting elsewhere (its own kernels are no
-        slower: asked before). The rank that held it up is judged where it was late."""
-        gaps = np.full(len(ranks), np.nan)
-        for column, rank in enumerate(ranks):
-            facts = job.facts.get(rank)
-            if facts is None or not facts.sync_end:
-                continue
-            ends = np.fromiter(facts.sync_end, float)
-            order = np.argsort(ends, kind="stable")
-            ends, entered = ends[order], entries[:, column][np.isfinite(entries[:, column])]
-            at = np.searchsorted(ends, entered, side="right") - 1
-            entered, at = entered[at >= 0], at[at >= 0]
-            if not len(at):
-                continue
-            gaps[column] = np.median(entered - ends[at])
-            if column == f.column:
-                on = [facts.sync_on[i] for i in order[at]]
-                if sum(c is not None and c != comm for c in on) * 2 <= len(on):
-                    return False
-        others = np.delete(gaps, f.column)
-        if not np.isfinite(gaps[f.column]) or not np.isfinite(others).any():
-            return False
-        return gaps[f.column] - float(np.nanmedian(others)) < COST_SHARE * f.lag_p50_s
 
     def _note(self, job: JobState, rank: int, kind: str, f, comm: str, op: str, step: int,
               onset: float, now: float) -> None:
