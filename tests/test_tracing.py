@@ -258,7 +258,8 @@ def test_short_jobs_are_traced_whole_while_the_agent_detaches_files(spawn, keys,
     2 s), the agent reading events between them: jobs that start and end meanwhile are traced
     whole. When a file came off in one piece, a job short enough to fit in it had exited by
     the time the agent read its events: it could not read whose they were and dropped them
-    (in CI, beside a busy loop, one node's half of an 8-rank job was never seen so)."""
+    (in CI, beside a busy loop, one node's half of an 8-rank job of 1.5 s was never seen so).
+    Without the fix, each of these jobs was lost about half the time."""
     from stack.launch import free_port
 
     from .support import metric
@@ -286,8 +287,10 @@ def test_short_jobs_are_traced_whole_while_the_agent_detaches_files(spawn, keys,
     detached = "detached (no traced process maps it)"
     assert wait_for(lambda: detached in agent.log(), 60), agent.log()
     ranks, issued = [], 0
-    for k in range(4):      # the other five files take ~10 s to come off: these run meanwhile
-        ran = run_job(tmp_path, job(f"short-{k}", steps=10, job_id=f"55{k}"))
+    for k in range(8):      # the other five files take ~20 s to come off: these run meanwhile,
+        # each rank a second from its first call to its exit (well past a pass of the loop:
+        # a process gone within one is not identified; no training job lives so briefly)
+        ran = run_job(tmp_path, job(f"short-{k}", steps=100, job_id=f"55{k}"))
         ranks += [(f"55{k}", r) for r in ran]
         issued += sum(len(read_record(r.record_path).collectives) for r in ran)
     assert agent.log().count(detached) < len(files), \
