@@ -377,8 +377,34 @@ def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue
                and n["lag_p50_ms"] < notes[5]["lag_p50_ms"] / 2 for n in notes.values()
                if n["rank"] != 5), notes
     assert report(stack, "2801")[5]["note"] == "ahead"        # what ingero report says
+    one_answer(stack, "2801", {})
     run(stack, "2802", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30,
                                  "from_step": 40}], **ahead)
     behind = verdicts(stack, "2802")
     assert set(behind) == {5} and behind[5]["cost_gpu_seconds"] > 0, \
         why(described(behind), stack.logs())
+    one_answer(stack, "2802", behind)
+
+
+def one_answer(stack, job: str, named: dict[int, dict]) -> None:
+    """What a user reads of the job says what fleetd judged (``named``: its verdicts, by rank),
+    however far over its job's bar the stored events put a rank: find_stragglers' and
+    ingero report's stragglers are fleetd's, explain gives its cause, and its cost."""
+    found = stack.tool("find_stragglers", job=job)
+    assert {r["rank"] for r in found["ranks"] if r["straggler"]} == set(named), found["ranks"]
+    assert [j["judged_by"] for j in found["jobs"]] == ["fleetd"], found["jobs"]
+    rows = report(stack, job)
+    assert {rank for rank, row in rows.items() if row["straggler"]} == set(named), rows
+    notes = {n["rank"]: n for n in found["notes"]}
+    for rank in {r["rank"] for r in found["ranks"] if r["over_bar"]} | set(named) | set(notes):
+        said = stack.tool("explain", job=job, rank=rank)
+        if rank in named:
+            verdict = said["evidence"]["verdict"]
+            assert (said["cause"], verdict["cost_gpu_seconds"]) == (
+                named[rank]["cause"], named[rank]["cost_gpu_seconds"]), said
+            assert rows[rank]["cause"] == named[rank]["cause"], rows[rank]
+        else:
+            assert said["cause"] == "none", said
+            if rank in notes:
+                assert said["findings"][0].startswith(
+                    f"fleetd did not name it ({notes[rank]['kind']})"), said

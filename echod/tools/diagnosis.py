@@ -49,6 +49,8 @@ class Facts:
     peers_self_ms: float | None
     peers_wait_ms: float | None
     verdict: dict | None = None         # fleetd's latest verdict on the rank, as stored
+    note: dict | None = None            # ... or, where it named none, its note on the rank
+    judged: bool = False                # fleetd judged the rank's job: its word is final
 
 
 def diagnose(facts: Facts) -> Diagnosis:
@@ -63,9 +65,21 @@ def diagnose(facts: Facts) -> Diagnosis:
     findings = describe_facts(facts)
     if not facts.lag.straggler:
         sure = facts.lag.samples >= 10
-        return Diagnosis("none", "high" if sure else "low", None, findings)
+        return Diagnosis("none", "high" if sure else "low", None, unnamed(facts) + findings)
     found = causes.diagnose_late(stored_facts(facts), facts.lag.node)
     return Diagnosis(found.cause, found.confidence, found.fix, findings + found.findings)
+
+
+def unnamed(facts: Facts) -> list[str]:
+    """Why a rank over its job's bar is no straggler: fleetd judged the job and did not name
+    it (its note says why, where it wrote one)."""
+    if facts.note is not None:
+        return [f"fleetd did not name it ({facts.note['kind']}): "
+                + " ".join(facts.note.get("findings", []))]
+    if facts.judged and facts.lag is not None and facts.lag.over_bar:
+        return ["fleetd judged the job and did not name it: its lateness did not last, or did "
+                "not delay its peers"]
+    return []
 
 
 def from_verdict(facts: Facts) -> Diagnosis:

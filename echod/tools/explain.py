@@ -51,16 +51,19 @@ def peers_median(values: list[float | None]) -> float | None:
     return float(np.median(known)) if known else None
 
 
-def latest_verdict(conn: Connection, sel: Selection, rank: int) -> dict | None:
-    """fleetd's verdict on the rank in the window: a live one, else the latest."""
-    found = read_verdicts(conn, replace(sel, rank=rank), limit=1)
+def latest_verdict(conn: Connection, sel: Selection, rank: int,
+                   notes: bool = False) -> dict | None:
+    """fleetd's verdict on the rank in the window: a live one, else the latest; with
+    ``notes``, its note on it instead (late on the host, not named)."""
+    found = read_verdicts(conn, replace(sel, rank=rank), limit=1, notes=notes)
     return found[0] if found else None
 
 
 LAG_EVIDENCE_OUT = closed({
     "samples": INT, "lag_median_ms": NUM_OR_NULL, "lag_p95_ms": NUM_OR_NULL,
     "lag_max_ms": NUM_OR_NULL, "peers_lag_median_ms": NUM_OR_NULL, "bar_ms": NUM_OR_NULL,
-    "straggler": BOOL, "last_arrivals": INT, "idle_caused_gpu_s": NUM_OR_NULL})
+    "straggler": BOOL, "over_bar": BOOL, "last_arrivals": INT,
+    "idle_caused_gpu_s": NUM_OR_NULL})
 EXPLAIN_OUT = closed({
     "cluster": STR, "job": STR, "rank": INT, "node": STR_OR_NULL,
     "cause": {"type": "string", "enum": list(CAUSES)},
@@ -101,7 +104,9 @@ def explain(ctx: ToolContext, args: dict) -> dict:
     network_or_peer (it waits in collectives much longer than its peers: the delay comes from
     elsewhere), host_work (late with none of these: its own host code, such as data loading,
     Python or garbage collection); none when it is not late (its median entry lag is under the
-    job's bar; see find_stragglers), unknown when none of its collectives could be compared.
+    job's bar; see find_stragglers) or fleetd judged the job and did not name it (its note
+    says why, where it wrote one: its lateness cost nobody, or was passed down), unknown when
+    none of its collectives could be compared.
     confidence is high, medium or low; fix is one line to try. Evidence: its lag against its
     peers (the bar is fleetd's; see find_stragglers), preemptions by
     command, block I/O, its node's health score and signals, sync self-work against
@@ -116,6 +121,7 @@ def explain(ctx: ToolContext, args: dict) -> dict:
         found = survey(conn, sel, args.get("max_entries", DEFAULT_MAX_ENTRIES))
         lag = found.rank(cluster, sel.job, rank)
         verdict = latest_verdict(conn, sel, rank)
+        note = latest_verdict(conn, sel, rank, notes=True) if verdict is None else None
         if lag is None and verdict is None and not rank_exists(conn, found, cluster, sel.job,
                                                                rank):
             raise ToolError(f"no rank {rank} in job {sel.job!r}", "not_found", 404)
@@ -123,6 +129,8 @@ def explain(ctx: ToolContext, args: dict) -> dict:
         evidence = gather_evidence(conn, sel, [lag] if lag else [])
         work = sync_work(conn, sel)
     facts = explain_facts(found, lag, evidence, work, rank, verdict)
+    facts.note = note
+    facts.judged = lag is not None and (lag.cluster, lag.job) in found.judged
     diagnosis = diagnose(facts)
     return {"cluster": cluster, "job": sel.job, "rank": rank, "node": node,
             "cause": diagnosis.cause, "confidence": diagnosis.confidence, "fix": diagnosis.fix,
@@ -164,6 +172,7 @@ def explain_evidence(facts: Facts, found: Survey, verdict: dict | None) -> dict:
             "lag_p95_ms": ms(lag.lag_p95), "lag_max_ms": ms(lag.lag_max),
             "peers_lag_median_ms": ms(facts.bar.median) if facts.bar else None,
             "bar_ms": ms(facts.bar.bar) if facts.bar else None, "straggler": lag.straggler,
+            "over_bar": lag.over_bar,
             "last_arrivals": lag.last_arrivals,
             "idle_caused_gpu_s": num(lag.idle_caused * found.scale, 3)},
         "preemptions": {"total": host.preemptions,

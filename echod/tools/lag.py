@@ -54,6 +54,7 @@ from .collectives import (Communicator, communicators, rank_nodes, read_entries,
                           without_point_to_point)
 from .schema import DEFAULT_MAX_ENTRIES, INT, closed
 from .selection import Selection, Where, Window, rows, storable
+from .verdicts import NOT_A_NOTE, live_in
 
 POLICY = LagPolicy()                   # fleetd's
 
@@ -73,11 +74,12 @@ class RankLag:
     last_arrivals: int
     idle_caused: float          # GPU-seconds its peers waited at instances it entered last
     waited: float               # GPU-seconds it waited itself
-    straggler: bool = False
+    straggler: bool = False     # fleetd named it, where fleetd judged its job; else over_bar
     lag_p99: float | None = None
     slack: float = 0.0          # its node's clock uncertainty, seconds (0: the job's one node)
     compared: int | None = None  # instances its arrivals count over, where not all samples
     step: str | None = None     # the Slurm step it ran in: a step's ranks are its own
+    over_bar: bool = False      # its median lag over its job's bar, by the stored events
 
     @property
     def last_share(self) -> float | None:
@@ -98,6 +100,7 @@ class Survey:
     stride: int
     entries_examined: int
     source: str = "events"
+    judged: frozenset = frozenset()   # (cluster, job) whose stragglers are fleetd's word
 
     @property
     def idle_total(self) -> float:
@@ -157,7 +160,8 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
     bars = judge_ranks(ranks, steps, clocks)
     return Survey(ranks, bars, len(comms), sum(c.instances for c in comms),
                   stats.instances if stats else 0, stride,
-                  int(stats.samples.sum()) if stats else 0)
+                  int(stats.samples.sum()) if stats else 0,
+                  judged=fleetd_says(conn, sel, ranks))
 
 
 # -- from fleetd's summaries -------------------------------------------------------------------
@@ -218,7 +222,8 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
     bars = judge_ranks(ranks, {job: float(np.median(v)) for job, v in steps.items()},
                        node_offsets(conn, sel, {(r.cluster, r.node) for r in ranks}))
     # Every instance fleetd settled is in a run (a run holds them all, whatever ranks it has)
-    return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries")
+    return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries",
+                  fleetd_says(conn, sel, ranks))
 
 
 # The levels of a run's known quantiles (RUN's p50, p95, p99 and max): for a tail, all of the
@@ -437,9 +442,46 @@ def judge_ranks(ranks: list[RankLag], steps: dict[tuple[str, str], float],
         peers[order] = np.nan_to_num(median_of_others(
             slack[order], np.array([0]), np.array([len(members)])))
         for r, theirs in zip(members, peers):
-            r.straggler = bool(r.samples >= POLICY.min_instances
-                               and r.lag_median - r.slack - theirs > bars[key].bar)
+            r.over_bar = r.straggler = bool(r.samples >= POLICY.min_instances
+                                            and r.lag_median - r.slack - theirs > bars[key].bar)
     return bars
+
+
+# fleetd's word on the jobs of a selection: the ranks it named (verdicts, not notes) live in the
+# window, with the Slurm step of each; and which jobs it judged there (it wrote their lag
+# summaries, a verdict or a note)
+NAMED = """
+SELECT v.cluster, v.job, v.rank, v.evidence -> 'run' ->> 'step', {not_a_note}
+FROM straggler_verdicts v WHERE {where} AND v.kind IS NOT NULL
+"""
+JUDGED = "SELECT DISTINCT p.cluster, p.job FROM peer_lag p WHERE {where}"
+
+
+def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
+                ) -> frozenset[tuple[str, str]]:
+    """Each rank's ``straggler`` as fleetd judged it, in the jobs fleetd judged in the window:
+    the ranks it named there (a verdict live in the window), whatever their lag over the bar
+    (``over_bar``) says, so find_stragglers, explain and job_report say what fleetd said. fleetd
+    weighs more than the bar: whether the peers' waits grew (a host late ahead of its GPU queue
+    costs nobody), whether the lateness was passed down from a peer elsewhere, and how recent
+    it is. A job fleetd wrote nothing on (its events came without it) keeps the stored events'
+    word. The jobs whose word is fleetd's are returned."""
+    if not ranks:
+        return frozenset()
+    verdicts = live_in(sel)
+    found = rows(conn, NAMED.format(where=verdicts.sql(), not_a_note=NOT_A_NOTE),
+                 verdicts.params)
+    lags = sel.where("p", node=False, rank=False)
+    judged = {(cluster, job) for cluster, job in rows(conn, JUDGED.format(where=lags.sql()),
+                                                      lags.params)}
+    judged |= {(cluster, job) for cluster, job, *_ in found}
+    named = {(cluster, job, rank, step) for cluster, job, rank, step, named in found if named}
+    for r in ranks:
+        if (r.cluster, r.job) in judged:
+            r.straggler = any((r.cluster, r.job, r.rank, step) in named
+                              for step in (r.step, None)) or (
+                r.step is None and any(key[:3] == (r.cluster, r.job, r.rank) for key in named))
+    return frozenset(judged)
 
 
 def ordered(ranks: list[RankLag]) -> list[RankLag]:

@@ -90,8 +90,9 @@ PER_RANK_OUT = closed({
     "rank": INT, "node": STR_OR_NULL, "step": STR_OR_NULL, "collectives": INT,
     "lag_median_ms": NUM_OR_NULL, "lag_p99_ms": NUM_OR_NULL, "last_share": NUM_OR_NULL,
     "self_work_ms": NUM_OR_NULL, "peers_self_work_ms": NUM_OR_NULL,
-    "score_avg": NUM_OR_NULL, "straggler": BOOL, "verdict": STR_OR_NULL,
-    "note": STR_OR_NULL, "cause": STR_OR_NULL, "cost_gpu_seconds": NUM_OR_NULL, "cost_usd": NUM_OR_NULL})
+    "score_avg": NUM_OR_NULL, "straggler": BOOL, "over_bar": BOOL, "verdict": STR_OR_NULL,
+    "note": STR_OR_NULL, "cause": STR_OR_NULL, "cost_gpu_seconds": NUM_OR_NULL,
+    "cost_usd": NUM_OR_NULL})
 
 
 @tool("job_report", summary="A sacct-style report of one job: where and how long it ran, each "
@@ -116,13 +117,14 @@ def job_report(ctx: ToolContext, args: dict) -> dict:
     collectives, median and 99th-percentile entry lag (ms, see find_stragglers), last_share
     (the share of its collectives it entered last), self_work_ms (its median sync on its own
     kernels, peer_wait false) against peers_self_work_ms (the median of the other ranks'
-    medians), its node's average health score, whether it is a straggler by the stored
-    events, fleetd's verdict on it (the kind of a live one, else of its newest) and its
-    cause, fleetd's note on it where it did not name it (ahead, passed_down: see
-    find_stragglers), and cost_gpu_seconds, the time its peers waited for it where it came last
-    (cost_usd with the rate: usd_per_gpu_hour, or gpu + provider, else the rate fleetd priced
-    its verdicts on the job with); fleetd's verdicts and notes on its ranks (see
-    find_stragglers); the
+    medians), its node's average health score, whether it is a straggler (fleetd's word
+    where it judged the job, else the stored events': see find_stragglers) and whether its
+    median lag is over the job's bar by the stored events (over_bar), fleetd's verdict on it
+    (the kind of a live one, else of its newest) and its cause, fleetd's note on it where it
+    did not name it (ahead, passed_down: see find_stragglers), and cost_gpu_seconds, the time
+    its peers waited for it where it came last (cost_usd with the rate: usd_per_gpu_hour, or
+    gpu + provider, else the rate fleetd priced its verdicts on the job with); fleetd's
+    verdicts and notes on its ranks (see find_stragglers); the
     stragglers with their evidence; and the cost summary of get_cost. Collectives are those
     compared across ranks (an instance at least 2 ranks entered): past 'max_entries', or where
     retention thinned the raw collectives, the lags come from fleetd's per-rank summaries
@@ -252,7 +254,7 @@ def rank_row(lag: RankLag, found: Survey, facts: dict, verdict: dict | None, not
             "peers_self_work_ms": num(peers_median(
                 [w.self_median_ms for r, w in work.items() if r != lag.rank]), 3),
             "score_avg": num(facts["scores"].get(lag.node)) if lag.node else None,
-            "straggler": lag.straggler,
+            "straggler": lag.straggler, "over_bar": lag.over_bar,
             "verdict": verdict["kind"] if verdict else None, "note": note,
             "cause": verdict["cause"] if verdict else None,
             "cost_gpu_seconds": num(caused, 3), "cost_usd": usd(caused, rate)}

@@ -26,13 +26,14 @@ SCORE_MAD_FLOOR = 0.01                 # fleetd's mad_floor for scores
 # -- find_stragglers ---------------------------------------------------------------------------
 
 JOB_BAR_OUT = closed({"cluster": STR, "job": STR, "ranks": INT, "lag_median_ms": NUM_OR_NULL,
-                      "lag_mad_ms": NUM_OR_NULL, "bar_ms": NUM_OR_NULL, "stragglers": INT})
+                      "lag_mad_ms": NUM_OR_NULL, "bar_ms": NUM_OR_NULL, "stragglers": INT,
+                      "judged_by": {"type": "string", "enum": ["fleetd", "events"]}})
 RANK_OUT = closed({
     "cluster": STR, "job": STR, "step": STR_OR_NULL, "rank": INT, "node": STR_OR_NULL,
     "samples": INT,
     "lag_median_ms": NUM_OR_NULL, "lag_p95_ms": NUM_OR_NULL, "lag_max_ms": NUM_OR_NULL,
     "last_arrivals": INT, "last_share": NUM_OR_NULL, "idle_caused_gpu_s": NUM_OR_NULL,
-    "straggler": BOOL, "evidence": RANK_EVIDENCE_OUT})
+    "straggler": BOOL, "over_bar": BOOL, "evidence": RANK_EVIDENCE_OUT})
 
 
 def job_bars_json(found: Survey) -> list[dict]:
@@ -41,7 +42,8 @@ def job_bars_json(found: Survey) -> list[dict]:
         members = [r for r in found.ranks if (r.cluster, r.job) == (cluster, job)]
         out.append({"cluster": cluster, "job": job, "ranks": len(members),
                     "lag_median_ms": ms(bar.median), "lag_mad_ms": ms(bar.mad),
-                    "bar_ms": ms(bar.bar), "stragglers": sum(r.straggler for r in members)})
+                    "bar_ms": ms(bar.bar), "stragglers": sum(r.straggler for r in members),
+                    "judged_by": "fleetd" if (cluster, job) in found.judged else "events"})
     return out
 
 
@@ -51,7 +53,8 @@ def rank_json(r: RankLag, found: Survey, evidence: Evidence) -> dict:
             "lag_max_ms": ms(r.lag_max), "last_arrivals": r.last_arrivals,
             "last_share": num(r.last_share, 4),
             "idle_caused_gpu_s": num(r.idle_caused * found.scale, 3),
-            "straggler": r.straggler, "evidence": rank_evidence_json(evidence, r)}
+            "straggler": r.straggler, "over_bar": r.over_bar,
+            "evidence": rank_evidence_json(evidence, r)}
 
 
 @tool("find_stragglers", summary="Ranks ranked by how late they enter collectives, with a robust "
@@ -84,8 +87,13 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     3·1.4826·MAD of the ranks' median lags (MAD floored at 1 ms), or where the median lags
     split in two groups a gap far wider than either's spread apart with at most half above
     it, the middle of that gap, whichever is lower; never under 2 ms nor 5% of the time between
-    the job's collectives. straggler = median lag, less its node's clock uncertainty, above
-    the bar (with at least 8 samples). Evidence per rank: its node's health score in the window (min,
+    the job's collectives. over_bar = median lag, less its node's clock uncertainty, above
+    the bar (with at least 8 samples). straggler is fleetd's word where fleetd judged the job
+    (it wrote its lag summaries, a verdict or a note: jobs[].judged_by = 'fleetd'): the rank
+    is among the verdicts above, whatever over_bar says, for fleetd weighs more than the bar
+    (whether the peers' waits grew, whether the lateness was passed down, how recent it is);
+    for a job fleetd wrote nothing on (judged_by = 'events'), it is over_bar. Evidence per
+    rank: its node's health score in the window (min,
     average, lowest signal: low cpu = host contention, low compute = slow GPU or launch rate,
     low memory = GPU memory pressure), how often fleetd listed its node under the bar, its
     preemptions (and the top preemptor's command) and block I/O. The window defaults to the

@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from ingero.analysis.causes import CAUSES
+from ingero.rates import USD_PLACES
 
 from .schema import (INT, INT_OR_NULL, NUM_OR_NULL, STR, STR_OR_NULL, TIME, TIME_OR_NULL, array,
                      closed)
@@ -82,5 +83,5 @@ def verdict_json(row) -> dict:
             "lag_p50_ms": None if lag_ns is None else ms(lag_ns / 1e9),
             "lag_p99_ms": None if lag_p99_ns is None else ms(lag_p99_ns / 1e9),
             "last_share": num(last_share, 4), "occurrences": occurrences,
-            "cost_gpu_seconds": num(cost, 3), "cost_usd": num(cost_usd, 4), "fix": fix,
+            "cost_gpu_seconds": num(cost, 3), "cost_usd": num(cost_usd, USD_PLACES), "fix": fix,
             "findings": findings, "evidence": evidence}
