@@ -14,6 +14,7 @@ ranks are named.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,25 @@ from ingero.analysis.stragglers import missing_ranks
 OPEN_CAPACITY = 1024     # instances a communicator may have open at once
 OPEN_FIRST = 8           # rows of a new communicator's ring
 HISTORY = 256            # complete instances kept for the rules
+
+
+class Pair(NamedTuple):
+    """A Send/Recv pair's window, beside its communicator's: the communicator, and the
+    sender's and the receiver's ranks in it."""
+
+    comm: str
+    sender: int
+    receiver: int
+
+    def __str__(self) -> str:
+        return f"{self.comm}>{self.sender}>{self.receiver}"
+
+    def words(self) -> str:
+        return f"communicator {self.comm} (the Send/Recv of its ranks {self.sender} to " \
+            f"{self.receiver})"
+
+
+CommKey = str | Pair      # a window's key: its communicator's hash, or a Send/Recv pair in it
 
 
 @dataclass(frozen=True)

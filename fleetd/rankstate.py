@@ -12,7 +12,7 @@ import numpy as np
 
 from ingero.analysis.causes import verdict_line
 
-from .alignment import CommWindow
+from .alignment import CommKey, CommWindow
 
 FACTS_KEPT = 64                      # sync and allocation durations kept per rank
 
@@ -154,8 +154,8 @@ class JobState:
     cluster: str
     job: str | None
     run: tuple = (None, None, None)     # (step, requeue, restart) as its processes say
-    comms: dict[str, CommWindow] = field(default_factory=dict)
-    columns: dict[str, dict[int, int]] = field(default_factory=dict)   # comm → column → rank
+    comms: dict[CommKey, CommWindow] = field(default_factory=dict)
+    columns: dict[CommKey, dict[int, int]] = field(default_factory=dict)  # → column → rank
     facts: dict[int, RankFacts] = field(default_factory=lambda: defaultdict(RankFacts))
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)
     uncovered: set[int] = field(default_factory=set)   # ranks no agent has ever told of

@@ -449,7 +449,7 @@ def test_unknown_communicators_are_kept_out_and_send_recv_pairs_are_not_lag():
     ra.tick(T0 + 25)
     assert ra.unaligned == len(unknown) and ra.active() == []
     (job,) = ra.jobs.values()
-    assert set(job.comms) == {f"{COMM}>{r}>{(r + 1) % 4}" for r in range(4)}
+    assert set(map(str, job.comms)) == {f"{COMM}>{r}>{(r + 1) % 4}" for r in range(4)}
 
 
 def test_a_rank_that_never_sends_its_activations_is_named_from_its_pairs():

@@ -16,12 +16,12 @@ import numpy as np
 from ingero.analysis.cost import ONSET_WAITS, growth
 from ingero.analysis.propagation import Syncs
 
+from ..alignment import Pair
 from ..rankstate import JobState, RankFacts
 
 log = logging.getLogger("fleetd")
 
 
-PAIR = ">"                           # comm>sender>receiver: a Send/Recv pair's window
 HOST_FACTS_S = 30.0                  # preemptions and block I/O weighed, seconds back
 HOST_SETTLE = 1                      # push intervals of them before slow kernels are named
 MAX_UNRESOLVED = 65_536              # collectives held per split comm until it is resolved
@@ -94,12 +94,12 @@ def peer_syncs(job: JobState, ranks: list[int], column: int) -> list[Syncs]:
             if at != column and rank in job.facts]
 
 
-def pair_of(comm: str, me: int, peer: int, op: str) -> tuple[str, int, int]:
+def pair_of(comm: str, me: int, peer: int, op: str) -> tuple[Pair, int, int]:
     """Send/Recv between two ranks of ``comm`` as a communicator of their own: the pair (the
     sender's and the receiver's communicator ranks), its Send the first column and its Recv the
     second, in the pair's own sequence (Send/Recv match per peer pair, in order)."""
     sender, receiver = (me, peer) if op == "ncclSend" else (peer, me)
-    return f"{comm}{PAIR}{sender}{PAIR}{receiver}", int(op != "ncclSend"), 2
+    return Pair(comm, sender, receiver), int(op != "ncclSend"), 2
 
 
 def by_program(taken: dict[tuple[str, int], tuple[int, int]]) -> dict[str, int]:

@@ -16,9 +16,9 @@ from ingero.analysis.lag import peer_lag
 from ingero.analysis.propagation import after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.stragglers import judge, quiet, slow_workers
 
-from ..alignment import CommWindow
+from ..alignment import CommKey, CommWindow, Pair
 from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
-from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PAIR, PASSED_DOWN,
+from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PASSED_DOWN,
                      by_program, own_growth, peer_syncs, syncs_of, waits_around)
 
 log = logging.getLogger("fleetd")
@@ -28,7 +28,7 @@ class Judging:
     """The part of ``RankAnalysis`` (``fleetd.ranks.analysis``) that applies the rules; it reads
     and keeps the state the face declares."""
 
-    def _judge_lag(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
+    def _judge_lag(self, job: JobState, comm: CommKey, window: CommWindow, now: float) -> dict:
         """The communicator's late ranks, by rank: its dominant op's instances on fleetd's
         clock are judged (``stragglers.judge``, past the warm-up, with the clocks' slack), each
         late rank given its cause (``causes.diagnose_late``); a lateness passed down from a
@@ -37,7 +37,7 @@ class Judging:
         its lag over the bar cost the peers (``excess``) and its evidence. Send/Recv pairs are
         not judged for lag: a pipeline's receives wait on their sends by design."""
         op, rows = window.dominant()
-        if op is None or PAIR in comm:
+        if op is None or isinstance(comm, Pair):
             return {}        # a pipeline's receives wait on their sends by design: not lag
         ranks = self._ranks(job, comm, window.nranks)
         entries, steps = self._on_fleet_clock(job, ranks, window.entries[rows]), window.step[rows]
@@ -174,7 +174,7 @@ class Judging:
                      (later + own) * 1e3)
         return answer
 
-    def _note(self, job: JobState, rank: int, kind: str, f, comm: str, op: str, step: int,
+    def _note(self, job: JobState, rank: int, kind: str, f, comm: CommKey, op: str, step: int,
               onset: float, now: float) -> None:
         """A rank late on the host that costs nobody (``ahead``: its peers wait no longer
         for it since, its GPU queue still ahead of it) or whose lateness is another's
@@ -245,7 +245,7 @@ class Judging:
                 evidence=self._evidence(facts, None, None))
         return found
 
-    def _judge_missing(self, job: JobState, comm: str, window: CommWindow, now: float) -> dict:
+    def _judge_missing(self, job: JobState, comm: CommKey, window: CommWindow, now: float) -> dict:
         """The ranks missing from the oldest instance some rank has not entered, once it is
         known that they will not come: they crashed (at once), their peers gave up on them
         (aborted or failed while waiting: a hang the job's end cut short), or the peers have
@@ -283,7 +283,7 @@ class Judging:
                 found[(rank, "missing")] = current     # named: a node heard from only
                 continue                                # again after a silence clears nothing
             if kind is not None:
-                if PAIR in comm:          # its own side of the pair: the Send or the Recv
+                if isinstance(comm, Pair):  # its own side of the pair: the Send or the Recv
                     op = self.ops.code("ncclSend" if column == 0 else "ncclRecv")
                 found[(rank, "missing")] = self._missing_verdict(
                     job, comm, rank, kind, op, seq, began, gave_up, now, len(entered))
@@ -306,14 +306,13 @@ class Judging:
             return None       # a silent node may only be late to tell: the time of two
         return "died" if gone_at is not None else "hang"
 
-    def _missing_verdict(self, job: JobState, comm: str, rank: int, kind: str, op: int,
+    def _missing_verdict(self, job: JobState, comm: CommKey, rank: int, kind: str, op: int,
                          seq: int, began: float, gave_up: float | None, now: float,
                          waiting: int) -> Verdict:
         facts = job.facts[rank]
         waited = (gave_up if gave_up is not None else now) - began
-        comm, _, pair = comm.partition(PAIR)
-        where = f"communicator {comm}" + (
-            f" (the Send/Recv of its ranks {pair.replace(PAIR, ' to ')})" if pair else "")
+        pair = comm if isinstance(comm, Pair) else None
+        where = pair.words() if pair else f"communicator {comm}"
         why = (f"never entered {self.ops.names[op]} #{seq} on {where}; its peers "
                + (f"gave up after waiting {waited:.1f} s (NCCL failed or timed out in them)"
                   if gave_up is not None else f"have waited {waited:.1f} s")
@@ -326,10 +325,12 @@ class Judging:
         return Verdict(job.cluster, job.job, rank, facts.node, kind, kind, confidence="high",
                        severity="critical",
                        fix=causes.FIXES[kind].format(node=facts.node or "its node"),
-                       findings=[why], op=self.ops.names[op], comm_hash=comm, onset=began,
+                       findings=[why], op=self.ops.names[op],
+                       comm_hash=pair.comm if pair else comm, onset=began,
                        lag_p50_s=waited, cost_gpu_s=waited * waiting,
                        evidence={"seq": seq, "waited_s": round(waited, 3),
-                                 **({"pair": pair} if pair else {})})
+                                 **({"pair": f"{pair.sender}>{pair.receiver}"} if pair
+                                    else {})})
 
     def _silent(self, node: str, since: float) -> bool:
         """Whether ``node`` has not pushed, one push interval after ``since``, since then, or
@@ -404,7 +405,7 @@ class Judging:
         alike: dict[int, set[int]] = defaultdict(set)
         for comm, window in job.comms.items():
             members = set(job.columns.get(comm, {}).values()) & index.keys()
-            if window.nranks < widest and window.op_counts and PAIR not in comm:
+            if window.nranks < widest and window.op_counts and not isinstance(comm, Pair):
                 for member in members:
                     alike[member] |= members - {member}
         if not alike:

@@ -13,9 +13,9 @@ from ingero.analysis.cost import excess
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.stragglers import arrivals
 
-from ..alignment import CommWindow
+from ..alignment import CommKey, CommWindow, Pair
 from ..rankstate import JobState, RankFacts, Verdict
-from .common import PAIR, UNCOVERED_AFTER, UNCOVERED_AFTER_S, WINDOW_IDLE_INTERVALS, WINDOW_IDLE_S
+from .common import UNCOVERED_AFTER, UNCOVERED_AFTER_S, WINDOW_IDLE_INTERVALS, WINDOW_IDLE_S
 
 log = logging.getLogger("fleetd")
 
@@ -98,7 +98,7 @@ class Settling:
         nodes = {facts.node for facts in job.facts.values() if facts.node}
         return max((self.heard[node][1] for node in nodes if node in self.heard), default=1.0)
 
-    def _settle(self, job: JobState, comm: str, window: CommWindow, now: float) -> bool:
+    def _settle(self, job: JobState, comm: CommKey, window: CommWindow, now: float) -> bool:
         """Move the instances now complete to the history; whether there were any."""
         ranks = self._ranks(job, comm, window.nranks)
         seq, _op, raw = window.settle(self._unseen(job, window, ranks, now))
@@ -108,7 +108,7 @@ class Settling:
         lag = peer_lag(entries)      # complete, but NaN where a node's clock is not known yet
         self._charge(job, comm, window, ranks, entries, lag)
         known = np.isfinite(lag).all(axis=0)
-        if known.sum() < 2 or PAIR in comm:
+        if known.sum() < 2 or isinstance(comm, Pair):
             return True
         # The rank's lag summary for echod, which answers from these where the raw
         # collectives are not kept (or too many to read): its lag on the clocks known; who
@@ -132,7 +132,7 @@ class Settling:
                     "waited_ns": round(waits[2][column] * 1e9)})})
         return True
 
-    def _charge(self, job: JobState, comm: str, window: CommWindow, ranks: list[int],
+    def _charge(self, job: JobState, comm: CommKey, window: CommWindow, ranks: list[int],
                 entries: np.ndarray, lag: np.ndarray) -> None:
         """What the newly settled instances cost, on the verdicts live on this communicator:
         from each verdict's onset, only the part of the rank's lag over the bar, once for
@@ -182,6 +182,6 @@ class Settling:
             return raw - fit.offset_at(raw)
         return placed
 
-    def _ranks(self, job: JobState, comm: str, nranks: int) -> list[int]:
+    def _ranks(self, job: JobState, comm: CommKey, nranks: int) -> list[int]:
         known = job.columns.get(comm, {})
         return [known.get(column, column) for column in range(nranks)]
