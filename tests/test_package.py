@@ -235,24 +235,16 @@ LONG: set[str] = set()
 MAX_LINES = 600
 
 
-def test_no_module_imports_itself_round_a_circle():
-    sources = _sources()
-    edges = {}
-    for name, path in sources.items():
-        targets = set()
-        for target in _imports(path, name):
-            while target and target not in sources:     # a name from a module: the module
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                targets.add(target)
-        edges[name] = targets
+def circles_in(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The parts of a graph where each node reaches each other (Tarjan's strongly connected
+    parts), of two nodes or more."""
     circles, order, low, on, stack = [], {}, {}, set(), []
 
-    def visit(node: str) -> None:                       # Tarjan's strongly connected parts
+    def visit(node: str) -> None:
         order[node] = low[node] = len(order)
         stack.append(node)
         on.add(node)
-        for target in edges[node]:
+        for target in edges.get(node, ()):
             if target not in order:
                 visit(target)
                 low[node] = min(low[node], low[target])
@@ -268,7 +260,41 @@ def test_no_module_imports_itself_round_a_circle():
     for name in sorted(edges):
         if name not in order:
             visit(name)
-    assert sorted(map(sorted, circles)) == sorted(map(sorted, CIRCLES))
+    return circles
+
+
+def test_no_module_imports_itself_round_a_circle():
+    sources = _sources()
+    edges = {}
+    for name, path in sources.items():
+        targets = set()
+        for target in _imports(path, name):
+            while target and target not in sources:     # a name from a module: the module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+        edges[name] = targets
+    assert sorted(map(sorted, circles_in(edges))) == sorted(map(sorted, CIRCLES))
+
+
+def test_no_c_file_of_the_sim_calls_itself_round_a_circle():
+    """Each of the sim's C files calls functions of the files it stands on, never of one that
+    calls it back: read from the objects make builds (nm: the symbols each defines and those
+    it needs)."""
+    import sim
+
+    objects = sorted((sim.build() / "obj").glob("*.o"))
+    defined, needed = {}, {}
+    for path in objects:
+        listing = subprocess.run(["nm", str(path)], capture_output=True, text=True,
+                                 check=True).stdout.split("\n")
+        symbols = [line.split()[-2:] for line in listing if line.strip()]
+        defined.update({name: path.stem for kind, name in symbols if kind in "TDBR"})
+        needed[path.stem] = {name for kind, name in symbols if kind == "U"}
+    edges = {stem: {defined[name] for name in names if defined.get(name, stem) != stem}
+             for stem, names in needed.items()}
+    assert sum(map(len, edges.values())) > 10, edges       # the files do call each other
+    assert circles_in(edges) == []
 
 
 # The daemons' rooms, one way: each module imports only those before it (each package's

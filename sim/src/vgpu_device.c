@@ -189,6 +189,14 @@ cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item)
     return cudaSuccess;
 }
 
+/* An event's reference, dropped by the item that held it (done on the device, or a query
+ * that found it): the last one frees a destroyed event. Called with the lock held. */
+void vgpu_event_release(struct CUevent_st *ev)
+{
+    if (--ev->refs == 0 && ev->destroyed)
+        free(ev);
+}
+
 static enum item_status run_work(struct vgpu_item *item, int64_t now, int64_t *end,
                                  int64_t *wake_at)
 {

@@ -301,12 +301,6 @@ cudaError_t vgpu_event_elapsed(float *ms, cudaEvent_t start, cudaEvent_t end)
 }
 
 /* Caller holds the lock. Frees a destroyed event once no queued item points at it. */
-void vgpu_event_release(struct CUevent_st *ev)
-{
-    if (--ev->refs == 0 && ev->destroyed)
-        free(ev);
-}
-
 cudaError_t vgpu_event_destroy(cudaEvent_t event)
 {
     struct CUevent_st *ev = vgpu_event(event);
