@@ -2,7 +2,7 @@
 their GPUs (and since when that can be weighed), and whether a rank's lateness was passed down
 to it by a peer elsewhere. Pure functions of the peers' sync ends and the aligned entries
 (``entries``: instances × ranks, on one clock, NaN where a rank has not entered), as fleetd
-keeps them; no clock, no state.
+keeps them; no clock, no state. Imports only ``ingero.analysis.cost`` and ``.stragglers``.
 
 A sync is a rank's host waiting for its GPU (a ``.item()``, a stream or event sync). Where the
 hosts sync less than every other collective, each host enqueues ahead of its GPU and a late
