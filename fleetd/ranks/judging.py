@@ -11,7 +11,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ingero.analysis import causes
-from ingero.analysis.cost import ONSET_WAITS, excess, growth, level_onset, stands_out, waits_grew
+from ingero.analysis.cost import (COST_SHARE, ONSET_WAITS, excess, growth, level_onset,
+                                  stands_out, waits_grew)
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.propagation import after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.stragglers import judge, quiet, slow_workers
@@ -156,8 +157,9 @@ class Judging:
             since = np.nanmedian(lag[at:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
         own = own_growth(job.facts.get(ranks[f.column]), onset, placed)
+        ahead = runs_ahead(peer_syncs(job, ranks, f.column), entries)
         answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
-                            enough=ONSET_WAITS * peers)
+                            enough=ONSET_WAITS * peers, share=0.0 if ahead else COST_SHARE)
         named = job.verdicts.get((ranks[f.column], "lag"))
         if not answer or (named is not None and named.cleared is None):
             return answer                  # said once, as the lateness is first named
