@@ -1213,3 +1213,19 @@ def test_a_node_pushing_once_an_hour_stretches_its_own_jobs_timeouts_only():
     assert ra._interval(jobs["42"]) == 1.0 and ra._interval(jobs["77"]) == 3600.0
     ra.tick(T0 + 4 * 3600)              # n9 and its job long gone: nothing of it is kept
     assert "n9" not in ra.heard
+
+
+def test_where_hosts_run_ahead_a_growth_of_the_peers_waits_proves_a_cost_whatever_the_host_lag():
+    """A job syncing every 10 steps (job 2802's numbers): the late rank's host lag ramps to
+    270 ms between syncs (median 148 ms), its peers' waits at the syncs rise from ~18 ms to
+    ~34 ms. Against a quarter of the host lag that is no cost; where the hosts run ahead, the
+    host lag holds how far they ran ahead, and the growth standing out is the proof."""
+    before = [((None, 10), ns, (None, s)) for s, ns in enumerate(
+        [17.6e6, 17.9e6, 18.9e6, 17.5e6] * 7)]
+    after = [((None, 10), ns, (None, 100 + s)) for s, ns in enumerate(
+        [37.4e6, 32.8e6, 36.0e6, 33.8e6, 34.4e6, 32.5e6] * 7)]
+    assert waits_grew(before, after, 0.148, 0.002) is False
+    assert waits_grew(before, after, 0.148, 0.002, share=0.0) is True
+    steady = [((None, 10), ns + 0.3e6 * (s % 3), (None, 200 + s)) for s, ns in enumerate(
+        [17.6e6, 17.9e6, 18.9e6, 17.5e6] * 4)]
+    assert waits_grew(before, steady, 0.148, 0.002, share=0.0) is False   # no growth: none
