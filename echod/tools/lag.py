@@ -475,12 +475,14 @@ def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
     judged = {(cluster, job) for cluster, job in rows(conn, JUDGED.format(where=lags.sql()),
                                                       lags.params)}
     judged |= {(cluster, job) for cluster, job, *_ in found}
-    named = {(cluster, job, rank, step) for cluster, job, rank, step, named in found if named}
+    steps: dict[tuple, set] = defaultdict(set)    # a rank named → the steps it was named in
+    for cluster, job, rank, step, named in found:
+        if named:
+            steps[(cluster, job, rank)].add(step)
     for r in ranks:
         if (r.cluster, r.job) in judged:
-            r.straggler = any((r.cluster, r.job, r.rank, step) in named
-                              for step in (r.step, None)) or (
-                r.step is None and any(key[:3] == (r.cluster, r.job, r.rank) for key in named))
+            said = steps.get((r.cluster, r.job, r.rank), set())
+            r.straggler = bool(said) and (r.step is None or None in said or r.step in said)
     return frozenset(judged)
 
 
