@@ -152,10 +152,14 @@ class Judging:
         workers' respawn, against a swing of 3 ms, was named critical). A rank
         late from the first instances judged has no before to weigh them against: it is
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
-        so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
-        where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
-        once its lag stands out of the swing of its peers' (``stands_out``) over enough
-        instances to show that swing (``drift_seen``), and until then it is not known yet.
+        so its peers wait longer than it by its lateness whether its GPU absorbed it or not)
+        once its lag stands out of the swing of its peers' (``stands_out``: a healthy tp/pp
+        job's rank 9.7 ms late in a pair whose lags swing by 5 ms was named critical), and
+        until then it is not known yet; where the hosts run ahead of their GPUs, or none has
+        synced yet (``runs_ahead``), over enough instances to show that swing
+        (``drift_seen``). A rank once named stays so while it is late: weighed again on the
+        waits since its onset, a growth its peers' shorter steps later hid read as none (CI:
+        a late node's four ranks named, then each noted as costing nobody).
         There, only its instances since its peers' first sync count (``after_first_sync``):
         a host that starts its loop a few ms late while its GPU queue is empty is late at
         every step it enqueues before the first sync, which realigns the hosts (CI: a rank
@@ -163,7 +167,7 @@ class Judging:
         if at < self.policy.min_instances:
             peers = peer_syncs(job, ranks, f.column)
             if runs_ahead(peers, entries) is False:
-                return True
+                return True if stands_out(lag, f.column, f.lag_p50_s, self.policy.k) else None
             rows = after_first_sync(peers, entries)
             if rows.sum() < self.policy.min_instances or not drift_seen(peers, entries[rows]):
                 return None
@@ -191,12 +195,12 @@ class Judging:
         job.exposure[(comm, ranks[f.column])] = exposure(
             before, after, later + own_growth(mine, onset, placed, per_instance=True))
         named = job.verdicts.get((ranks[f.column], "lag"))
-        if answer and (named is None or named.cleared is not None) and not stands_out(
-                lag[:at] if at >= self.policy.min_instances else lag, f.column, f.lag_p50_s,
-                self.policy.k):
+        if named is not None and named.cleared is None:
+            return True                    # said once, as the lateness was first named
+        if answer and not stands_out(lag[:at], f.column, f.lag_p50_s, self.policy.k):
             return None                    # within the job's own swing: not late yet
-        if not answer or (named is not None and named.cleared is None):
-            return answer                  # said once, as the lateness is first named
+        if not answer:
+            return answer
         if len(before) < 3:
             log.info("job %s: rank %d's lateness (%.1f ms) taken to cost: %d sync(s) of its "
                      "peers kept from before its onset, too few to weigh", job.job,

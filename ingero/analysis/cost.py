@@ -22,6 +22,7 @@ from .stragglers import quiet
 
 COST_ERRORS = 3.0      # a lag costs when its peers' waits grew by this many standard errors
 ONSET_WAITS = 2        # syncs a peer since the onset before it is weighed
+HARMLESS_SYNCS = 3     # syncs since the onset before a growth not shown is taken as none
 LEVEL_SHARE = 0.5      # a lateness is at its level from where its lag reaches this share of
                        # its recent lag
 
@@ -45,8 +46,12 @@ def waits_grew(before: list[tuple], after: list[tuple], floor_s: float, later_s:
     holds how far its peers' hosts ran ahead as well (CI: a host 30 ms a step slow, syncing
     every 10 steps, ramped to 270 ms behind while its peers waited 17 ms more a sync). What it
     costs is what the waits grew (``exposure``). Too few syncs before: it costs; fewer than
-    ``enough`` since its onset, or their spread not told yet: None, not known yet. The
-    answer is given once (a lateness shown harmless stays so, one shown to cost is named)."""
+    ``enough`` since its onset, or their spread not told yet: None, not known yet. A growth
+    that does not stand out yet is taken as none only from ``HARMLESS_SYNCS`` syncs since the
+    onset: with one, its mean is that sync's alone, and the error of the growth is mostly its
+    own (CI, beside a busy loop: a rank 144 ms behind its queue, whose peers waited 57 ms more
+    at each sync, was shown harmless for good at the first sync since its onset). The answer
+    is given once (a lateness shown harmless stays so, one shown to cost is named)."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
@@ -54,7 +59,16 @@ def waits_grew(before: list[tuple], after: list[tuple], floor_s: float, later_s:
     grew, error = growth(before, after)
     if not math.isfinite(error):
         return None
-    return grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_ERRORS * error / 1e9)
+    if grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_ERRORS * error / 1e9):
+        return True
+    return False if syncs_in(after) >= HARMLESS_SYNCS else None
+
+
+def syncs_in(waits: list[tuple]) -> int:
+    """How many syncs the waits were taken at (the peers' at one sync are one; a wait whose
+    sync is not known is one of its own)."""
+    return len({w[2] if len(w) > 2 and w[2] is not None else ("wait", n)
+                for n, w in enumerate(waits)})
 
 
 def exposure(before: list[tuple], after: list[tuple], later_s: float = 0.0) -> float | None:
