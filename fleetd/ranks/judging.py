@@ -12,7 +12,7 @@ import numpy as np
 
 from ingero.analysis import causes
 from ingero.analysis.cost import (ONSET_WAITS, excess, exposure, growth, level_onset,
-                                  stands_out, waits_grew)
+                                  stands_out, swing, waits_grew)
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.propagation import after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.stragglers import judge, quiet, slow_workers
@@ -47,8 +47,9 @@ class Judging:
         named = frozenset(column for column, rank in enumerate(ranks)
                           if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
                           and v.kind == "persistent")
+        warming = int((steps < self.policy.warm_up).sum())
         judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries),
-                          warming=int((steps < self.policy.warm_up).sum()))
+                          warming=warming)
         window.bar = judgement.bar_s
         lag = peer_lag(entries)
         late_columns = frozenset(f.column for f in judgement.findings)
@@ -71,7 +72,7 @@ class Judging:
             costs = f.kind != "persistent" or self._shown(
                 job, (comm, rank), recent, lambda: self._costs(
                     job, comm, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries,
-                    late_columns))
+                    late_columns, warming))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -134,22 +135,27 @@ class Judging:
 
     def _costs(self, job: JobState, comm: CommKey, ranks: list[int], f, at: int,
                onset: float, lag: np.ndarray, entries: np.ndarray,
-               late: frozenset[int] = frozenset()) -> bool | None:
+               late: frozenset[int] = frozenset(), warming: int = 0) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
         grew from its onset on (``at``: the instance its lateness reached its level, see
         ``level_onset``; ``onset``: when, on fleetd's clock), beyond what a later rank
         explains (``lag``: every column's, at each instance judged, at ``entries``; see
-        ``waits_grew``). The peers weighed are those on time: the columns ``late`` with it
+        ``waits_grew``; a rank later by no more than ``k`` times the swing of the on-time
+        peers' lags is late with it, not later: a node's four ranks, 28 to 31 ms late, their
+        peers waiting 11 ms more, were each weighed less up to 3 ms of the others' lags, no
+        more than their jitter). The peers weighed are those on time: the columns ``late`` with it
         (a node's ranks, late together) wait less as the others wait more, and pooled with
         them the growth looked a third of what it was (a node's four ranks 30 ms late, the
         twelve others waiting 14 ms more a step: shown harmless). How much the waits grew at
         each instance is kept as what its lateness costs (``exposure``). A lateness that
-        costs is named only once its lag stands out of the swing of its peers' lags before
-        its onset (``stands_out``; all instances judged where it began with the first):
-        ranks that jitter and drift between syncs are each late by ms over a few steps now
-        and then, and their peers' waits grow and shrink with whatever delays the job (a
-        healthy pipeline job's rank 4 ms late over 16 instances after its data-loader
-        workers' respawn, against a swing of 3 ms, was named critical). A rank
+        costs is named only once its lag stands out of the swing of its on-time peers' lags
+        (``stands_out``) past the communicator's first ``warming`` instances (where enough
+        are left): ranks that jitter and drift between syncs are each late by ms over a few
+        steps now and then, and their peers' waits grow and shrink with whatever delays the
+        job (a healthy pipeline job's rank 4 ms late over 16 instances after its data-loader
+        workers' respawn, against a swing of 3 ms, was named critical); a job's first steps
+        swing far more (in a node's late ranks' first ten, beside a busy loop, two of the four
+        did not stand out of them, and were never named). A rank
         late from the first instances judged has no before to weigh them against: it is
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
         so its peers wait longer than it by its lateness whether its GPU absorbed it or not)
@@ -164,16 +170,24 @@ class Judging:
         a host that starts its loop a few ms late while its GPU queue is empty is late at
         every step it enqueues before the first sync, which realigns the hosts (CI: a rank
         7 ms late over a job's first steps named beside the straggler)."""
+        named = job.verdicts.get((ranks[f.column], "lag"))
+        still = named is not None and named.cleared is None
+        others = late - {f.column}
+        settled = lag[warming:] if len(lag) - warming >= self.policy.min_instances else lag
         if at < self.policy.min_instances:
+            if still:
+                return True                # said once, as the lateness was first named
             peers = peer_syncs(job, ranks, f.column)
             if runs_ahead(peers, entries) is False:
-                return True if stands_out(lag, f.column, f.lag_p50_s, self.policy.k) else None
+                return True if stands_out(settled, f.column, f.lag_p50_s, self.policy.k,
+                                          others) else None
             rows = after_first_sync(peers, entries)
             if rows.sum() < self.policy.min_instances or not drift_seen(peers, entries[rows]):
                 return None
             with quiet():
                 since = float(np.nanmedian(lag[rows, f.column]))
-            return True if stands_out(lag[rows], f.column, since, self.policy.k) else None
+            return True if stands_out(lag[rows], f.column, since, self.policy.k,
+                                      others) else None
         before, after, peers = [], [], 0
         placed = self._waits_placed(job, ranks)
         for column, rank in enumerate(ranks):
@@ -187,17 +201,19 @@ class Judging:
             after += waits[1]
         with quiet():
             since = np.nanmedian(lag[at:], axis=0)
-            later = float(np.nanmax(since) - since[f.column])
+        later = float(np.nanmax(since) - since[f.column])
+        spread = swing(settled, f.column, others)
+        if spread is not None and later <= self.policy.k * spread:
+            later = 0.0            # a rank late with it, by as much give or take the swing
         mine = job.facts.get(ranks[f.column])
         own = own_growth(mine, onset, placed)
         answer = waits_grew(before, after, self.policy.min_lag_s, later + own,
                             enough=ONSET_WAITS * peers)
         job.exposure[(comm, ranks[f.column])] = exposure(
             before, after, later + own_growth(mine, onset, placed, per_instance=True))
-        named = job.verdicts.get((ranks[f.column], "lag"))
-        if named is not None and named.cleared is None:
+        if still:
             return True                    # said once, as the lateness was first named
-        if answer and not stands_out(lag[:at], f.column, f.lag_p50_s, self.policy.k):
+        if answer and not stands_out(settled, f.column, f.lag_p50_s, self.policy.k, others):
             return None                    # within the job's own swing: not late yet
         if not answer:
             return answer

@@ -132,26 +132,34 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     return grew, math.sqrt(variance)
 
 
-def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float) -> bool:
+def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float,
+               late: frozenset[int] = frozenset()) -> bool:
     """Whether a rank's lag (``lag_s``, its late instances' median) is over ``k`` times the
-    swing of its peers' lags from instance to instance (1.4826·MAD of each one's lag less
-    its own median, at the instances judged: ``lag``, instances × columns; how late each is
-    on the whole, several of them late at once, is no swing). Hosts that enqueue several
-    steps ahead of their GPUs and sync every few drift apart by milliseconds within each run
-    of steps when their CPUs are busy; a rank a few ms late over a job's first instances is
-    that swing, not a straggler (it is judged against the ranks' median lags only, whose
-    spread is far smaller). Asked of a rank late from the start where the hosts run ahead
-    (``runs_ahead``: where they sync every step, its lateness reaches its GPU), and of every
-    lateness whose cost was shown, against the swing before its onset: ranks that jitter
-    drift by ms over a few steps now and then, whatever their syncs, and their peers' waits
-    grow and shrink with whatever else delays the job."""
-    peers = np.delete(np.asarray(lag, float), column, axis=1)
+    swing of its peers' lags from instance to instance (``swing``, at the instances judged:
+    ``lag``, instances × columns). Hosts that enqueue several steps ahead of their GPUs and
+    sync every few drift apart by milliseconds within each run of steps when their CPUs are
+    busy; a rank a few ms late over a job's first instances is that swing, not a straggler
+    (it is judged against the ranks' median lags only, whose spread is far smaller). Asked
+    of a rank late from the start where the hosts run ahead (``runs_ahead``: where they sync
+    every step, its lateness reaches its GPU), and of every lateness whose cost was shown:
+    ranks that jitter drift by ms over a few steps now and then, whatever their syncs, and
+    their peers' waits grow and shrink with whatever else delays the job."""
+    spread = swing(lag, column, late)
+    return True if spread is None else lag_s > k * spread
+
+
+def swing(lag: np.ndarray, column: int, late: frozenset[int] = frozenset()) -> float | None:
+    """How far the lags of a column's peers swing from instance to instance: 1.4826·MAD of
+    each one's lag less its own median (how late each is on the whole, several of them late
+    at once, is no swing); None where too few are known. The columns ``late`` with it (a
+    node's ranks) are no peers of its: their onset is a swing of their own."""
+    peers = np.delete(np.asarray(lag, float), sorted({column} | set(late)), axis=1)
     with quiet():
-        swing = peers - np.nanmedian(peers, axis=0)
-    swing = swing[np.isfinite(swing)]
-    if len(swing) < 2:
-        return True
-    return lag_s > k * MAD_TO_SIGMA * float(np.median(np.abs(swing)))
+        spread = peers - np.nanmedian(peers, axis=0)
+    spread = spread[np.isfinite(spread)]
+    if len(spread) < 2:
+        return None
+    return MAD_TO_SIGMA * float(np.median(np.abs(spread)))
 
 
 def level_onset(lag: np.ndarray, onset: int, recent: float) -> int:
