@@ -208,6 +208,12 @@ def beta_rows(t0: float, now: float) -> dict:
                 lambda r: 0.050 if r == 1 else 0.0002 * r)
     b.score("b-node2", t0 + 1, "778", 0.95, {"cpu": 0.95}, clock_offset=0.0002,
             clock_uncertainty=0.0001)
+    # job 779: the same, on a node whose agent serves every job there (no --job): its scores
+    # carry no job
+    collectives(b, "779", "beef3333beef3333", 4, 50, t0, lambda r: "b-node3",
+                lambda r: 0.050 if r == 1 else 0.0002 * r)
+    b.score("b-node3", t0 + 1, None, 0.95, {"cpu": 0.95}, clock_offset=0.0002,
+            clock_uncertainty=0.0001)
     t = t0
     while t < now - 5:
         b.score("b-node0", t, "777", 0.95, {"cpu": 0.95, "compute": 0.9})
@@ -348,14 +354,17 @@ def test_a_job_fleetd_timed_has_no_straggler_fleetd_did_not_name(world):
     """Job 778's rank 1 enters 50 ms late by its stored events, and fleetd had the job's
     pushes (it stored a score of the job with its node's clock offset) but named nobody, as
     in a job's first seconds, before its first lag summaries: every tool says what fleetd
-    said, nobody is a straggler. Job 777, whose events came without fleetd, keeps the
+    said, nobody is a straggler. So too for job 779, whose node's agent serves all its jobs
+    and scores the node, not the job (a poll in a job's first second called ranks stragglers
+    fleetd had not named yet). Job 777, whose events came without fleetd, keeps the
     events' word."""
-    answer = call(world, "find_stragglers", BETA, job="778")
-    [job] = answer["jobs"]
-    assert job["judged_by"] == "fleetd"
-    late = {r["rank"]: r for r in answer["ranks"]}[1]
-    assert late["over_bar"] and not late["straggler"]
-    assert call(world, "explain", BETA, job="778", rank=1)["cause"] == "none"
+    for timed in ("778", "779"):     # its agent run with --job, or serving the whole node
+        answer = call(world, "find_stragglers", BETA, job=timed)
+        [job] = answer["jobs"]
+        assert job["judged_by"] == "fleetd", timed
+        late = {r["rank"]: r for r in answer["ranks"]}[1]
+        assert late["over_bar"] and not late["straggler"], timed
+        assert call(world, "explain", BETA, job=timed, rank=1)["cause"] == "none"
     other = call(world, "find_stragglers", BETA, job="777")
     assert [j["judged_by"] for j in other["jobs"]] == ["events"]
     assert [r["rank"] for r in other["ranks"] if r["straggler"]] == [2]
