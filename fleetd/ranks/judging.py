@@ -20,8 +20,7 @@ from ingero.analysis.stragglers import judge, quiet, slow_workers
 from ..alignment import CommKey, CommWindow, Pair
 from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
 from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PASSED_DOWN,
-                     Onset, by_program, heard_through, own_growth, peer_syncs, syncs_of,
-                     waits_around)
+                     by_program, own_growth, peer_syncs, syncs_of, waits_around)
 
 log = logging.getLogger("fleetd")
 
@@ -69,8 +68,7 @@ class Judging:
             at = level_onset(lag[:, f.column], f.onset, recent)
             costs = f.kind != "persistent" or self._shown(
                 job, (comm, rank), recent, lambda: self._costs(
-                    job, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries,
-                    (comm, int(window.seq[rows][at])), len(rows) / max(1, int(rows.sum()))))
+                    job, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -119,14 +117,12 @@ class Judging:
         return answer
 
     def _costs(self, job: JobState, ranks: list[int], f, at: int, onset: float,
-               lag: np.ndarray, entries: np.ndarray, instance: tuple[str, int],
-               per_step: float = 1.0) -> bool | None:
+               lag: np.ndarray, entries: np.ndarray) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
         grew from its onset on (``at``: the instance its lateness reached its level, see
-        ``level_onset``; ``onset``: when, on fleetd's clock; ``instance``: its communicator
-        and seq there, which places the waits at syncs on that communicator, see
-        ``waits_around``; ``per_step``: its collectives a step), beyond what a later rank explains (``lag``: every column's, at
-        each instance judged, at ``entries``; see ``waits_grew``). A rank
+        ``level_onset``; ``onset``: when, on fleetd's clock), beyond what a later rank
+        explains (``lag``: every column's, at each instance judged, at ``entries``; see
+        ``waits_grew``). A rank
         late from the first instances judged has no before to weigh them against: it is
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
         so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
@@ -147,24 +143,23 @@ class Judging:
             with quiet():
                 since = float(np.nanmedian(lag[rows, f.column]))
             return True if stands_out(lag[rows], f.column, since, self.policy.k) else None
-        before, after = [], []
+        before, after, peers = [], [], 0
         placed = self._waits_placed(job, ranks)
-        weighed = [facts for column, rank in enumerate(ranks) if column != f.column
-                   and (facts := job.facts.get(rank)) is not None and facts.peer_wait_ns]
-        peers = len(weighed)
-        on = Onset(*instance, heard_through(weighed, instance[0]))
-        for facts in weighed:
-            waits = waits_around(facts, onset, placed, on)
+        for column, rank in enumerate(ranks):
+            facts = job.facts.get(rank)
+            if column == f.column or facts is None or not facts.peer_wait_ns:
+                continue
+            peers += 1
+            waits = waits_around(facts, onset, placed)
             before += waits[0]
             after += waits[1]
         with quiet():
             since = np.nanmedian(lag[at:], axis=0)
             later = float(np.nanmax(since) - since[f.column])
-        own = own_growth(job.facts.get(ranks[f.column]), onset, placed, on)
+        own = own_growth(job.facts.get(ranks[f.column]), onset, placed)
         ahead = runs_ahead(peer_syncs(job, ranks, f.column), entries)
         answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
-                            enough=ONSET_WAITS * peers, share=0.0 if ahead else COST_SHARE,
-                            per_step=per_step)
+                            enough=ONSET_WAITS * peers, share=0.0 if ahead else COST_SHARE)
         named = job.verdicts.get((ranks[f.column], "lag"))
         if not answer or (named is not None and named.cleared is None):
             return answer                  # said once, as the lateness is first named
@@ -173,7 +168,7 @@ class Judging:
                      "peers kept from before its onset, too few to weigh", job.job,
                      ranks[f.column], f.lag_p50_s * 1e3, len(before))
         else:
-            grew, error, _ = growth(before, after)
+            grew, error = growth(before, after)
             log.info("job %s: rank %d's lateness (%.1f ms) costs: its peers' waits at syncs "
                      "grew %.1f ms (±%.1f) from %d before its onset to %d since; %.1f ms of "
                      "that is a later rank's or its own", job.job, ranks[f.column],
