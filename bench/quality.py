@@ -31,8 +31,8 @@ from pathlib import Path
 
 from bench import harness, quality_report
 from bench.quality_scoring import (HEALTH_K, LAG_SIGMAS, METHODS, Entry, Tally,
-                                   diagnosed, health_mad, lag_mean_sigma, ranks_of_nodes,
-                                   rounded, spread)
+                                   diagnosed, disagreements, explained_against, health_mad,
+                                   lag_mean_sigma, ranks_of_nodes, rounded, spread)
 from sim import scenario as scenarios
 from sim.cluster import Cluster
 from sim.processes import ClusterResult
@@ -122,6 +122,18 @@ FULL = [
     case("host-behind", "syncs every 10 steps; from step 40 rank 5's host 30 ms slower a "
          "step, behind its GPU queue", 2, 4, [delay(5, 30, 40)], sync_every=10, step_ms=20,
          steps=100),
+    case("tp-pp-healthy", "mpirun; tp 2, pp 2, stage 0 twice stage 1's work; 2 data-loader "
+         "workers a rank, forked every 40 steps; a sync every 5 steps; 0 to 3 ms of random "
+         "host time a step: no straggler", 2, 4, launcher="mpirun",
+         parallel={"tp": 2, "pp": 2}, stage_work=[30, 15], workers=2, epoch_steps=40,
+         sync_every=5, jitter_ms=3, steps=120),
+    case("late-node", "a sync every step; from step 10 all four ranks of node 2 spend 30 ms "
+         "more on the host a step (25 ms steps)", 4, 4,
+         [delay(rank, 30, 10) for rank in range(8, 12)], step_ms=25, steps=80),
+    case("slow-gpu-1.3", "rank 6's GPU runs kernels 1.3× slower", 4, 4,
+         [{"rank": 6, "kind": "slow_gpu", "factor": 1.3}]),
+    case("host-delay-24", "24 ranks on the machine's CPUs; rank 13 80 ms late on the host "
+         "from step 10, past the 50 ms its GPU has queued", 3, 8, [delay(13, 80, 10)]),
     case("elastic-restart", "every rank restarts at step 30 (torchrun); rank 5 60 ms late",
          2, 4, [delay(5, 60, 10)], launcher="torchrun", restart_at=30),
     case("healthy-jitter-64", "no straggler; every rank 0 to 4 ms of random host time a step",
@@ -190,10 +202,11 @@ def run_case(stack, c: Case, job_id: int, skewed_agent: int) -> dict:
     print(f"{c.name}: job {job_id}, {job.world_size} ranks", file=sys.stderr, flush=True)
     cpu_before, started = cpu_times(), time.time()
     with Cluster(scenario, stack.root / f"job-{job_id}", hosts=placement) as cluster:
-        result, seen = watch(stack, cluster, str(job_id))
+        result, answers = watch(stack, cluster, str(job_id))
     cpu_after, ended = cpu_times(), time.time()
     time.sleep(SETTLE_S)
-    verdicts = seen + stack.tool("find_stragglers", job=str(job_id))["verdicts"]
+    answers.append(stack.tool("find_stragglers", job=str(job_id)))
+    verdicts = [v for answer in answers for v in answer["verdicts"]]
     entries, node_of_rank = read_entries(stack, str(job_id))
     scores = read_scores(stack, set(node_of_rank.values()), started, ended + PUSH_S)
     truth = {s.rank: s.kind for s in scenario.stragglers if s.rank not in c.harmless}
@@ -205,6 +218,7 @@ def run_case(stack, c: Case, job_id: int, skewed_agent: int) -> dict:
            "cpu_busy": round((cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1]), 2),
            "truth": [{"rank": rank, "kind": kind} for rank, kind in sorted(truth.items())],
            "ingero": score_ingero(truth, verdicts, onsets, started),
+           "tools": score_tools(stack, str(job_id), answers),
            "lag_mean_2sigma": score_named(truth, lag_mean_sigma(entries)),
            "health_mad": score_nodes(truth, health_mad(scores), node_of_rank)}
     print(f"{c.name}: {row['seconds']} s; ingero {row['ingero']['tally']}", file=sys.stderr,
@@ -213,16 +227,16 @@ def run_case(stack, c: Case, job_id: int, skewed_agent: int) -> dict:
 
 
 def watch(stack, cluster: Cluster, job: str) -> tuple[ClusterResult, list[dict]]:
-    """Wait for the job to end while reading fleetd's verdicts once a push interval, as
-    ``ingero demo`` tells them: the store keeps a verdict's newest revision only (a hang
-    becomes died once the launcher kills the hung rank), so each revision is seen as it
-    comes."""
-    seen = []
+    """Wait for the job to end while reading ``find_stragglers`` once a push interval, as
+    ``ingero demo`` tells fleetd's verdicts and as a user or an alert polls it: the store keeps
+    a verdict's newest revision only (a hang becomes died once the launcher kills the hung
+    rank), so each revision is seen as it comes. Every answer is returned."""
+    answers = []
     with ThreadPoolExecutor(1) as pool:
         ending = pool.submit(cluster.wait)
         while not futures.wait([ending], timeout=PUSH_S).done:
-            seen += stack.tool("find_stragglers", job=job)["verdicts"]
-        return ending.result(), seen
+            answers.append(stack.tool("find_stragglers", job=job))
+        return ending.result(), answers
 
 
 def cpu_times() -> tuple[int, int]:
@@ -324,6 +338,26 @@ def score_ingero(truth: dict[int, str], verdicts: list[dict], onsets: dict[int, 
             "time_to_verdict_s": {str(rank): s for rank, s in sorted(after.items())}}
 
 
+def score_tools(stack, job: str, answers: list[dict]) -> dict:
+    """Whether what a user reads agrees with fleetd: every ``find_stragglers`` answer, while
+    the job ran and after (its ``ranks[].straggler`` against its ``verdicts``), and, after,
+    ``explain`` of every rank named, called a straggler, over the job's bar or noted (its cause
+    against fleetd's newest verdict of the rank)."""
+    wrong = [f"poll {n}: {said}" for n, answer in enumerate(answers)
+             for said in disagreements(answer)]
+    polls_agreed = sum(not disagreements(answer) for answer in answers)
+    last = answers[-1]
+    ranks = ({v["rank"] for v in last["verdicts"]} | {n["rank"] for n in last["notes"]}
+             | {r["rank"] for r in last["ranks"] if r["straggler"] or r["over_bar"]})
+    verdicts = sorted(last["verdicts"], key=raised_at)
+    explained = [explained_against(verdicts, rank, stack.tool("explain", job=job, rank=rank))
+                 for rank in sorted(ranks)]
+    wrong += [said for said in explained if said]
+    return {"checks": len(answers) + len(explained),
+            "agreed": polls_agreed + sum(said is None for said in explained),
+            "disagreements": wrong[:5]}
+
+
 def score_named(truth: dict[int, str], named: set[int]) -> dict:
     return {"named": sorted(named), "tally": Tally.of(set(truth), named).to_json()}
 
@@ -351,6 +385,9 @@ def totals(rows: list[dict]) -> dict:
     out["ingero"]["diagnosed"] = right
     out["ingero"]["time_to_verdict"] = spread(
         [s for row in rows for s in row["ingero"]["time_to_verdict_s"].values()])
+    checks = sum(row["tools"]["checks"] for row in rows)
+    out["ingero"]["tools_agree"] = rounded(
+        sum(row["tools"]["agreed"] for row in rows) / checks if checks else None)
     return out
 
 

@@ -23,7 +23,8 @@ def summary(result: dict) -> str:
     ingero, ttv = m["ingero"], m["ingero"]["time_to_verdict"]
     return (f"ingero precision {figure(ingero['precision'])} recall {figure(ingero['recall'])} "
             f"cause {figure(ingero['cause_accuracy'])} median time to verdict "
-            f"{seconds(ttv['median_s'])} (max {seconds(ttv['max_s'])}) over "
+            f"{seconds(ttv['median_s'])} (max {seconds(ttv['max_s'])}) tools agree "
+            f"{figure(ingero.get('tools_agree'))} over "
             f"{len(result['scenarios'])} scenarios; lag mean±2σ "
             f"P {figure(m['lag_mean_2sigma']['precision'])} "
             f"R {figure(m['lag_mean_2sigma']['recall'])}; health MAD "
@@ -81,13 +82,19 @@ def verdict_time_cell(row: dict) -> str:
     return f"{seconds(min(times))}–{seconds(max(times))}"
 
 
+def tools_cell(row: dict) -> str:
+    tools = row.get("tools")
+    return f"{tools['agreed']}/{tools['checks']}" if tools else "–"
+
+
 def scenario_rows(result: dict) -> list[list]:
     rows = []
     for row in result["scenarios"]:
         name = row["name"] + ("" if row["job_ok"] else " (job failed)")
         rows.append([f"`{name}`", row["what"], row["ranks"], f"{row['cpu_busy'] * 100:.0f}%",
                      truth_cell(row),
-                     named_cell(row, "ingero"), cause_cell(row), verdict_time_cell(row),
+                     named_cell(row, "ingero"), cause_cell(row), tools_cell(row),
+                     verdict_time_cell(row),
                      named_cell(row, "lag_mean_2sigma"), named_cell(row, "health_mad")])
     return rows
 
@@ -211,11 +218,21 @@ def reading(result: dict) -> str:
         f"a rank that dies or hangs, when its peers entered the collective it never reached) "
         f"to fleetd raising the verdict; agents push every {s['push_s']:g} s and a hang "
         f"is called after {s['hang_timeout_s']:g} s. Healthy scenarios can only add wrong "
-        f"names.",
+        f"names. Tools agree counts the checks where what a user reads is fleetd's word: "
+        f"every `find_stragglers` answer while the job ran and after (a rank is `straggler: "
+        f"true` exactly when the answer's verdicts name it), and `explain` of every rank "
+        f"named, over the bar or noted after the job (its cause is that of fleetd's newest "
+        f"verdict of it, or none).{tools_notes(result)}",
         f"ingero {failures(result, 'ingero')}. {ingero_notes(result)}".strip(),
         sentence(f"lag mean±2σ {failures(result, 'lag_mean_2sigma')}", lag_notes(result)),
         sentence(f"health MAD per node {failures(result, 'health_mad')}",
                  health_notes(result))])
+
+
+def tools_notes(result: dict) -> str:
+    wrong = [f"`{row['name']}`: " + "; ".join(row["tools"]["disagreements"])
+             for row in result["scenarios"] if row.get("tools", {}).get("disagreements")]
+    return (" Where they did not: " + "; ".join(wrong) + ".") if wrong else ""
 
 
 def expectations() -> dict[str, str]:
@@ -242,9 +259,12 @@ def target(result: dict) -> str:
               "cause accuracy": m.get("cause_accuracy")}
     short = [f"{name} {value}" for name, value in scores.items()
              if value is None or value < TARGET]
+    if m.get("tools_agree") != 1.0:
+        short.append(f"tools agree {figure(m.get('tools_agree'))}")
     return (f"Target: precision, recall and cause accuracy of at least {TARGET} each, over "
             f"every scenario, the launchers, data-loader workers, tensor and pipeline "
-            f"parallelism, a host ahead of its GPU and an elastic restart included: "
+            f"parallelism, a host ahead of its GPU, a late node and an elastic restart "
+            f"included, and the tools agreeing with fleetd at every check: "
             + ("met." if not short else "missed (" + ", ".join(short) + ")."))
 
 
@@ -281,6 +301,7 @@ def section(result: dict) -> str:
                        "time to verdict (median / max)"], method_rows(result)),
         target(result),
         harness.table(["scenario", "what", "ranks", "CPU busy", "stragglers", "ingero", "cause",
-                       "time to verdict", "lag mean±2σ", "health MAD"], scenario_rows(result)),
+                       "tools agree", "time to verdict", "lag mean±2σ", "health MAD"],
+                      scenario_rows(result)),
         reading(result),
         harness.measured_line(result)])

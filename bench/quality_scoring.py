@@ -148,3 +148,30 @@ def spread(values: list[float]) -> dict:
         return {"median_s": None, "max_s": None, "count": 0}
     return {"median_s": rounded(statistics.median(values), 2),
             "max_s": rounded(max(values), 2), "count": len(values)}
+
+
+# -- one answer: what the tools say against fleetd's verdicts ----------------------------------
+
+def disagreements(answer: dict) -> list[str]:
+    """Where one ``find_stragglers`` answer contradicts itself: a rank whose ``straggler`` the
+    tools set although fleetd named it in none of the answer's verdicts, or one fleetd named
+    (and the answer lists) that the tools do not call a straggler. A user polling the tool, an
+    alert reading ``ranks`` and a report reading ``verdicts`` must hear one answer."""
+    named = {v["rank"] for v in answer["verdicts"]}
+    listed = {r["rank"] for r in answer["ranks"]}
+    called = {r["rank"] for r in answer["ranks"] if r["straggler"]}
+    return ([f"rank {r} called a straggler, named by fleetd in no verdict"
+             for r in sorted(called - named)]
+            + [f"rank {r} named by fleetd, not called a straggler"
+               for r in sorted((named & listed) - called)])
+
+
+def explained_against(verdicts: list[dict], rank: int, explained: dict) -> str | None:
+    """Where ``explain``'s answer for a rank contradicts fleetd's verdicts (``verdicts``: the
+    job's, newest last): its cause is not the newest verdict's, or not none for a rank fleetd
+    never named. None where they agree."""
+    mine = [v for v in verdicts if v["rank"] == rank]
+    want = mine[-1]["cause"] if mine else "none"
+    if explained.get("cause") == want:
+        return None
+    return f"explain says rank {rank}'s cause is {explained.get('cause')}, fleetd's {want}"

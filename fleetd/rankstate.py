@@ -101,6 +101,9 @@ class Verdict:
     evidence: dict = field(default_factory=dict)
     revision: int = 0
     misses: int = 0
+    exposed_s: float | None = None      # how much longer each instance kept its peers
+    # waiting (None: not known; its lag over the bar is charged)
+    together: int = 1                   # ranks late at once on its communicator, sharing it
 
     def row(self) -> dict:
         """The verdict as echod stores it."""
@@ -162,6 +165,8 @@ class JobState:
     noted: set[int] = field(default_factory=set)       # ranks fleetd sent a note of, once
     harmless: dict[tuple[str, int], float] = field(default_factory=dict)   # (comm, rank) →
     # the lag its lateness was shown to cost nobody at, while it stays late
+    exposure: dict[tuple, float | None] = field(default_factory=dict)     # (comm, rank) →
+    # how much longer each instance kept its peers waiting since its onset (cost.exposure)
     unclocked: set[str] = field(default_factory=set)   # nodes left out until their clock is known
     # ncclCommSplit: (parent, split) → parent rank → (colour, key, new comm, rank); once every
     # rank of the parent has split, each new comm's rank → (comm rank, size)

@@ -337,6 +337,15 @@ def test_symmetric_legs_give_the_offset_exactly():
     (causes.Facts(allocation_s=0.02, peers_allocation_s=0.001), "allocation"),
     (causes.Facts(self_work_s=0.0061, peers_self_work_s=0.006, self_work_samples=20,
                   preemptions={("python3", 7): 2}), "host_work"),
+    # a GPU 1.3 times slower, its self-work 1.25 times its peers' on busy CPUs: the 2.9 ms
+    # its kernels take more is most of its 4.8 ms lag
+    (causes.Facts(self_work_s=0.0146, peers_self_work_s=0.0117, self_work_samples=20,
+                  lag_s=0.0048), "slow_gpu"),
+    # as much slower, but 40 ms late: its kernels explain little of it
+    (causes.Facts(self_work_s=0.0146, peers_self_work_s=0.0117, self_work_samples=20,
+                  lag_s=0.040), "host_work"),
+    (causes.Facts(self_work_s=0.0130, peers_self_work_s=0.0117, self_work_samples=20,
+                  lag_s=0.002), "host_work"),        # 1.11 times: within the peers' spread
 ])
 def test_each_cause_from_its_facts(facts, cause):
     diagnosis = causes.diagnose_late(facts, "node3")

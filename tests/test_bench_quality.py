@@ -10,7 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.quality_scoring import (Entry, Tally, diagnosed, health_mad,  # noqa: E402
+from bench.quality_scoring import (Entry, Tally, diagnosed, disagreements,  # noqa: E402
+                                   explained_against, health_mad,
                                    lag_mean_sigma, mean_lags, ranks_of_nodes, spread)
 
 
@@ -104,3 +105,33 @@ def test_a_diagnosis_is_right_when_one_verdict_says_what_was_injected(injected, 
 def test_spread_of_times_to_verdict():
     assert spread([2.0, 1.0, 4.0]) == {"median_s": 2.0, "max_s": 4.0, "count": 3}
     assert spread([]) == {"median_s": None, "max_s": None, "count": 0}
+
+
+def answer(named=(), called=(), listed=range(8)) -> dict:
+    """A find_stragglers answer: fleetd's verdicts of ``named``, ``called`` the ranks the tools
+    set ``straggler`` on, of the ``listed``."""
+    return {"verdicts": [{"rank": r, "cause": "host_work"} for r in named],
+            "ranks": [{"rank": r, "straggler": r in called} for r in listed]}
+
+
+def test_an_answer_agrees_when_its_stragglers_are_fleetd_s_named_ranks():
+    assert disagreements(answer()) == []
+    assert disagreements(answer(named=[5], called=[5])) == []
+    # a rank named that has no lag row (it hung before its first collective) is no contradiction
+    assert disagreements(answer(named=[9], listed=range(8))) == []
+
+
+def test_a_straggler_fleetd_did_not_name_or_a_named_rank_not_called_one_disagrees():
+    assert disagreements(answer(called=[3])) == [
+        "rank 3 called a straggler, named by fleetd in no verdict"]
+    assert disagreements(answer(named=[2, 5], called=[5])) == [
+        "rank 2 named by fleetd, not called a straggler"]
+
+
+def test_explain_agrees_with_fleetd_s_newest_verdict_or_says_none():
+    verdicts = [{"rank": 4, "cause": "host_work"}, {"rank": 4, "cause": "host_preemption"}]
+    assert explained_against(verdicts, 4, {"cause": "host_preemption"}) is None
+    assert explained_against(verdicts, 4, {"cause": "host_work"}) == (
+        "explain says rank 4's cause is host_work, fleetd's host_preemption")
+    assert explained_against(verdicts, 1, {"cause": "none"}) is None
+    assert explained_against(verdicts, 1, {"cause": "host_preemption"}) is not None

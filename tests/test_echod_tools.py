@@ -4,7 +4,8 @@ One database (tests/pg.py) holds two clusters. alpha runs job 4242: 8 ranks on 4
 on a-node{r // 2}), 200 AllReduces each on one communicator, rank r entering 0.1·r ms after
 rank 0 except rank 5, which enters 20 ms late every time while "ingero-hog" keeps preempting
 it; with syncs, copies, allocations, health scores (a-node2 low on cpu) and thresholds. beta
-runs job 777 (rank 2 late, preempted by "beta-hog") and a job also numbered 4242. The tools
+runs job 777 (rank 2 late, preempted by "beta-hog"), job 778 (rank 1 late, a job fleetd
+timed and named nobody in) and a job also numbered 4242. The tools
 run as the sandbox role with the caller's clusters signed in, so tenancy is row-level
 security's: an alpha caller must never see beta. Every answer is checked against the tool's
 own output schema.
@@ -40,6 +41,7 @@ ROLE = "ingero_tools_test"          # roles are server-wide: this module's own
 PASSWORD = secrets.token_urlsafe(24)
 ALPHA = Scope(frozenset({"alpha"}))
 EVERY = Scope(None)
+BETA = Scope(frozenset({"beta"}))
 FORMATS = Draft202012Validator.FORMAT_CHECKER
 
 JOB, COMM = "4242", "c0ffee00c0ffee00"
@@ -83,9 +85,11 @@ class Batch:
                                     "node": node, "cluster": self.cluster, "job": job,
                                     "boot_id": f"boot-{node}", "attrs": attrs})
 
-    def score(self, node: str, t: float, job: str, score: float, signals: dict) -> None:
+    def score(self, node: str, t: float, job: str, score: float, signals: dict,
+              **clock) -> None:
         self.rows["scores"].append({"t": t, "cluster": self.cluster, "node": node, "job": job,
-                                    "score": score, "state": "active", "signals": signals})
+                                    "score": score, "state": "active", "signals": signals,
+                                    **clock})
 
     def threshold(self, t: float, cohort: str, stragglers: list[str], panic: bool = False):
         self.rows["thresholds"].append({
@@ -186,11 +190,30 @@ def beta_rows(t0: float, now: float) -> dict:
     for sample in range(10):
         b.event("b-node1", t0 + 5 * sample, "preempted", "777", 2, preemptor_pid=4444,
                 preemptor_comm="beta-hog", count=40)
+        # its node's ranks crowd each other (another process of job 777) and a program of the
+        # node takes both alike: neither is what makes rank 2 late
+        for rank, other in ((2, 3), (3, 2)):
+            b.event("b-node1", t0 + 5 * sample + 1, "preempted", "777", rank,
+                    preemptor_pid=5000 + other, preemptor_comm="ingero-sim-rank", count=100,
+                    preemptor_job="777")
+            b.event("b-node1", t0 + 5 * sample + 2, "preempted", "777", rank,
+                    preemptor_pid=6000, preemptor_comm="python3", count=30)
     b.event("b-node1", t0 + 12, "blockio", "777", 2, requests=5000, bytes=900 * MIB)
     b.event("b-node0", t0 + 5, "alloc", "777", 0, op="cudaMalloc", bytes=3 * GIB, result=0)
     b.event("b-node0", t0 + 6, "memcpy", "777", 0, op="cudaMemcpy", bytes=MIB,
             duration_ns=1000, direction="host_to_device")
     b.event("b-node1", t0 + 9, "straggler", "777", score=0.2, threshold=0.8, mode="fleet")
+    # job 778: rank 1 as late, but fleetd had its pushes (it timed its node) and named nobody
+    collectives(b, "778", "beef2222beef2222", 4, 50, t0, lambda r: "b-node2",
+                lambda r: 0.050 if r == 1 else 0.0002 * r)
+    b.score("b-node2", t0 + 1, "778", 0.95, {"cpu": 0.95}, clock_offset=0.0002,
+            clock_uncertainty=0.0001)
+    # job 779: the same, on a node whose agent serves every job there (no --job): its scores
+    # carry no job
+    collectives(b, "779", "beef3333beef3333", 4, 50, t0, lambda r: "b-node3",
+                lambda r: 0.050 if r == 1 else 0.0002 * r)
+    b.score("b-node3", t0 + 1, None, 0.95, {"cpu": 0.95}, clock_offset=0.0002,
+            clock_uncertainty=0.0001)
     t = t0
     while t < now - 5:
         b.score("b-node0", t, "777", 0.95, {"cpu": 0.95, "compute": 0.9})
@@ -325,6 +348,26 @@ def test_find_stragglers_ranks_the_late_rank_first_with_its_host_evidence(world)
     assert answer["coverage"] == {"communicators": 1, "instances_total": STEPS,
                                   "instances_examined": STEPS, "stride": 1,
                                   "entries_examined": STEPS * RANKS, "source": "events"}
+
+
+def test_a_job_fleetd_timed_has_no_straggler_fleetd_did_not_name(world):
+    """Job 778's rank 1 enters 50 ms late by its stored events, and fleetd had the job's
+    pushes (it stored a score of the job with its node's clock offset) but named nobody, as
+    in a job's first seconds, before its first lag summaries: every tool says what fleetd
+    said, nobody is a straggler. So too for job 779, whose node's agent serves all its jobs
+    and scores the node, not the job (a poll in a job's first second called ranks stragglers
+    fleetd had not named yet). Job 777, whose events came without fleetd, keeps the
+    events' word."""
+    for timed in ("778", "779"):     # its agent run with --job, or serving the whole node
+        answer = call(world, "find_stragglers", BETA, job=timed)
+        [job] = answer["jobs"]
+        assert job["judged_by"] == "fleetd", timed
+        late = {r["rank"]: r for r in answer["ranks"]}[1]
+        assert late["over_bar"] and not late["straggler"], timed
+        assert call(world, "explain", BETA, job=timed, rank=1)["cause"] == "none"
+    other = call(world, "find_stragglers", BETA, job="777")
+    assert [j["judged_by"] for j in other["jobs"]] == ["events"]
+    assert [r["rank"] for r in other["ranks"] if r["straggler"]] == [2]
 
 
 def test_find_stragglers_samples_every_kth_collective_past_max_entries(world):
@@ -578,6 +621,19 @@ def test_an_alpha_caller_never_sees_beta(world, name, args):
     assert "alpha" in answer
 
 
+def test_preemption_by_the_job_s_own_ranks_or_as_much_as_its_node_peers_is_no_cause(world):
+    """Job 777's rank 2 is preempted 1,000 times by another rank of its job, 300 by python3
+    and 400 by beta-hog; rank 3, beside it, as often by the job's rank and by python3 and
+    never by beta-hog. Ranks crowding their node are the job's own doing, counted nowhere;
+    python3 took both alike; beta-hog is what took rank 2 more than its node's peers."""
+    said = call(world, "explain", BETA, job="777", rank=2)
+    assert said["cause"] == "host_preemption", said
+    assert said["evidence"]["preemptions"] == {
+        "total": 700, "by": [{"comm": "beta-hog", "count": 400},
+                             {"comm": "python3", "count": 300}]}
+    assert "mostly beta-hog" in " ".join(said["findings"]) and "beta-hog" in said["fix"]
+
+
 def test_beta_jobs_are_not_found_for_an_alpha_caller(world):
     for name, args in [("explain", {"job": "777", "rank": 2}), ("job_report", {"job": "777"}),
                        ("explain", {"job": "777", "rank": 2, "cluster": "beta"})]:
@@ -748,8 +804,11 @@ def late_rank_facts(**changes) -> tools.Facts:
 
 
 @pytest.mark.parametrize("changes,cause,confidence", [
-    ({"host": tools.HostEvidence(preemptions=40, preemptors={"hog": 40})},
-     "host_preemption", "high"),
+    ({"host": tools.HostEvidence(preemptions=40, preemptors={"hog": 40},
+                                 beyond_peers={"hog": 40})}, "host_preemption", "high"),
+    # as often as the job's other ranks on its node: no cause
+    ({"host": tools.HostEvidence(preemptions=40, preemptors={"hog": 40})}, "host_work",
+     "medium"),
     ({"host": tools.HostEvidence(blockio_requests=3000, heavy_blockio=True)}, "io", "medium"),
     ({"health": tools.NodeHealth(signals={"cpu": 0.5})}, "host_preemption", "medium"),
     ({"health": tools.NodeHealth(signals={"memory": 0.2, "cpu": 0.95})}, "memory_pressure",

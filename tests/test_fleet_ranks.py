@@ -18,7 +18,7 @@ from fleetd.clocks import ClockBook
 from fleetd.config import SETTINGS
 from fleetd.ranks import RankAnalysis
 from fleetd.ranks.common import waits_around
-from ingero.analysis.cost import waits_grew
+from ingero.analysis.cost import exposure, waits_grew
 from ingero import columns, wire
 
 T0 = 1_800_000_000.0
@@ -785,6 +785,48 @@ def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, nam
         [] if named else [(5, "ahead", 0.0, 30)])
 
 
+def test_a_rank_named_for_what_it_cost_is_not_later_said_to_cost_nobody():
+    """Rank 5 enters every collective 30 ms late from step 30, and its peers' waits grow from
+    70 to 100 ms: named. From step 60 they wait 40 ms (whatever else shortened their steps):
+    weighed again on all since its onset, the growth is gone. The rank was said to cost once,
+    as it was named; it is not noted as costing nobody beside its verdict (CI: a late node's
+    four ranks named, then each noted ahead, no cost)."""
+    ra = analysis(clear_ticks=100)
+    peers = [r for r in range(8) if r != 5]
+    def waits_of(first: int) -> list[dict]:
+        return [e for e in waits(peers, 70.0, 100.0, 30, steps=first + 10)
+                if e["t"] >= T0 + first * STEP and first < 60] + [
+            {**e, "attrs": {**e["attrs"], "duration_ns": 40_000_000}}
+            for e in waits(peers, 70.0, 70.0, 0, steps=first + 10)
+            if e["t"] >= T0 + first * STEP and first >= 60]
+    feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=100, also=waits_of)
+    assert [(v.rank, v.kind) for v in ra.active()] == [(5, "persistent")]
+    assert [r["kind"] for r in ra.take_rows()[0] if r["severity"] == "info"] == []
+
+
+def test_ranks_late_together_are_each_named_and_share_what_the_peers_waited_more():
+    """Ranks 4, 5 and 6 (most of a node) spend 30 ms more on the host each step from step 30,
+    syncing every step: their GPUs had 16 ms of the step's work queued, so each collective
+    starts 14 ms later, and the five on-time peers wait 14 ms more a step while the three late
+    ones wait 16 ms less. Weighed against every other rank's waits, the late ones' among them,
+    the growth was 5 ms, under a quarter of the lag, and all three were said to cost nobody.
+    The peers whose waits prove a cost are the on-time ones; the three are named, major (14
+    ms of each 50 ms step), and charged the 14 ms each step kept the five waiting, shared
+    among the three."""
+    late = {4, 5, 6}
+    ra = analysis(clear_ticks=100)
+    ra.observe(push("n1", waits([r for r in range(8) if r not in late], 70.0, 84.0, 30)
+                    + waits(sorted(late), 70.0, 54.0, 30)), T0)
+    feed(ra, late=lambda r, s: 0.03 if r in late and s >= 30 else 0.0, until=60)
+    named = {v.rank: v for v in ra.active()}
+    assert {r: (v.kind, v.severity) for r, v in named.items()} == {
+        r: ("persistent", "major") for r in late}
+    for verdict in named.values():
+        assert verdict.exposed_s == pytest.approx(0.014, abs=5e-4)
+        assert verdict.evidence["late_together"] == 3
+        assert verdict.cost_gpu_s == pytest.approx(30 * 0.014 * 5 / 3, rel=0.05)
+
+
 @pytest.mark.parametrize("own_after_ms, named", [(110.0, False), (45.0, True)])
 def test_waits_that_grew_for_the_late_rank_too_are_not_its_cost(own_after_ms, named):
     """Rank 5 enters every collective 30 ms after its peers from step 30, and their waits at
@@ -889,7 +931,7 @@ def test_waits_of_two_kinds_are_weighed_kind_by_kind(grew_ms):
     long wait covering nine collectives (180 ms, give or take 15) and a brief one covering
     one (20, give or take 5). Their growth at the long kind is told from none on every draw;
     pooled, a growth of 50 ms (its share of the mean, 25 ms) hides in the two kinds' spread
-    on some. The rank is 60 ms late: a quarter of that is 15 ms."""
+    on some."""
     rng = np.random.default_rng(7)
     def drawn(runs: int, more_ms: float) -> list[tuple]:
         return [((COMM, covered), (mean + more_ms * (covered == 9)
@@ -898,9 +940,9 @@ def test_waits_of_two_kinds_are_weighed_kind_by_kind(grew_ms):
     told, pooled = [], []
     for _ in range(200):
         before, after = drawn(4, 0.0), drawn(2, grew_ms)
-        told.append(waits_grew(before, after, 0.06, 0.002))
+        told.append(waits_grew(before, after, 0.002))
         pooled.append(waits_grew([(None, ns) for _, ns in before],
-                                 [(None, ns) for _, ns in after], 0.06, 0.002))
+                                 [(None, ns) for _, ns in after], 0.002))
     assert told == [bool(grew_ms)] * 200
     if grew_ms:
         assert not all(pooled)
@@ -923,7 +965,7 @@ def test_the_peers_waits_at_one_sync_are_one_observation(grew_ms):
                       for _ in range(7)]
         return waits
     told = [waits_grew(drawn(range(0, 60, 10), 0.0), drawn(range(60, 80, 10), grew_ms),
-                       0.01, 0.002, enough=14) for _ in range(200)]
+                       0.002, enough=14) for _ in range(200)]
     if grew_ms:
         assert told == [True] * 200
     else:
@@ -955,6 +997,38 @@ def test_a_rank_late_from_the_start_is_named_only_past_its_peers_swing(late_ms, 
                    if e["id"].endswith("9")]
     ra.observe(push("n1", steps(range(4, 8), 0, 40, late) + every_tenth), now)
     changed = ra.tick(now)
+    assert {v.rank for v in changed} == ({5} if named else set()), changed
+
+
+@pytest.mark.parametrize("late_ms, named", [(8.0, False), (40.0, True)])
+def test_a_rank_late_from_the_start_of_a_job_syncing_every_step_is_named_past_the_jitter(
+        late_ms, named):
+    """Hosts that sync with their GPUs every step, each spending up to 10 ms of random host
+    time a step (Python, a data loader): a rank's lateness reaches its GPU at once, but a
+    rank late from the first step has no instances before to weigh the peers' waits by, and
+    its lag must stand out of the jitter its peers show (a healthy tp/pp job's rank, 9.7 ms
+    late in a pair whose lags swing by 5 ms, was named critical). 8 ms later on top of the
+    jitter, within the 11 ms its peers' lags swing by, is not; 40 ms is."""
+    rng = np.random.default_rng(5)
+    jitter = rng.uniform(0.0, 0.010, (60, 8))
+    ra = analysis()
+    ra.observe(push("n1", waits([r for r in range(8) if r != 5], 20.0, 20.0, 0)), T0)
+    changed = feed(ra, late=lambda r, s: jitter[s, r] + (late_ms / 1e3 if r == 5 else 0.0),
+                   until=60)
+    assert {v.rank for v in changed} == ({5} if named else set()), changed
+
+
+@pytest.mark.parametrize("late_ms, named", [(5.0, False), (40.0, True)])
+def test_a_lateness_that_costs_is_named_only_past_the_swing_before_its_onset(late_ms, named):
+    """Hosts that drift apart by up to about 10 ms between syncs (``swing``); from step 30
+    rank 5 is late by ``late_ms`` on top, and its peers' waits grew 10 ms since (as they grow
+    and shrink with whatever delays a job: a healthy pipeline job's data-loader workers
+    respawning at an epoch boundary). 5 ms late is within the swing its peers showed before:
+    not named, though the waits grew; 40 ms stands out of it: named."""
+    ra = analysis()
+    ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, 80.0, 30)), T0)
+    changed = feed(ra, late=lambda r, s: swing(r, s) + (late_ms / 1e3 if r == 5 and s >= 30
+                                                         else 0.0), until=60)
     assert {v.rank for v in changed} == ({5} if named else set()), changed
 
 
@@ -1215,17 +1289,34 @@ def test_a_node_pushing_once_an_hour_stretches_its_own_jobs_timeouts_only():
     assert "n9" not in ra.heard
 
 
-def test_where_hosts_run_ahead_a_growth_of_the_peers_waits_proves_a_cost_whatever_the_host_lag():
+def test_a_growth_of_the_peers_waits_proves_a_cost_whatever_the_host_lag():
     """A job syncing every 10 steps (job 2802's numbers): the late rank's host lag ramps to
     270 ms between syncs (median 148 ms), its peers' waits at the syncs rise from ~18 ms to
-    ~34 ms. Against a quarter of the host lag that is no cost; where the hosts run ahead, the
-    host lag holds how far they ran ahead, and the growth standing out is the proof."""
+    ~34 ms. That growth, standing out of the waits' spread, proves a cost: the host lag holds
+    how far the peers' hosts ran ahead, and was never the measure (against a quarter of it,
+    148 ms, the rank was shown harmless in a plain run). It costs what the waits grew, spread
+    over the ten collectives each sync covered: 1.65 ms an instance."""
     before = [((None, 10), ns, (None, s)) for s, ns in enumerate(
         [17.6e6, 17.9e6, 18.9e6, 17.5e6] * 7)]
     after = [((None, 10), ns, (None, 100 + s)) for s, ns in enumerate(
         [37.4e6, 32.8e6, 36.0e6, 33.8e6, 34.4e6, 32.5e6] * 7)]
-    assert waits_grew(before, after, 0.148, 0.002) is False
-    assert waits_grew(before, after, 0.148, 0.002, share=0.0) is True
+    assert waits_grew(before, after, 0.002) is True
+    assert exposure(before, after) == pytest.approx(0.00165, abs=1e-5)
     steady = [((None, 10), ns + 0.3e6 * (s % 3), (None, 200 + s)) for s, ns in enumerate(
         [17.6e6, 17.9e6, 18.9e6, 17.5e6] * 4)]
-    assert waits_grew(before, steady, 0.148, 0.002, share=0.0) is False   # no growth: none
+    assert waits_grew(before, steady, 0.002) is False   # no growth: none
+
+
+def test_a_growth_weighed_on_one_sync_since_the_onset_is_not_known_yet():
+    """Job 2802 beside a busy loop: seven peers' long waits spread by some 30 ms from one sync
+    to the next before the late rank's onset; at the first sync since, they waited 57 ms more.
+    Against one sync, that growth does not stand out of three standard errors, and the rank
+    was shown harmless for good. Not known yet, it is weighed again: with three syncs since,
+    the same growth is shown, and waits that did not grow are shown not to."""
+    def syncs(first: int, means_ms: list[float]) -> list[tuple]:
+        return [((COMM, 9), (mean + 0.2 * peer) * 1e6, (COMM, first + 10 * n))
+                for n, mean in enumerate(means_ms) for peer in range(7)]
+    before = syncs(0, [150.0, 190.0, 140.0, 200.0])
+    assert waits_grew(before, syncs(40, [227.0]), 0.002) is None
+    assert waits_grew(before, syncs(40, [225.0, 230.0, 228.0]), 0.002) is True
+    assert waits_grew(before, syncs(40, [170.0, 165.0, 175.0]), 0.002) is False

@@ -211,19 +211,25 @@ def test_a_healthy_job_with_jitter_polled_while_it_runs_never_names_anyone(stack
     """16 ranks, each with up to 6 ms of random host time a step: what a user or an alert reads
     from find_stragglers while the job runs (fleetd's verdicts and echod's own reading of the
     stored events, some nodes' entries still on their way) must be as right as the end."""
-    named = []
-    with Cluster(scenario("2401", "srun", steps=300, step_ms=20, jitter_ms=6),
-                 stack.root / "job-2401") as cluster:
-        while any(rank.popen.poll() is None for rank in cluster.ranks):
-            time.sleep(1.0)
-            answer = stack.tool("find_stragglers", job="2401")
-            named += answer["verdicts"] + [r for r in answer["ranks"] if r["straggler"]]
-        result = cluster.wait()
-    assert result.ok, result.describe()
-    assert stack.wait_judged("2401", result), stack.logs()
+    named = polled(stack, "2401", "srun", steps=300, step_ms=20, jitter_ms=6)
     answer = stack.tool("find_stragglers", job="2401")
     assert len(answer["ranks"]) == 16 and not [r for r in answer["ranks"] if r["straggler"]]
     assert named + answer["verdicts"] == []
+
+
+def polled(stack, job_id: str, launcher: str, **job) -> list[dict]:
+    """Run a healthy job, reading find_stragglers once a second while it runs, as a user or an
+    alert would: every verdict and every rank called a straggler it said."""
+    named = []
+    with Cluster(scenario(job_id, launcher, **job), stack.root / f"job-{job_id}") as cluster:
+        while any(rank.popen.poll() is None for rank in cluster.ranks):
+            time.sleep(1.0)
+            answer = stack.tool("find_stragglers", job=job_id)
+            named += answer["verdicts"] + [r for r in answer["ranks"] if r["straggler"]]
+        result = cluster.wait()
+    assert result.ok, result.describe()
+    assert stack.wait_judged(job_id, result), stack.logs()
+    return named
 
 
 def test_an_agent_restarted_mid_job_names_no_hang_and_the_job_is_still_judged(stack):
@@ -356,6 +362,49 @@ def test_tensor_and_pipeline_parallel_jobs_are_judged_within_their_groups(stack)
     summed = stack.tool("job_report", job="2703", max_entries=1000)
     assert (raw["coverage"]["source"], summed["coverage"]["source"]) == ("events", "summaries")
     assert_same_lags(summed, raw, lag_quartiles(stack, "2703"))
+
+
+def test_a_healthy_pipeline_job_with_workers_jitter_and_few_syncs_names_nobody(stack):
+    """mpirun, tp = 2 and pp = 2 with unequal stages, two data-loader workers a rank forked
+    anew every 40 steps, the hosts syncing with their GPUs every 5 steps, each up to 3 ms of
+    random host time a step: the pipeline's stages wait for each other by design and the
+    two-rank groups' lags swing by ms either way. Nobody is late; nobody is named, by fleetd
+    or by any tool, while it runs or after."""
+    named = polled(stack, "2704", "mpirun", **{**PARALLEL, "steps": 120}, workers=2,
+                   epoch_steps=40, sync_every=5, jitter_ms=3)
+    assert named == [], why(named, stack.logs())
+    one_answer(stack, "2704", {})
+
+
+def test_a_late_node_s_ranks_are_each_named_for_their_host_work_and_charged(stack):
+    """All four ranks of node 2 spend 30 ms more on the host each 25 ms step from step 10,
+    syncing every step. Their GPUs had some of the step queued, so the collectives start
+    later by less than their host lag; the twelve others wait that much more a step. Each of
+    the four is named for its host work, with the cost its lateness shared."""
+    run(stack, "2803", "srun", [{"rank": r, "kind": "host_delay", "delay_ms": 30,
+                                 "from_step": 10} for r in range(8, 12)],
+        step_ms=25, steps=80)
+    late = verdicts(stack, "2803")
+    assert {r: (v["node"], v["cause"]) for r, v in late.items()} == {
+        r: ("node2", "host_work") for r in range(8, 12)}, why(described(late), stack.logs())
+    assert all(v["cost_gpu_seconds"] > 0 and v["severity"] != "info" for v in late.values())
+    one_answer(stack, "2803", late)
+
+
+def test_a_slightly_slow_gpu_is_named_slow_gpu_and_a_late_host_among_24_ranks_host_work(stack):
+    """A GPU 1.3 times slower than its peers is a slow GPU, not host work; and in a job of 24
+    ranks on the machine's CPUs, every rank preempted by the others all the time, a rank
+    late in its own host code is late by its host work, not preempted."""
+    run(stack, "2705", "srun", [{"rank": 6, "kind": "slow_gpu", "factor": 1.3}], steps=60)
+    slow = verdicts(stack, "2705")
+    assert {r: v["cause"] for r, v in slow.items()} == {6: "slow_gpu"}, \
+        why(described(slow), stack.logs())
+    run(stack, "2706", "srun", [{"rank": 13, "kind": "host_delay", "delay_ms": 80,
+                                 "from_step": 10}], ranks_per_node=6, steps=60)
+    late = verdicts(stack, "2706")
+    assert {r: v["cause"] for r, v in late.items()} == {13: "host_work"}, \
+        why(described(late), stack.logs())
+    one_answer(stack, "2706", late)
 
 
 def test_a_host_late_but_ahead_of_its_gpu_costs_nothing_and_one_behind_its_queue_is_named(stack):

@@ -95,14 +95,16 @@ def from_verdict(facts: Facts) -> Diagnosis:
 
 def stored_facts(facts: Facts) -> causes.Facts:
     """The rule's facts from the stored evidence: preemptions by command (the store keeps no
-    pid per preemptor here), block I/O, sync self-work and peer-wait against the peers', and
-    its node's health signals."""
+    pid per preemptor here) by those that took the rank clearly more than its job's other
+    ranks on its node (``HostEvidence.beyond_peers``), block I/O, sync self-work and peer-wait
+    against the peers', and its node's health signals."""
     host, sync = facts.host, facts.sync
     ms_to_s = (lambda value: None if value is None else value / 1e3)
     return causes.Facts(
         self_work_s=ms_to_s(sync.self_ms), peers_self_work_s=ms_to_s(facts.peers_self_ms),
         self_work_samples=sync.self_calls,
-        preemptions={(comm, None): count for comm, count in host.preemptors.items()},
+        lag_s=facts.lag.lag_median if facts.lag is not None else None,
+        preemptions={(comm, None): count for comm, count in host.beyond_peers.items()},
         blockio_requests=host.blockio_requests, blockio_bytes=host.blockio_bytes,
         peer_wait_s=ms_to_s(sync.wait_ms), peers_peer_wait_s=ms_to_s(facts.peers_wait_ms),
         signals=dict(facts.health.signals))

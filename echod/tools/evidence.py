@@ -4,13 +4,15 @@ are not preemption) and its block I/O."""
 
 from __future__ import annotations
 
+import statistics
+
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from sqlalchemy import Connection, text
 
-from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS
+from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTED_MORE
 from ingero.vocabulary import SIGNALS
 
 from .lag import RankLag
@@ -34,8 +36,12 @@ SIGNAL_NAME = {"type": ["string", "null"], "enum": [*SIGNALS, None]}
 
 # -- host and health evidence ------------------------------------------------------------------
 
-# A preempted event caused by another process, not the rank's own threads taking turns.
-BY_ANOTHER_PROCESS = "coalesce(e.attrs ->> 'preemptor_own', 'false') <> 'true'"
+# A preempted event caused by another program than the job's: not the rank's own process tree
+# (its threads taking turns, its data-loader workers) nor another process of its job (ranks
+# crowding a node are the job's own doing), as fleetd counts them (fleetd.ranks.common.foreign).
+BY_ANOTHER_PROCESS = ("coalesce(e.attrs ->> 'preemptor_own', 'false') <> 'true' AND "
+                      "(e.attrs ->> 'preemptor_job' IS NULL OR e.job IS NULL "
+                      "OR e.attrs ->> 'preemptor_job' <> e.job)")
 HOST_EVIDENCE = f"""
 SELECT e.cluster, e.node, e.rank, e.kind, e.attrs ->> 'preemptor_comm' AS comm,
        sum({jnum('count')}) AS preemptions, sum({jnum('requests')}) AS requests,
@@ -82,6 +88,8 @@ class HostEvidence:
 
     preemptions: int = 0
     preemptors: dict[str, int] = field(default_factory=dict)
+    beyond_peers: dict[str, int] = field(default_factory=dict)  # those preemptors that took
+    # it PREEMPTED_MORE times as often as they took its job's other ranks on its node, or more
     blockio_requests: int = 0
     blockio_bytes: int = 0
     heavy_blockio: bool = False
@@ -136,7 +144,10 @@ def node_health(conn: Connection, sel: Selection, params: dict) -> dict:
 
 def host_evidence(conn: Connection, sel: Selection, params: dict,
                   ranks: list[RankLag]) -> dict[tuple[str, str, int], HostEvidence]:
-    """Per rank: its own process's host events plus its node's that name no rank."""
+    """Per rank: its own process's host events plus its node's that name no rank. Which of
+    its preemptors took it clearly more often than its job's other ranks on its node
+    (``beyond_peers``): the job's ranks crowd each other on a busy node, each alike, and
+    that is their own doing, not another process's."""
     where = sel.where("e", node=False, rank=False)
     on_node = defaultdict(list)
     for row in rows(conn, HOST_EVIDENCE.format(where=where.sql()), {**params, **where.params}):
@@ -158,7 +169,24 @@ def host_evidence(conn: Connection, sel: Selection, params: dict,
                 evidence.heavy_blockio |= (whole(peak_bytes) >= HEAVY_BLOCKIO_BYTES
                                            or whole(peak_requests) >= HEAVY_BLOCKIO_REQUESTS)
         host[(r.cluster, r.node, r.rank)] = evidence
+    for r in ranks:
+        evidence = host[(r.cluster, r.node, r.rank)]
+        peers = by_rank_on(on_node[(r.cluster, r.node)], r.rank)
+        for name, count in evidence.preemptors.items():
+            usual = statistics.median([seen.get(name, 0) for seen in peers] or [0])
+            if count >= PREEMPTED_MORE * usual:
+                evidence.beyond_peers[name] = count
     return host
+
+
+def by_rank_on(node_rows: list, rank: int) -> list[dict[str, int]]:
+    """The preemptions of each other rank of the job on the node, by preemptor."""
+    seen: dict[int, dict[str, int]] = defaultdict(dict)
+    for other, kind, comm, preemptions, *_ in node_rows:
+        if kind == "preempted" and other is not None and other != rank:
+            name = comm or "unknown"
+            seen[other][name] = seen[other].get(name, 0) + whole(preemptions)
+    return list(seen.values())
 
 
 RANK_EVIDENCE_OUT = closed({

@@ -449,12 +449,16 @@ def judge_ranks(ranks: list[RankLag], steps: dict[tuple[str, str], float],
 
 # fleetd's word on the jobs of a selection: the ranks it named (verdicts, not notes) live in the
 # window, with the Slurm step of each; and which jobs it judged there (it wrote their lag
-# summaries, a verdict or a note)
+# summaries, a verdict or a note; or it timed their nodes: it had their pushes)
 NAMED = """
 SELECT v.cluster, v.job, v.rank, v.evidence -> 'run' ->> 'step', {not_a_note}
 FROM straggler_verdicts v WHERE {where} AND v.kind IS NOT NULL
 """
 JUDGED = "SELECT DISTINCT p.cluster, p.job FROM peer_lag p WHERE {where}"
+TIMED = """SELECT DISTINCT s.cluster, s.job, s.node FROM health_scores s
+WHERE (s.job = ANY (CAST(:jobs AS text[]))
+       OR (s.job IS NULL AND s.node = ANY (CAST(:nodes AS text[]))))
+  AND s.clock_offset IS NOT NULL AND {where}"""
 
 
 def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
@@ -464,8 +468,14 @@ def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
     (``over_bar``) says, so find_stragglers, explain and job_report say what fleetd said. fleetd
     weighs more than the bar: whether the peers' waits grew (a host late ahead of its GPU queue
     costs nobody), whether the lateness was passed down from a peer elsewhere, and how recent
-    it is. A job fleetd wrote nothing on (its events came without it) keeps the stored events'
-    word. The jobs whose word is fleetd's are returned."""
+    it is. A job is fleetd's to judge from its first push/reply exchange with a node of it (a
+    score of the job's stored with the node's clock offset: fleetd had its pushes and timed
+    them; where the node's agent serves all its jobs, a score of the node's in the window):
+    until fleetd names a rank there, none is a straggler, however far over the bar
+    the first stored events put it, compared before fleetd knew the nodes' clocks (a
+    host-ahead job's rank was called a straggler in a poll before fleetd's first lag
+    summaries, and never named). A job fleetd wrote nothing on (its events came without it)
+    keeps the stored events' word. The jobs whose word is fleetd's are returned."""
     if not ranks:
         return frozenset()
     verdicts = live_in(sel)
@@ -475,6 +485,13 @@ def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
     judged = {(cluster, job) for cluster, job in rows(conn, JUDGED.format(where=lags.sql()),
                                                       lags.params)}
     judged |= {(cluster, job) for cluster, job, *_ in found}
+    timed = Where().within("s.t", sel.window)
+    scored = rows(conn, TIMED.format(where=timed.sql()), {
+        "jobs": sorted({r.job for r in ranks if r.job is not None}),
+        "nodes": sorted({r.node for r in ranks if r.node is not None}), **timed.params})
+    judged |= {(cluster, job) for cluster, job, _ in scored if job is not None}
+    nodes = {(cluster, node) for cluster, job, node in scored if job is None}
+    judged |= {(r.cluster, r.job) for r in ranks if (r.cluster, r.node) in nodes}
     steps: dict[tuple, set] = defaultdict(set)    # a rank named → the steps it was named in
     for cluster, job, rank, step, named in found:
         if named:

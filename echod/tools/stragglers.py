@@ -89,7 +89,8 @@ def find_stragglers(ctx: ToolContext, args: dict) -> dict:
     it, the middle of that gap, whichever is lower; never under 2 ms nor 5% of the time between
     the job's collectives. over_bar = median lag, less its node's clock uncertainty, above
     the bar (with at least 8 samples). straggler is fleetd's word where fleetd judged the job
-    (it wrote its lag summaries, a verdict or a note: jobs[].judged_by = 'fleetd'): the rank
+    (it wrote its lag summaries, a verdict or a note, or timed the job's nodes from its
+    first push/reply exchange: jobs[].judged_by = 'fleetd'): the rank
     is among the verdicts above, whatever over_bar says, for fleetd weighs more than the bar
     (whether the peers' waits grew, whether the lateness was passed down, how recent it is);
     for a job fleetd wrote nothing on (judged_by = 'events'), it is over_bar. Evidence per

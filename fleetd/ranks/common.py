@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ingero.analysis.cost import ONSET_WAITS, growth
+from ingero.analysis.cost import ONSET_WAITS, growth, per_instance as spread_over
 from ingero.analysis.propagation import Syncs
 
 from ..alignment import Pair
@@ -65,18 +65,21 @@ def waits_around(facts: RankFacts, onset: float,
 
 
 def own_growth(facts: RankFacts | None, onset: float,
-               placed: Callable[[RankFacts], np.ndarray]) -> float:
+               placed: Callable[[RankFacts], np.ndarray], per_instance: bool = False) -> float:
     """How much a late rank's own waits at its syncs grew since its onset, in seconds (0 when
     they shrank or too few are seen to tell). The rank its peers wait for comes last and
     waits least; a delay that made the rank itself wait longer too came from elsewhere (a
     third rank's GPU, every host slowed at once), and that much of its peers' growth is not
     its doing (CI, eight ranks on two CPUs: rank 2 of a host-ahead job 6 ms late on the host
-    while everyone's waits at one sync grew, its own the most, 30 ms against 16; named)."""
+    while everyone's waits at one sync grew, its own the most, 30 ms against 16; named).
+    ``per_instance``: each wait spread over the collectives it covered (``exposure``'s measure)."""
     if facts is None:
         return 0.0
     before, after = waits_around(facts, onset, placed)
     if len(before) < 2 or len(after) < ONSET_WAITS:
         return 0.0
+    if per_instance:
+        before, after = spread_over(before), spread_over(after)
     return max(0.0, growth(before, after)[0] / 1e9)
 
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ingero.analysis import causes
-from ingero.analysis.cost import (COST_SHARE, ONSET_WAITS, excess, growth, level_onset,
-                                  stands_out, waits_grew)
+from ingero.analysis.cost import (ONSET_WAITS, excess, exposure, growth, level_onset,
+                                  stands_out, swing, waits_grew)
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.propagation import after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.stragglers import judge, quiet, slow_workers
@@ -47,15 +47,18 @@ class Judging:
         named = frozenset(column for column, rank in enumerate(ranks)
                           if (v := job.verdicts.get((rank, "lag"))) and v.cleared is None
                           and v.kind == "persistent")
+        warming = int((steps < self.policy.warm_up).sum())
         judgement = judge(entries, self.policy, named, self._clock_slack(job, ranks, entries),
-                          warming=int((steps < self.policy.warm_up).sum()))
+                          warming=warming)
         window.bar = judgement.bar_s
         lag = peer_lag(entries)
-        found = {}
+        late_columns = frozenset(f.column for f in judgement.findings)
+        named = []
         for f in judgement.findings:
             rank = ranks[f.column]
             facts = self._facts_of(job, rank, now, late_share=f.lag_p50_s / (
-                judgement.step_s * (f.period or 1)) if judgement.step_s else None)
+                judgement.step_s * (f.period or 1)) if judgement.step_s else None,
+                lag_s=f.lag_p50_s)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             onset = float(np.nanmedian(entries[f.onset]))
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
@@ -68,15 +71,24 @@ class Judging:
             at = level_onset(lag[:, f.column], f.onset, recent)
             costs = f.kind != "persistent" or self._shown(
                 job, (comm, rank), recent, lambda: self._costs(
-                    job, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries))
+                    job, comm, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries,
+                    late_columns, warming))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
                                int(steps[f.onset]), onset, now)
                 continue
+            named.append((f, rank, facts, diagnosis))
+        together = sum(f.kind == "persistent" for f, *_ in named)
+        found = {}
+        for f, rank, facts, diagnosis in named:
+            exposed = job.exposure.get((comm, rank)) if f.kind == "persistent" else None
+            over = f.lag_p50_s - judgement.bar_s
             verdict = Verdict(job.cluster, job.job, rank, job.facts[rank].node, f.kind,
                               diagnosis.cause, confidence=diagnosis.confidence,
-                              severity=causes.severity(f.lag_p50_s, judgement.step_s),
+                              severity=causes.severity(
+                                  over if exposed is None else min(over, exposed),
+                                  judgement.step_s and judgement.step_s * (f.period or 1)),
                               fix=diagnosis.fix, findings=diagnosis.findings,
                               op=self.ops.names[op], comm_hash=comm,
                               step=int(steps[f.onset]),
@@ -84,8 +96,13 @@ class Judging:
                               lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s,
                               last_share=f.last_share, period=f.period,
                               occurrences=f.occurrences,
-                              evidence=self._evidence(facts, judgement.bar_s, judgement.step_s))
-            verdict.cost_gpu_s = excess(lag[f.onset:, f.column], judgement.bar_s, window.nranks)
+                              evidence=self._evidence(facts, judgement.bar_s, judgement.step_s),
+                              exposed_s=exposed,
+                              together=together if f.kind == "persistent" else 1)
+            verdict.evidence.update(exposed_ms=None if exposed is None else round(
+                exposed * 1e3, 3), late_together=verdict.together)
+            verdict.cost_gpu_s = excess(lag[f.onset:, f.column], judgement.bar_s, window.nranks,
+                                        verdict.exposed_s, verdict.together)
             self._clock_caveat(verdict)
             found[(rank, "lag")] = verdict
         late = {(comm, ranks[f.column]) for f in judgement.findings}
@@ -116,38 +133,67 @@ class Judging:
             job.harmless.pop(key, None)
         return answer
 
-    def _costs(self, job: JobState, ranks: list[int], f, at: int, onset: float,
-               lag: np.ndarray, entries: np.ndarray) -> bool | None:
+    def _costs(self, job: JobState, comm: CommKey, ranks: list[int], f, at: int,
+               onset: float, lag: np.ndarray, entries: np.ndarray,
+               late: frozenset[int] = frozenset(), warming: int = 0) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
         grew from its onset on (``at``: the instance its lateness reached its level, see
         ``level_onset``; ``onset``: when, on fleetd's clock), beyond what a later rank
         explains (``lag``: every column's, at each instance judged, at ``entries``; see
-        ``waits_grew``). A rank
+        ``waits_grew``; a rank later by no more than ``k`` times the swing of the on-time
+        peers' lags is late with it, not later: a node's four ranks, 28 to 31 ms late, their
+        peers waiting 11 ms more, were each weighed less up to 3 ms of the others' lags, no
+        more than their jitter). The peers weighed are those on time: the columns ``late`` with it
+        (a node's ranks, late together) wait less as the others wait more, and pooled with
+        them the growth looked a third of what it was (a node's four ranks 30 ms late, the
+        twelve others waiting 14 ms more a step: shown harmless). How much the waits grew at
+        each instance is kept as what its lateness costs (``exposure``). A lateness that
+        costs is named only once its lag stands out of the swing of its on-time peers' lags
+        (``stands_out``) past the communicator's first ``warming`` instances (where enough
+        are left): ranks that jitter and drift between syncs are each late by ms over a few
+        steps now and then, and their peers' waits grow and shrink with whatever delays the
+        job (a healthy pipeline job's rank 4 ms late over 16 instances after its data-loader
+        workers' respawn, against a swing of 3 ms, was named critical); a job's first steps
+        swing far more (in a node's late ranks' first ten, beside a busy loop, two of the four
+        did not stand out of them, and were never named). A rank
         late from the first instances judged has no before to weigh them against: it is
         taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
-        so its peers wait longer than it by its lateness whether its GPU absorbed it or not);
-        where the hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``),
-        once its lag stands out of the swing of its peers' (``stands_out``) over enough
-        instances to show that swing (``drift_seen``), and until then it is not known yet.
+        so its peers wait longer than it by its lateness whether its GPU absorbed it or not)
+        once its lag stands out of the swing of its peers' (``stands_out``: a healthy tp/pp
+        job's rank 9.7 ms late in a pair whose lags swing by 5 ms was named critical), and
+        until then it is not known yet; where the hosts run ahead of their GPUs, or none has
+        synced yet (``runs_ahead``), over enough instances to show that swing
+        (``drift_seen``). A rank once named stays so while it is late: weighed again on the
+        waits since its onset, a growth its peers' shorter steps later hid read as none (CI:
+        a late node's four ranks named, then each noted as costing nobody).
         There, only its instances since its peers' first sync count (``after_first_sync``):
         a host that starts its loop a few ms late while its GPU queue is empty is late at
         every step it enqueues before the first sync, which realigns the hosts (CI: a rank
         7 ms late over a job's first steps named beside the straggler)."""
+        named = job.verdicts.get((ranks[f.column], "lag"))
+        still = named is not None and named.cleared is None
+        others = late - {f.column}
+        settled = lag[warming:] if len(lag) - warming >= self.policy.min_instances else lag
         if at < self.policy.min_instances:
+            if still:
+                return True                # said once, as the lateness was first named
             peers = peer_syncs(job, ranks, f.column)
             if runs_ahead(peers, entries) is False:
-                return True
+                return True if stands_out(settled, f.column, f.lag_p50_s, self.policy.k,
+                                          others) else None
             rows = after_first_sync(peers, entries)
             if rows.sum() < self.policy.min_instances or not drift_seen(peers, entries[rows]):
                 return None
             with quiet():
                 since = float(np.nanmedian(lag[rows, f.column]))
-            return True if stands_out(lag[rows], f.column, since, self.policy.k) else None
+            return True if stands_out(lag[rows], f.column, since, self.policy.k,
+                                      others) else None
         before, after, peers = [], [], 0
         placed = self._waits_placed(job, ranks)
         for column, rank in enumerate(ranks):
             facts = job.facts.get(rank)
-            if column == f.column or facts is None or not facts.peer_wait_ns:
+            if column == f.column or column in late or facts is None or \
+                    not facts.peer_wait_ns:
                 continue
             peers += 1
             waits = waits_around(facts, onset, placed)
@@ -155,14 +201,22 @@ class Judging:
             after += waits[1]
         with quiet():
             since = np.nanmedian(lag[at:], axis=0)
-            later = float(np.nanmax(since) - since[f.column])
-        own = own_growth(job.facts.get(ranks[f.column]), onset, placed)
-        ahead = runs_ahead(peer_syncs(job, ranks, f.column), entries)
-        answer = waits_grew(before, after, f.lag_p50_s, self.policy.min_lag_s, later + own,
-                            enough=ONSET_WAITS * peers, share=0.0 if ahead else COST_SHARE)
-        named = job.verdicts.get((ranks[f.column], "lag"))
-        if not answer or (named is not None and named.cleared is None):
-            return answer                  # said once, as the lateness is first named
+        later = float(np.nanmax(since) - since[f.column])
+        spread = swing(settled, f.column, others)
+        if spread is not None and later <= self.policy.k * spread:
+            later = 0.0            # a rank late with it, by as much give or take the swing
+        mine = job.facts.get(ranks[f.column])
+        own = own_growth(mine, onset, placed)
+        answer = waits_grew(before, after, self.policy.min_lag_s, later + own,
+                            enough=ONSET_WAITS * peers)
+        job.exposure[(comm, ranks[f.column])] = exposure(
+            before, after, later + own_growth(mine, onset, placed, per_instance=True))
+        if still:
+            return True                    # said once, as the lateness was first named
+        if answer and not stands_out(settled, f.column, f.lag_p50_s, self.policy.k, others):
+            return None                    # within the job's own swing: not late yet
+        if not answer:
+            return answer
         if len(before) < 3:
             log.info("job %s: rank %d's lateness (%.1f ms) taken to cost: %d sync(s) of its "
                      "peers kept from before its onset, too few to weigh", job.job,
@@ -229,8 +283,9 @@ class Judging:
         three hogs was named slow_gpu, then cleared, and never named at its collectives)."""
         peers = self._peers(job, now)
         found = {}
-        slow = slow_workers(peers.work, self.policy) if peers.alike is None else [
-            slow_workers(peers.work[np.r_[at, peers.like(at)]], self.policy)[0]
+        ratio = causes.SLOW_GPU_EXPLAINS      # over the bar of the peers' spread, too
+        slow = slow_workers(peers.work, self.policy, ratio) if peers.alike is None else [
+            slow_workers(peers.work[np.r_[at, peers.like(at)]], self.policy, ratio)[0]
             for at in range(len(peers.ranks))]
         for at, rank in enumerate(peers.ranks):
             if rank in named or not slow[at]:
@@ -346,7 +401,8 @@ class Judging:
             self.resumed.get(node) == heard[0]
 
     def _facts_of(self, job: JobState, rank: int, now: float,
-                  late_share: float | None = None) -> causes.Facts:
+                  late_share: float | None = None,
+                  lag_s: float | None = None) -> causes.Facts:
         """What the cause rules weigh for the rank; ``late_share``: what its lateness costs it,
         a share of its time (without it: its kernels' extra time per second, if any)."""
         mine, peers = job.facts[rank], self._peers(job, now)
@@ -359,7 +415,7 @@ class Judging:
                                        or [0]))
                  for comm, _pid in peers.preemptions[at]}
         taken = {who: (n, ns) for who, (n, ns) in peers.preemptions[at].items()
-                 if ns >= 3 * usual[who[0]]}
+                 if ns >= causes.PREEMPTED_MORE * usual[who[0]]}
         blockio = [(r, b) for t, r, b in mine.blockio if t >= now - HOST_FACTS_S]
         work, alloc, wait, io = (peers.own_and_others(values, at) for values in (
             peers.work, peers.alloc, peers.wait, peers.io))
@@ -372,7 +428,8 @@ class Judging:
             self_work_samples=len(mine.self_work_ns),
             preemptions={who: n for who, (n, _ns) in taken.items()},
             preempted_s=sum(ns for _n, ns in taken.values()) / 1e9,
-            window_s=min(HOST_FACTS_S, now - job.started), late_share=late_share,
+            window_s=min(HOST_FACTS_S, now - job.started), lag_s=lag_s,
+            late_share=late_share,
             work_share=work_share,
             blockio_requests=sum(r for r, _ in blockio), blockio_bytes=sum(b for _, b in blockio),
             peers_blockio_bytes=io[1],

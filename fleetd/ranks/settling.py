@@ -135,14 +135,15 @@ class Settling:
     def _charge(self, job: JobState, comm: CommKey, window: CommWindow, ranks: list[int],
                 entries: np.ndarray, lag: np.ndarray) -> None:
         """What the newly settled instances cost, on the verdicts live on this communicator:
-        from each verdict's onset, only the part of the rank's lag over the bar, once for
-        each peer kept waiting (GPU-seconds)."""
+        from each verdict's onset, only the part of the rank's lag over the bar that the
+        peers' waits grew by, once for each peer kept waiting (GPU-seconds; ``excess``)."""
         for column, rank in enumerate(ranks):
             verdict = job.verdicts.get((rank, "lag"))
             if verdict is None or verdict.cleared is not None or verdict.comm_hash != comm:
                 continue
             since = np.nan_to_num(np.nanmedian(entries, axis=1), nan=-np.inf) >= verdict.onset
-            verdict.cost_gpu_s += excess(lag[since, column], window.bar, window.nranks)
+            verdict.cost_gpu_s += excess(lag[since, column], window.bar, window.nranks,
+                                         verdict.exposed_s, verdict.together)
             verdict.cost_usd = self._usd(verdict.cost_gpu_s)
 
     def _on_fleet_clock(self, job: JobState, ranks: list[int], raw: np.ndarray) -> np.ndarray:

@@ -59,7 +59,7 @@ class VerdictBook:
                                                               current.period)
         for name in ("kind", "cause", "confidence", "severity", "fix", "findings", "op",
                      "lag_p50_s", "lag_p99_s", "last_share", "period", "occurrences",
-                     "evidence"):
+                     "evidence", "exposed_s", "together"):
             setattr(current, name, getattr(fresh, name))
         current.misses = 0
         if fresh.kind in ("hang", "died"):      # the peers' wait so far

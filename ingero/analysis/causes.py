@@ -57,6 +57,8 @@ def verdict_line(rank: int, node: str | None, kind: str, period: int | None,
 
 
 SLOW_GPU_RATIO = 1.3             # self-work over the peers' median
+SLOW_GPU_EXPLAINS = 1.15         # ... or this much, where its kernels' extra time is
+SLOW_GPU_SHARE = 0.5             # at least this share of its lag
 MIN_SELF_WORK_SAMPLES = 3
 PREEMPTION_BURST = 5             # preemptions by other processes in the window
 PREEMPTED_SHARE = 0.02           # of the window, kept off its CPU by them
@@ -64,6 +66,10 @@ PREEMPTION_EXPLAINS = 0.5        # ... and half of what it loses against its pee
                                  # the tracer's count is a lower bound (three nice -10 hogs
                                  # were seen taking 60-71% of what the rank lost)
 PREEMPTION_BESIDE_SLOW = 0.15    # ... or, where its kernels look slow, this much of its time
+PREEMPTED_MORE = 3               # a preemptor counts against a rank that it took this many
+                                 # times as much as it took the rank's peers, or more: every
+                                 # node's daemons take everyone's CPU now and then, and a job's
+                                 # ranks crowding a busy node take each other's alike
 HEAVY_BLOCKIO_BYTES = 64 * 2**20          # in the window, with no peers to compare with
 HEAVY_BLOCKIO_REQUESTS = 1000
 IO_RATIO = 4.0                           # the rank's block I/O over its peers' median
@@ -106,6 +112,7 @@ class Facts:
     preemptions: dict[tuple[str, int], int] = field(default_factory=dict)  # (comm, pid) → n
     preempted_s: float | None = None          # how long they kept it off its CPU
     window_s: float | None = None             # the span the host facts cover
+    lag_s: float | None = None                # how late it enters collectives (None: not late)
     late_share: float | None = None           # of its time, what it loses against its peers:
     # its lag over the steps it is late in, or its kernels' extra time per second
     work_share: float | None = None           # of its time, its kernels' extra over its peers'
@@ -202,7 +209,8 @@ def preempted(f: Facts) -> bool:
     a wait under 0.1 ms, or asleep on a lock that a preempted thread of the rank holds, is not
     counted): a rank 60 ms late each 76 ms step in its own host code, whose CPU a busy loop
     beside it takes for 2 ms a step, is late by its host work, and one whose kernels' syncs
-    take 6 ms more than its peers' each step, kept off its CPU 1 ms a step, has slow kernels. Where its kernels look slow, the preemption need only explain their
+    take 6 ms more than its peers' each step, kept off its CPU 1 ms a step, has slow kernels.
+    Where its kernels look slow, the preemption need only explain their
     extra time, not its lag (a rank kept off its CPU may still carry waits for it in its syncs
     that the agent cannot see: its lag and its kernels' time grow together), but it must
     take a sixth of its time or more: a rank whose kernels are slow wakes at other times than
@@ -233,9 +241,20 @@ def heavy_io(f: Facts) -> bool:
 
 
 def slow_gpu(f: Facts) -> bool:
-    return (f.self_work_s is not None and f.peers_self_work_s is not None
-            and f.self_work_samples >= MIN_SELF_WORK_SAMPLES and f.peers_self_work_s > 0
-            and f.self_work_s >= SLOW_GPU_RATIO * f.peers_self_work_s)
+    """Its own kernels take ``SLOW_GPU_RATIO`` times its peers' or more; or
+    ``SLOW_GPU_EXPLAINS`` times, and, where it is late at collectives (``lag_s``), their
+    extra time is at least ``SLOW_GPU_SHARE`` of its lag: the lag is its kernels'. Where it
+    is not late, the caller has found its kernels over its peers' robust bar
+    (``stragglers.slow_workers``). A GPU 1.3 times slower showed self-work 1.32 times its
+    peers' on an idle machine and 1.296 times on busy CPUs (every rank's wake-up from its sync
+    adds alike): called host work, or not named at all."""
+    if (f.self_work_s is None or f.peers_self_work_s is None
+            or f.self_work_samples < MIN_SELF_WORK_SAMPLES or f.peers_self_work_s <= 0):
+        return False
+    if f.self_work_s >= SLOW_GPU_RATIO * f.peers_self_work_s:
+        return True
+    return f.self_work_s >= SLOW_GPU_EXPLAINS * f.peers_self_work_s and (
+        f.lag_s is None or f.self_work_s - f.peers_self_work_s >= SLOW_GPU_SHARE * f.lag_s)
 
 
 def slow_allocation(f: Facts) -> bool:
@@ -244,10 +263,12 @@ def slow_allocation(f: Facts) -> bool:
             and f.allocation_s >= SLOW_ALLOCATION_RATIO * max(f.peers_allocation_s, 1e-9))
 
 
-def severity(lag_s: float, step_s: float | None) -> str:
-    """How much of a step the rank costs everyone: critical from half a step, major from a
-    tenth, minor below."""
+def severity(cost_s: float, step_s: float | None) -> str:
+    """How much of its peers' time the rank costs: ``cost_s``, how much longer it keeps them
+    waiting at each of its late instances (its lag over the bar, no more than their waits
+    grew), against ``step_s``, the time between two of them (for a periodic stall, the
+    period): critical from half, major from a tenth, minor below."""
     if not step_s:
         return "major"
-    share = lag_s / step_s
+    share = cost_s / step_s
     return "critical" if share >= 0.5 else "major" if share >= 0.1 else "minor"

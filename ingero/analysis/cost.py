@@ -4,8 +4,9 @@ it names a rank late on its host, and the GPU time its lateness kept the others 
 A rank whose host enters collectives late may still be ahead of its GPU queue, delaying no
 collective; its peers then wait no longer at their syncs than before. So lateness is charged
 only where the peers' waits grew at its onset (``waits_grew``), or, with no before to weigh,
-where its lag stands out of its peers' swing (``stands_out``). Pure functions of waits and lags
-(no clock, no state): fleetd feeds them from what it keeps of each rank.
+where its lag stands out of its peers' swing (``stands_out``); and it costs what their waits
+grew (``exposure``), not its host lag, part of which the GPU queues absorb. Pure functions of
+waits and lags (no clock, no state): fleetd feeds them from what it keeps of each rank.
 """
 
 from __future__ import annotations
@@ -19,35 +20,38 @@ import numpy as np
 from .robust import MAD_TO_SIGMA
 from .stragglers import quiet
 
-COST_SHARE = 0.25      # a lag is confirmed when its peers' waits at collectives grew by this
-                       # share of it at its onset
-COST_ERRORS = 2.0      # and by this many standard errors of that growth
+COST_ERRORS = 3.0      # a lag costs when its peers' waits grew by this many standard errors
 ONSET_WAITS = 2        # syncs a peer since the onset before it is weighed
+HARMLESS_SYNCS = 3     # syncs since the onset before a growth not shown is taken as none
 LEVEL_SHARE = 0.5      # a lateness is at its level from where its lag reaches this share of
                        # its recent lag
 
 
-def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: float,
-               later_s: float = 0.0, enough: int = ONSET_WAITS,
-               share: float = COST_SHARE) -> bool | None:
+def waits_grew(before: list[tuple], after: list[tuple], floor_s: float, later_s: float = 0.0,
+               enough: int = ONSET_WAITS) -> bool | None:
     """Whether the peers' syncs on collectives (their waits: (stratum, ns[, sync]), see
-    ``growth``) grew at a rank's onset by a share of its lag, on average (a host that syncs on
-    a blocking read and at its step's end waits long at one and briefly at the other: a
-    median of both flips between them): the proof that its lateness costs. A rank late on the
-    host but still ahead of its GPU queue delays no collective, and its peers wait no longer
-    than before. What a rank later than it (by ``later_s`` more) made them wait is not its
-    own: the GPU queues absorbed that much less of the later rank's lag; nor is what made the
-    rank itself wait longer too (``own_growth``, added to ``later_s``). The growth must also
+    ``growth``) grew at a rank's onset, on average (a host that syncs on a blocking read and
+    at its step's end waits long at one and briefly at the other: a median of both flips
+    between them): the proof that its lateness costs. A rank late on the host but still
+    ahead of its GPU queue delays no collective, and its peers wait no longer than before.
+    What a rank later than it (by ``later_s`` more) made them wait is not its own: the GPU
+    queues absorbed that much less of the later rank's lag; nor is what made the rank itself
+    wait longer too (``own_growth``, added to ``later_s``). The growth must pass the floor and
     stand out from the waits' own spread (``COST_ERRORS`` standard errors of the growth):
     waits at syncs every few steps vary by tens of ms under CPU contention, and a few ms more
-    on average is what chance gives. Where the hosts run ahead of their GPUs, a host's lag
-    holds how far its peers' hosts ran ahead, and its peers wait only for what its GPU falls
-    behind: there the growth need not be a ``share`` of the lag (0: standing out is enough;
-    CI: a host 30 ms a step slow, its lag ramping to 270 ms between syncs every 10 steps,
-    its peers' waits up 17 ms a sync, was shown harmless against 25% of 148 ms). Too few
-    syncs before: it costs; fewer than ``enough``
-    since its onset, or their spread not told yet: None, not known yet. The answer is given
-    once (a lateness shown harmless stays so, one shown to cost is named)."""
+    on average is what chance gives. It need not be any share of the rank's host lag: the
+    GPU queues absorb part of that lag in every job, the work a host enqueued before it fell
+    behind (a node's ranks 30 ms late on the host each 25 ms step, syncing every step, made
+    their peers wait 14 ms more a step), and where the hosts run ahead of their GPUs the lag
+    holds how far its peers' hosts ran ahead as well (CI: a host 30 ms a step slow, syncing
+    every 10 steps, ramped to 270 ms behind while its peers waited 17 ms more a sync). What it
+    costs is what the waits grew (``exposure``). Too few syncs before: it costs; fewer than
+    ``enough`` since its onset, or their spread not told yet: None, not known yet. A growth
+    that does not stand out yet is taken as none only from ``HARMLESS_SYNCS`` syncs since the
+    onset: with one, its mean is that sync's alone, and the error of the growth is mostly its
+    own (CI, beside a busy loop: a rank 144 ms behind its queue, whose peers waited 57 ms more
+    at each sync, was shown harmless for good at the first sync since its onset). The answer
+    is given once (a lateness shown harmless stays so, one shown to cost is named)."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
@@ -55,8 +59,34 @@ def waits_grew(before: list[tuple], after: list[tuple], lag_s: float, floor_s: f
     grew, error = growth(before, after)
     if not math.isfinite(error):
         return None
-    return grew / 1e9 - max(0.0, later_s) >= max(floor_s, share * lag_s,
-                                                 COST_ERRORS * error / 1e9)
+    if grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_ERRORS * error / 1e9):
+        return True
+    return False if syncs_in(after) >= HARMLESS_SYNCS else None
+
+
+def syncs_in(waits: list[tuple]) -> int:
+    """How many syncs the waits were taken at (the peers' at one sync are one; a wait whose
+    sync is not known is one of its own)."""
+    return len({w[2] if len(w) > 2 and w[2] is not None else ("wait", n)
+                for n, w in enumerate(waits)})
+
+
+def exposure(before: list[tuple], after: list[tuple], later_s: float = 0.0) -> float | None:
+    """How much longer each collective instance kept the peers waiting since a rank's onset,
+    in seconds: the growth of their waits (as ``waits_grew`` weighs it), each wait spread over
+    the instances it covered, less what a later rank or the rank's own waits explain (in the
+    same measure, ``later_s``). None where there is no before to weigh."""
+    if len(before) < 3 or len(after) < 2:
+        return None
+    grew = growth(per_instance(before), per_instance(after))[0] / 1e9
+    return max(0.0, grew - max(0.0, later_s))
+
+
+def per_instance(waits: list[tuple]) -> list[tuple]:
+    """Waits, each spread over the collectives it covered (its stratum's second part; one
+    where not known)."""
+    return [(stratum, ns / max(1, stratum[1] or 1) if isinstance(stratum, tuple) else ns,
+             *rest) for stratum, ns, *rest in waits]
 
 
 def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
@@ -102,23 +132,34 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     return grew, math.sqrt(variance)
 
 
-def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float) -> bool:
+def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float,
+               late: frozenset[int] = frozenset()) -> bool:
     """Whether a rank's lag (``lag_s``, its late instances' median) is over ``k`` times the
-    swing of its peers' lags from instance to instance (1.4826·MAD of each one's lag less
-    its own median, at the instances judged: ``lag``, instances × columns; how late each is
-    on the whole, several of them late at once, is no swing). Hosts that enqueue several
-    steps ahead of their GPUs and sync every few drift apart by milliseconds within each run
-    of steps when their CPUs are busy; a rank a few ms late over a job's first instances is
-    that swing, not a straggler (it is judged against the ranks' median lags only, whose
-    spread is far smaller). Asked only where the hosts run ahead (``runs_ahead``): where they
-    sync every step, a rank's lateness from the start reaches its GPU, and is weighed alone."""
-    peers = np.delete(np.asarray(lag, float), column, axis=1)
+    swing of its peers' lags from instance to instance (``swing``, at the instances judged:
+    ``lag``, instances × columns). Hosts that enqueue several steps ahead of their GPUs and
+    sync every few drift apart by milliseconds within each run of steps when their CPUs are
+    busy; a rank a few ms late over a job's first instances is that swing, not a straggler
+    (it is judged against the ranks' median lags only, whose spread is far smaller). Asked
+    of a rank late from the start where the hosts run ahead (``runs_ahead``: where they sync
+    every step, its lateness reaches its GPU), and of every lateness whose cost was shown:
+    ranks that jitter drift by ms over a few steps now and then, whatever their syncs, and
+    their peers' waits grow and shrink with whatever else delays the job."""
+    spread = swing(lag, column, late)
+    return True if spread is None else lag_s > k * spread
+
+
+def swing(lag: np.ndarray, column: int, late: frozenset[int] = frozenset()) -> float | None:
+    """How far the lags of a column's peers swing from instance to instance: 1.4826·MAD of
+    each one's lag less its own median (how late each is on the whole, several of them late
+    at once, is no swing); None where too few are known. The columns ``late`` with it (a
+    node's ranks) are no peers of its: their onset is a swing of their own."""
+    peers = np.delete(np.asarray(lag, float), sorted({column} | set(late)), axis=1)
     with quiet():
-        swing = peers - np.nanmedian(peers, axis=0)
-    swing = swing[np.isfinite(swing)]
-    if len(swing) < 2:
-        return True
-    return lag_s > k * MAD_TO_SIGMA * float(np.median(np.abs(swing)))
+        spread = peers - np.nanmedian(peers, axis=0)
+    spread = spread[np.isfinite(spread)]
+    if len(spread) < 2:
+        return None
+    return MAD_TO_SIGMA * float(np.median(np.abs(spread)))
 
 
 def level_onset(lag: np.ndarray, onset: int, recent: float) -> int:
@@ -137,7 +178,15 @@ def level_onset(lag: np.ndarray, onset: int, recent: float) -> int:
     return onset + int(reached[0]) if len(reached) else onset
 
 
-def excess(lag: np.ndarray, bar: float, nranks: int) -> float:
-    """GPU-seconds its lag over the bar kept its peers waiting, at these instances."""
-    over = np.asarray(lag, float) - (bar if np.isfinite(bar) else 0.0)
-    return float(np.nansum(np.clip(over, 0.0, None))) * max(nranks - 1, 1)
+def excess(lag: np.ndarray, bar: float, nranks: int, exposed_s: float | None = None,
+           together: int = 1) -> float:
+    """GPU-seconds its lag over the bar kept its peers waiting, at these instances: at each,
+    its lag over the bar, no more than the collective was delayed (``exposed_s``, see
+    ``exposure``; None: not known, all of it), once for each peer on time. Where ``together``
+    ranks are late at once (a node's), the collective waits for all of them: the on-time
+    peers' wait is shared among them."""
+    over = np.clip(np.asarray(lag, float) - (bar if np.isfinite(bar) else 0.0), 0.0, None)
+    if exposed_s is not None:
+        over = np.minimum(over, exposed_s)
+    together = max(1, together)
+    return float(np.nansum(over)) * max(nranks - together, 1) / together

@@ -2,7 +2,7 @@
 their GPUs (and since when that can be weighed), and whether a rank's lateness was passed down
 to it by a peer elsewhere. Pure functions of the peers' sync ends and the aligned entries
 (``entries``: instances × ranks, on one clock, NaN where a rank has not entered), as fleetd
-keeps them; no clock, no state. Imports only ``ingero.analysis.cost`` and ``.stragglers``.
+keeps them; no clock, no state. Imports only ``ingero.analysis.stragglers``.
 
 A sync is a rank's host waiting for its GPU (a ``.item()``, a stream or event sync). Where the
 hosts sync less than every other collective, each host enqueues ahead of its GPU and a late
@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import COST_SHARE
 from .stragglers import quiet
 
 UNSYNCED_INSTANCES = 16              # instances with no sync seen: a job ingerod sees none of
 DRIFT_STRETCHES = 3                  # runs of instances between the peers' syncs, or
 DRIFT_INSTANCES = 256                # this many instances, before a swing is known
+PASSED_SHARE = 0.25                  # a lateness passed down came no later from its sync
+                                     # than its peers did from theirs, by this share of it
 
 
 @dataclass(frozen=True)
@@ -121,4 +122,4 @@ def inherited(syncs: list[Syncs | None], entries: np.ndarray, column: int, comm:
     others = np.delete(gaps, column)
     if not np.isfinite(gaps[column]) or not np.isfinite(others).any():
         return False
-    return gaps[column] - float(np.nanmedian(others)) < COST_SHARE * lag_s
+    return gaps[column] - float(np.nanmedian(others)) < PASSED_SHARE * lag_s
