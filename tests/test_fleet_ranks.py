@@ -699,6 +699,42 @@ def test_a_late_rank_is_found_from_its_tensor_parallel_group_alone():
     assert job.split_comms[tp_comm(2)] == {4: (0, 2), 5: (1, 2)} and not job.unresolved
 
 
+@pytest.mark.parametrize("dp_late_ms, named", [(0.0, False), (40.0, True)])
+def test_a_rank_late_in_a_pair_is_named_only_if_late_where_it_has_other_peers(dp_late_ms,
+                                                                              named):
+    """Four ranks, tensor-parallel pairs (0, 1) and (2, 3), data-parallel pairs (0, 2) and
+    (1, 3), each pair its own communicator. Rank 1 enters its tensor-parallel all-reduce 40
+    ms after rank 0 at every step: between two ranks that is as much rank 0 early as rank 1
+    late. On time in its data-parallel pair, it is not named (a healthy tp/pp job's rank,
+    behind its partner for a stretch, was); late there too, it is."""
+    ra = analysis()
+    exchanged(ra, "n0", 0.0)
+    exchanged(ra, "n1", 0.0)
+    pairs = {"00000000000a0001": (0, 1), "00000000000a0002": (2, 3),
+             "00000000000d0001": (0, 2), "00000000000d0002": (1, 3)}
+
+    def entries(node_ranks, first: int) -> list[dict]:
+        events = []
+        for step in range(first, first + 10):
+            for comm, pair in pairs.items():
+                for rank in set(pair) & set(node_ranks):
+                    late = 0.0 if rank != 1 else 0.04 if comm.endswith("a0001") else \
+                        dp_late_ms / 1e3
+                    t = T0 + step * STEP + (0.02 if "d" in comm[-5:] else 0.0) + late
+                    event = collective(rank, step, t, nranks=2, comm=comm)
+                    event["attrs"]["comm_rank"] = pair.index(rank)
+                    event["id"] = f"n:{comm}:{rank}:{step}"
+                    events.append(event)
+        return events
+
+    for first in range(0, 60, 10):
+        now = T0 + (first + 10) * STEP + 0.3
+        ra.observe(push("n0", entries((0, 1), first)), now)
+        ra.observe(push("n1", entries((2, 3), first)), now)
+        ra.tick(now)
+    assert {v.rank for v in ra.active()} == ({1} if named else set())
+
+
 def test_a_pipeline_stage_doing_more_work_is_no_slow_gpu_but_a_slow_gpu_within_it_is():
     """Two stages of four ranks (each stage its own data-parallel group of four, besides the
     world): stage 1's kernels take twice stage 0's by design; rank 6's 1.4 times its stage's."""
