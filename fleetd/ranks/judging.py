@@ -57,9 +57,6 @@ class Judging:
         named = []
         for f in judgement.findings:
             rank = ranks[f.column]
-            if len(ranks) == 2 and (rank, "lag") not in job.verdicts and \
-                    not self._late_elsewhere(job, comm, ranks, rank):
-                continue                   # its partner's earliness as much as its lateness
             facts = self._facts_of(job, rank, now, late_share=f.lag_p50_s / (
                 judgement.step_s * (f.period or 1)) if judgement.step_s else None,
                 lag_s=f.lag_p50_s)
@@ -71,6 +68,9 @@ class Judging:
                 self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
                            int(steps[f.onset]), onset, now)
                 continue
+            if len(ranks) == 2 and (rank, "lag") not in job.verdicts and \
+                    not self._late_elsewhere(job, comm, ranks, rank):
+                continue                   # its partner's earliness as much as its lateness
             recent = self._recent(lag, f.column)
             at = level_onset(lag[:, f.column], f.onset, recent)
             costs = f.kind != "persistent" or self._shown(
