@@ -204,7 +204,7 @@ class Judging:
         every step it enqueues before the first sync, which realigns the hosts (CI: a rank
         7 ms late over a job's first steps named beside the straggler)."""
         named = job.verdicts.get((ranks[f.column], "lag"))
-        still = named is not None and named.cleared is None
+        still = named is not None and named.cleared is None and named.kind != "slow_gpu"
         others = late - {f.column}
         settled = lag[warming:] if len(lag) - warming >= self.policy.min_instances else lag
         if at < self.policy.min_instances:
