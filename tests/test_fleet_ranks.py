@@ -17,7 +17,8 @@ from fleetd.alignment import CommWindow, Entries
 from fleetd.clocks import ClockBook
 from fleetd.config import SETTINGS
 from fleetd.ranks import RankAnalysis
-from fleetd.ranks.common import waits_around
+from fleetd.ranks.common import Onset, heard_through, waits_around
+from fleetd.rankstate import RankFacts
 from ingero.analysis.cost import exposure, waits_grew
 from ingero import columns, wire
 
@@ -806,6 +807,41 @@ def test_waits_are_placed_against_an_onset_on_fleetd_s_clock_once_their_node_s_i
         assert {ns for _, ns, _ in after} == {140_000_000} and len(after) == 30, rank
 
 
+def synced(node: str, waits: dict[int, tuple[float, float]]) -> RankFacts:
+    """A rank's facts holding its waits at syncs on COMM, by the seq each covered up to:
+    (when its node timed it, how long, in ms)."""
+    facts = RankFacts(node=node)
+    for seq, (t, ms) in sorted(waits.items()):
+        facts.peer_wait_t.append(t)
+        facts.peer_wait_ns.append(int(ms * 1e6))
+        facts.peer_wait_on.append((COMM, seq))
+    return facts
+
+
+def test_waits_at_syncs_fall_before_or_after_an_onset_by_the_collectives_they_cover():
+    """Hosts that run ahead of their GPUs drift apart between syncs: a peer's host waited at
+    the sync covering seqs 40 to 49 before the median rank entered seq 42, where a rank's
+    lateness begins. Placed by time, that wait fell before the onset, the others at the same
+    sync after it, and the delay it carried made the waits before it look to vary widely (a
+    rank 30 ms a step behind its GPU queue was weighed on waits grown 41 ± 18 ms where they
+    grew 57 ± 1). Placed by the collectives it covers, it is after the onset. A sync one peer
+    has not reported yet (its node's push on its way) is not weighed: its mean would be the
+    other peers' alone."""
+    onset = 10.0
+    fast = synced("n0", {39: (9.0, 20.0), 49: (9.9, 80.0), 59: (10.9, 80.0)})
+    slow = synced("n1", {39: (9.1, 20.0), 49: (10.1, 80.0)})
+    placed = lambda facts: np.array(facts.peer_wait_t)  # noqa: E731
+    by_time = waits_around(fast, onset, placed)
+    assert [ns for _, ns, _ in by_time[0]] == [20_000_000, 80_000_000]    # the old mistake
+    at = Onset(COMM, 42, heard_through([fast, slow], COMM))
+    assert at.heard == 49
+    for facts in (fast, slow):
+        before, after = waits_around(facts, onset, placed, at)
+        assert ([ns for _, ns, _ in before], [ns for _, ns, _ in after]) == (
+            [20_000_000], [80_000_000])
+    assert heard_through([fast, synced("n1", {})], COMM) == -1
+
+
 @pytest.mark.parametrize("after_ms, named", [(70.0, False), (100.0, True)])
 def test_a_rank_late_on_the_host_but_ahead_of_its_gpu_costs_nobody(after_ms, named):
     """Rank 5 enters every collective 30 ms after its peers from step 30. If its peers wait
@@ -1327,18 +1363,22 @@ def test_a_node_pushing_once_an_hour_stretches_its_own_jobs_timeouts_only():
 
 def test_a_growth_of_the_peers_waits_proves_a_cost_whatever_the_host_lag():
     """A job syncing every 10 steps (job 2802's numbers): the late rank's host lag ramps to
-    270 ms between syncs (median 148 ms), its peers' waits at the syncs rise from ~18 ms to
-    ~34 ms. That growth, standing out of the waits' spread, proves a cost: the host lag holds
-    how far the peers' hosts ran ahead, and was never the measure (against a quarter of it,
-    148 ms, the rank was shown harmless in a plain run). It costs what the waits grew, spread
-    over the ten collectives each sync covered: 1.65 ms an instance."""
-    before = [((None, 10), ns, (None, s)) for s, ns in enumerate(
+    270 ms between syncs (median 148 ms), its peers' waits at the syncs at the tenth step's
+    end (each covering that step's collective: a blocking read covered the nine before) rise
+    from ~18 ms to ~34 ms. That growth, standing out of the waits' spread, proves a cost: the
+    host lag holds how far the peers' hosts ran ahead, and was never the measure (against a
+    quarter of it, 148 ms, the rank was shown harmless in a plain run). It costs what the
+    waits grew: 16.5 ms at each collective they covered. Had each of them covered ten steps,
+    16.5 ms more would be 1.65 ms a step, under the least lag named (2 ms): no cost."""
+    before = [((None, 1), ns, (None, s)) for s, ns in enumerate(
         [17.6e6, 17.9e6, 18.9e6, 17.5e6] * 7)]
-    after = [((None, 10), ns, (None, 100 + s)) for s, ns in enumerate(
+    after = [((None, 1), ns, (None, 100 + s)) for s, ns in enumerate(
         [37.4e6, 32.8e6, 36.0e6, 33.8e6, 34.4e6, 32.5e6] * 7)]
     assert waits_grew(before, after, 0.002) is True
-    assert exposure(before, after) == pytest.approx(0.00165, abs=1e-5)
-    steady = [((None, 10), ns + 0.3e6 * (s % 3), (None, 200 + s)) for s, ns in enumerate(
+    assert exposure(before, after) == pytest.approx(0.0165, abs=1e-4)
+    tens = [[((None, 10), ns, sync) for _, ns, sync in side] for side in (before, after)]
+    assert waits_grew(*tens, 0.002) is False
+    steady = [((None, 1), ns + 0.3e6 * (s % 3), (None, 200 + s)) for s, ns in enumerate(
         [17.6e6, 17.9e6, 18.9e6, 17.5e6] * 4)]
     assert waits_grew(before, steady, 0.002) is False   # no growth: none
 

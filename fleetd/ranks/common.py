@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,23 +50,52 @@ def foreign(preempted: dict, job: str | None) -> bool:
     return not preempted.get("preemptor_own") and (other_job is None or other_job != job)
 
 
-def waits_around(facts: RankFacts, onset: float,
-                 placed: Callable[[RankFacts], np.ndarray]) -> tuple[list[tuple], list[tuple]]:
+class Onset(NamedTuple):
+    """Where a rank's lateness begins on the communicator it is judged on: the instance's
+    ``seq`` there, and ``heard``, the latest seq every peer weighed has reported a wait
+    through (its waits past that are some peers' only: a node's push still on its way)."""
+    comm: str
+    seq: int
+    heard: int
+
+
+def waits_around(facts: RankFacts, onset: float, placed: Callable[[RankFacts], np.ndarray],
+                 at: Onset | None = None) -> tuple[list[tuple], list[tuple]]:
     """A rank's waits at its syncs on collectives, as (stratum, ns, sync) (see ``growth``),
     before and since ``onset`` (fleetd's clock; ``placed``: the waits' times on it, NaN where
-    its node's clock is not known, and those waits are in neither)."""
+    its node's clock is not known, and those waits are in neither). A wait on the
+    communicator of ``at`` is placed by its collective instead: since the onset if it covers
+    the onset's instance or a later one, whatever the clocks say, and not yet weighed past
+    what every peer has reported (``at.heard``). Placed by time, the waits at the sync just
+    after an onset a few ms into a run of steps fell on both sides of it, one before and six
+    since, and the one carried a delay into the waits before: a host 30 ms a step behind its
+    GPU queue was weighed on waits grown 41 ms ± 18 where they grew 57 ± 1; and two syncs'
+    waits, one of them from one node only, grew 4 ms ± 1.4 by chance for a rank ahead of its
+    GPU queue (CI: named)."""
     before, after, last = [], [], {}
     for t, ns, (comm, seq) in zip(placed(facts), facts.peer_wait_ns, facts.peer_wait_on):
         covered = seq - last[comm] if 0 <= last.get(comm, -1) < seq else None
         last[comm] = seq
         sync = (comm, seq) if comm and seq >= 0 else None      # None: its own
-        if t == t:
-            (after if t >= onset else before).append(((comm, covered), ns, sync))
+        wait = ((comm, covered), ns, sync)
+        if at is not None and sync is not None and comm == at.comm:
+            if seq <= at.heard:
+                (after if seq >= at.seq else before).append(wait)
+        elif t == t:
+            (after if t >= onset else before).append(wait)
     return before, after
 
 
+def heard_through(peers: list[RankFacts], comm: str) -> int:
+    """The latest seq on ``comm`` that each of ``peers`` has reported a wait at or past (-1
+    where one has none there)."""
+    return min((max((seq for on, seq in facts.peer_wait_on if on == comm), default=-1)
+                for facts in peers), default=-1)
+
+
 def own_growth(facts: RankFacts | None, onset: float,
-               placed: Callable[[RankFacts], np.ndarray], per_instance: bool = False) -> float:
+               placed: Callable[[RankFacts], np.ndarray], per_instance: bool = False,
+               at: Onset | None = None) -> float:
     """How much a late rank's own waits at its syncs grew since its onset, in seconds (0 when
     they shrank or too few are seen to tell). The rank its peers wait for comes last and
     waits least; a delay that made the rank itself wait longer too came from elsewhere (a
@@ -75,7 +105,7 @@ def own_growth(facts: RankFacts | None, onset: float,
     ``per_instance``: each wait spread over the collectives it covered (``exposure``'s measure)."""
     if facts is None:
         return 0.0
-    before, after = waits_around(facts, onset, placed)
+    before, after = waits_around(facts, onset, placed, at)
     if len(before) < 2 or len(after) < ONSET_WAITS:
         return 0.0
     if per_instance:

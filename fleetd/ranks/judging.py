@@ -21,7 +21,8 @@ from ingero.analysis.stragglers import judge, quiet, slow_workers
 from ..alignment import CommKey, CommWindow, Pair
 from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
 from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PASSED_DOWN,
-                     by_program, own_growth, peer_syncs, syncs_of, waits_around)
+                     Onset, by_program, heard_through, own_growth, peer_syncs, syncs_of,
+                     waits_around)
 
 log = logging.getLogger("fleetd")
 
@@ -76,7 +77,8 @@ class Judging:
             costs = f.kind != "persistent" or self._shown(
                 job, (comm, rank), recent, lambda: self._costs(
                     job, comm, ranks, f, at, float(np.nanmedian(entries[at])), lag, entries,
-                    late_columns, warming))
+                    late_columns, warming, int(window.seq[rows][at]),
+                    len(rows) / max(1, int(rows.sum()))))
             if not costs:
                 if costs is False:
                     self._note(job, rank, "ahead", f, comm, self.ops.names[op],
@@ -168,11 +170,13 @@ class Judging:
 
     def _costs(self, job: JobState, comm: CommKey, ranks: list[int], f, at: int,
                onset: float, lag: np.ndarray, entries: np.ndarray,
-               late: frozenset[int] = frozenset(), warming: int = 0) -> bool | None:
+               late: frozenset[int] = frozenset(), warming: int = 0, seq: int = -1,
+               per_step: float = 1.0) -> bool | None:
         """Whether the rank's lateness delays its peers: whether their waits at collectives
         grew from its onset on (``at``: the instance its lateness reached its level, see
-        ``level_onset``; ``onset``: when, on fleetd's clock), beyond what a later rank
-        explains (``lag``: every column's, at each instance judged, at ``entries``; see
+        ``level_onset``; ``onset``: when, on fleetd's clock; ``seq``: its seq on ``comm``,
+        which places the waits at syncs there, see ``waits_around``; ``per_step``: the
+        communicator's collectives a step), beyond what a later rank explains (``lag``: every column's, at each instance judged, at ``entries``; see
         ``waits_grew``; a rank later by no more than ``k`` times the swing of the on-time
         peers' lags is late with it, not later: a node's four ranks, 28 to 31 ms late, their
         peers waiting 11 ms more, were each weighed less up to 3 ms of the others' lags, no
@@ -221,15 +225,15 @@ class Judging:
                 since = float(np.nanmedian(lag[rows, f.column]))
             return True if stands_out(lag[rows], f.column, since, self.policy.k,
                                       others) else None
-        before, after, peers = [], [], 0
+        before, after = [], []
         placed = self._waits_placed(job, ranks)
-        for column, rank in enumerate(ranks):
-            facts = job.facts.get(rank)
-            if column == f.column or column in late or facts is None or \
-                    not facts.peer_wait_ns:
-                continue
-            peers += 1
-            waits = waits_around(facts, onset, placed)
+        weighed = [facts for column, rank in enumerate(ranks)
+                   if column != f.column and column not in late
+                   and (facts := job.facts.get(rank)) is not None and facts.peer_wait_ns]
+        peers = len(weighed)
+        on = Onset(comm, seq, heard_through(weighed, comm)) if isinstance(comm, str) else None
+        for facts in weighed:
+            waits = waits_around(facts, onset, placed, on)
             before += waits[0]
             after += waits[1]
         with quiet():
@@ -239,11 +243,11 @@ class Judging:
         if spread is not None and later <= self.policy.k * spread:
             later = 0.0            # a rank late with it, by as much give or take the swing
         mine = job.facts.get(ranks[f.column])
-        own = own_growth(mine, onset, placed)
+        own = own_growth(mine, onset, placed, at=on)
         answer = waits_grew(before, after, self.policy.min_lag_s, later + own,
-                            enough=ONSET_WAITS * peers)
+                            enough=ONSET_WAITS * peers, per_step=per_step)
         job.exposure[(comm, ranks[f.column])] = exposure(
-            before, after, later + own_growth(mine, onset, placed, per_instance=True))
+            before, after, later + own_growth(mine, onset, placed, per_instance=True, at=on))
         if still:
             return True                    # said once, as the lateness was first named
         if answer and not stands_out(settled, f.column, f.lag_p50_s, self.policy.k, others):
@@ -255,7 +259,7 @@ class Judging:
                      "peers kept from before its onset, too few to weigh", job.job,
                      ranks[f.column], f.lag_p50_s * 1e3, len(before))
         else:
-            grew, error = growth(before, after)
+            grew, error, _ = growth(before, after)
             log.info("job %s: rank %d's lateness (%.1f ms) costs: its peers' waits at syncs "
                      "grew %.1f ms (±%.1f) from %d before its onset to %d since; %.1f ms of "
                      "that is a later rank's or its own", job.job, ranks[f.column],

@@ -28,7 +28,7 @@ LEVEL_SHARE = 0.5      # a lateness is at its level from where its lag reaches t
 
 
 def waits_grew(before: list[tuple], after: list[tuple], floor_s: float, later_s: float = 0.0,
-               enough: int = ONSET_WAITS) -> bool | None:
+               enough: int = ONSET_WAITS, per_step: float = 1.0) -> bool | None:
     """Whether the peers' syncs on collectives (their waits: (stratum, ns[, sync]), see
     ``growth``) grew at a rank's onset, on average (a host that syncs on a blocking read and
     at its step's end waits long at one and briefly at the other: a median of both flips
@@ -51,15 +51,22 @@ def waits_grew(before: list[tuple], after: list[tuple], floor_s: float, later_s:
     onset: with one, its mean is that sync's alone, and the error of the growth is mostly its
     own (CI, beside a busy loop: a rank 144 ms behind its queue, whose peers waited 57 ms more
     at each sync, was shown harmless for good at the first sync since its onset). The answer
-    is given once (a lateness shown harmless stays so, one shown to cost is named)."""
+    is given once (a lateness shown harmless stays so, one shown to cost is named). The floor
+    (``floor_s``, the least lag named) counts for each step the waits cover (the collectives
+    each covers, ``covers`` of ``growth``, over the communicator's collectives a step,
+    ``per_step``): where hosts sync every ten steps, a wait spans ten steps, and a few ms more
+    there is a tenth of that a step (CI, eight ranks on two CPUs: a rank ahead of its GPU
+    queue named on its peers' waits at one sync grown 2.4 ms ± 1.1 by chance, where a rank
+    behind its queue grew them 50 to 58 ms)."""
     if len(before) < 3:
         return True
     if len(after) < max(2, enough):
         return None
-    grew, error = growth(before, after)
+    grew, error, covers = growth(before, after)
     if not math.isfinite(error):
         return None
-    if grew / 1e9 - max(0.0, later_s) >= max(floor_s, COST_ERRORS * error / 1e9):
+    if grew / 1e9 - max(0.0, later_s) >= max(floor_s * max(1.0, covers / per_step),
+                                             COST_ERRORS * error / 1e9):
         return True
     return False if syncs_in(after) >= HARMLESS_SYNCS else None
 
@@ -89,10 +96,11 @@ def per_instance(waits: list[tuple]) -> list[tuple]:
              *rest) for stratum, ns, *rest in waits]
 
 
-def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
+def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float, float]:
     """How much the waits grew from ``before`` to ``after`` (each a list of (stratum, ns) or
-    (stratum, ns, sync)), and the standard error of that: the growth of each stratum's mean,
-    weighted by its share of the waits. A stratum is the communicator and the number of its
+    (stratum, ns, sync)), the standard error of that, and how many collectives a wait covers
+    (``covers``: 1 where not known): the growth of each stratum's mean, weighted by its
+    share of the waits, and the strata's collectives alike. A stratum is the communicator and the number of its
     collectives a wait covered since the peer's wait before it: a host that syncs every ten
     steps, at a blocking read and at the tenth step's end, waits for nine steps of GPU work at
     one and for one at the other. Pooled, the waits' spread is that of the two kinds, and a
@@ -114,22 +122,32 @@ def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float]:
     common = [k for k, syncs in sides[0].items() if len(syncs) >= 2 and sides[1].get(k)]
     if common:
         strata = [(sides[0][k], sides[1][k]) for k in common]
+        spans = [_spans(k) for k in common]
     else:
         strata = [tuple({(k, sync): ns for k, syncs in side.items() for sync, ns in syncs.items()}
                         for side in sides)]
+        spans = [statistics.fmean(_spans(k) for side in (before, after) for k, *_ in side)]
     waits = [sum(len(ns) for side in pair for ns in side.values()) for pair in strata]
-    grew = variance = 0.0
-    for (b, a), count in zip(strata, waits):
+    grew = variance = covers = 0.0
+    for (b, a), count, span in zip(strata, waits, spans):
         weight = count / sum(waits)
+        covers += weight * span
         means = [[statistics.fmean(ns) for ns in side.values()] for side in (b, a)]
         grew += weight * (statistics.fmean(means[1]) - statistics.fmean(means[0]))
         free = len(means[0]) + len(means[1]) - 2
         if free < 1:
-            return grew, math.inf
+            return grew, math.inf, covers
         spread = sum(sum((m - statistics.fmean(side)) ** 2 for m in side)
                      for side in means) / free
         variance += weight ** 2 * spread * (1 / len(means[0]) + 1 / len(means[1]))
-    return grew, math.sqrt(variance)
+    return grew, math.sqrt(variance), covers
+
+
+def _spans(stratum) -> int:
+    """How many collectives a wait of this stratum covers: its second part, where it is a
+    (communicator, collectives) pair and that is known; else 1."""
+    covered = stratum[1] if isinstance(stratum, tuple) and len(stratum) == 2 else None
+    return covered if isinstance(covered, int) and covered > 0 else 1
 
 
 def stands_out(lag: np.ndarray, column: int, lag_s: float, k: float,
