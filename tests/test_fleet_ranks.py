@@ -738,7 +738,9 @@ def test_a_rank_late_in_a_pair_is_named_only_if_late_where_it_has_other_peers(dp
 
 def test_a_pipeline_stage_doing_more_work_is_no_slow_gpu_but_a_slow_gpu_within_it_is():
     """Two stages of four ranks (each stage its own data-parallel group of four, besides the
-    world): stage 1's kernels take twice stage 0's by design; rank 6's 1.4 times its stage's."""
+    world): stage 1's kernels take twice stage 0's by design; rank 6's 1.4 times its stage's.
+    Named once its job has been heard of for a push interval: not on its first syncs alone
+    (in CI, a healthy rank's first few were 1.22 times its peers')."""
     ra = analysis()
     exchanged(ra, "n0", 0.0)
     exchanged(ra, "n1", 0.0)
@@ -755,7 +757,9 @@ def test_a_pipeline_stage_doing_more_work_is_no_slow_gpu_but_a_slow_gpu_within_i
                     + [e for r in range(4) for e in syncs(r)]), T0 + 1.2)
     ra.observe(push("n1", steps(range(4, 8), 0, 20) + stage("00000000005a0002")
                     + [e for r in range(4, 8) for e in syncs(r)]), T0 + 1.2)
-    assert [(v.rank, v.kind) for v in ra.tick(T0 + 1.2)] == [(6, "slow_gpu")]
+    assert ra.tick(T0 + 1.2) == []
+    ra.observe(push("n0", [{**e, "id": e["id"] + ":next"} for e in syncs(0)]), T0 + 2.3)
+    assert [(v.rank, v.kind) for v in ra.tick(T0 + 2.3)] == [(6, "slow_gpu")]
 
 
 def waits(ranks, ms_before: float, ms_after: float, onset_step: int,

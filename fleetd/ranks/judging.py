@@ -313,11 +313,14 @@ class Judging:
 
     def _judge_work(self, job: JobState, now: float, named: set[int]) -> dict:
         """A rank whose own kernels are slow, against the ranks doing its work, though it is
-        not (yet) late at collectives. Where other processes take its CPU, once its node's
-        preemptions cover ``HOST_SETTLE`` push intervals: they come summed per interval, and
-        a hog that started within the first weighs as a share of time it did not run in, too
-        small to explain the kernels it slows (with a busy loop beside the test, a rank under
-        three hogs was named slow_gpu, then cleared, and never named at its collectives)."""
+        not (yet) late at collectives, once its job has been heard of for ``HOST_SETTLE``
+        push intervals: a job's first syncs are few and its ranks' CPUs busiest (a healthy
+        rank of a job heard of 47 ms before, its kernels' syncs 1.22 times its peers' over
+        the first few, was named slow_gpu and cleared at the next push); and where other
+        processes take its CPU, its node's preemptions come summed per interval: a hog that
+        started within the first weighs as a share of time it did not run in, too small to
+        explain the kernels it slows (with a busy loop beside the test, a rank under three
+        hogs was named slow_gpu, then cleared, and never named at its collectives)."""
         peers = self._peers(job, now)
         found = {}
         ratio = causes.SLOW_GPU_EXPLAINS      # over the bar of the peers' spread, too
@@ -329,7 +332,7 @@ class Judging:
                 continue
             facts = self._facts_of(job, rank, now)
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
-            if diagnosis.cause != "slow_gpu" or facts.preemptions and facts.window_s < \
+            if diagnosis.cause != "slow_gpu" or facts.window_s < \
                     HOST_SETTLE * self.heard.get(job.facts[rank].node, (now, 1.0))[1]:
                 continue
             found[(rank, "lag")] = Verdict(
