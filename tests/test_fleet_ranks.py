@@ -903,6 +903,29 @@ def test_ranks_late_together_are_each_named_and_share_what_the_peers_waited_more
         assert verdict.cost_gpu_s == pytest.approx(30 * 0.014 * 5 / 3, rel=0.05)
 
 
+def test_a_rank_named_for_its_kernels_is_not_named_for_a_lateness_that_costs_nobody():
+    """Rank 5's kernels take 1.2 times its peers' from the start: named slow_gpu by its own
+    kernels. From step 30 it also enters every collective 30 ms late, while its peers wait
+    no longer at their syncs (its host ahead of its GPU queue). Its slow_gpu verdict, kept
+    under the same key as a lateness, is no lateness once named: the lateness is weighed,
+    costs nobody, and is noted; the rank stays slow_gpu, never host_work (job 2705's rank 6,
+    named host_work once in five runs)."""
+    ra = analysis()
+    ra.observe(push("n1", waits([r for r in range(8) if r != 5], 70.0, 70.0, 30)), T0)
+
+    def kernels(first: int) -> list[dict]:
+        return [{"id": f"n:k{r}:{s}", "t": T0 + s * STEP + 0.02, "kind": "sync", "attrs": {
+            "duration_ns": int((7.2 if r == 5 else 6.0) * 1e6), "peer_wait": False,
+            "rank": r, "job": "42", "pid": 1000 + r}}
+            for r in range(8) for s in range(first, first + 10)]
+    changed = feed(ra, late=lambda r, s: 0.03 if r == 5 and s >= 30 else 0.0, until=60,
+                   also=kernels)
+    assert {(v.rank, v.cause) for v in changed} == {(5, "slow_gpu")}, changed
+    assert [(v.rank, v.cause) for v in ra.active()] == [(5, "slow_gpu")]
+    notes = [r for r in ra.take_rows()[0] if r["severity"] == "info"]
+    assert [(r["rank"], r["kind"]) for r in notes] == [(5, "ahead")]
+
+
 @pytest.mark.parametrize("own_after_ms, named", [(110.0, False), (45.0, True)])
 def test_waits_that_grew_for_the_late_rank_too_are_not_its_cost(own_after_ms, named):
     """Rank 5 enters every collective 30 ms after its peers from step 30, and their waits at
