@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from ingero.analysis import causes
 from ingero.analysis.clock import best_offset, exchange, fit_offset
 from ingero.analysis.lag import peer_lag
-from ingero.analysis.propagation import Syncs, after_first_sync, drift_seen, runs_ahead
+from ingero.analysis.propagation import Syncs, after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.segments import group_rows, grouped
 from ingero.analysis.stragglers import (LagPolicy, arrivals, idle_caused, judge, last_share,
                                         missing_ranks, onset, period, recent_instances,
@@ -441,3 +443,31 @@ def test_hosts_run_ahead_where_their_peers_sync_less_than_every_other_instance()
     since = after_first_sync(tenth, entries)
     assert since.tolist() == [t > 0.095 + 1e-9 for t in np.arange(40) * 0.01]
     assert drift_seen(tenth, entries[since]) and not drift_seen(tenth, entries[10:19])
+
+
+def test_a_lateness_is_passed_down_where_the_rank_came_late_from_a_sync_elsewhere():
+    """Twenty instances 10 ms apart; rank 2 enters each 8 ms late, 1 ms after a sync on
+    another communicator ("pp") returned, as its peers enter 1 ms after theirs on this one:
+    its GPU was kept waiting elsewhere, passed down. Had its own syncs been on this one, its
+    lateness is its own, told from its syncs alone: the peers' are never read (at 2,048
+    ranks, reading every rank's syncs first cost a tenth of a tick)."""
+    times = np.arange(20) * 0.01
+    entries = np.tile(times, (4, 1)).T
+    entries[:, 2] += 0.008
+
+    def syncs(column: int, on: str) -> Syncs:
+        return Syncs(entries[:, column] - 0.001, [on] * 20)
+
+    elsewhere = [syncs(c, "pp" if c == 2 else "dp") for c in range(4)]
+    assert inherited(elsewhere, entries, 2, "dp", 0.008)
+
+    class Unread(Sequence):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, column):
+            assert column == 2, f"column {column} read"
+            return syncs(column, "dp")
+
+    own = Unread()
+    assert not inherited(own, entries, 2, "dp", 0.008)

@@ -21,7 +21,7 @@ from ingero.analysis.stragglers import judge, quiet, slow_workers
 from ..alignment import CommKey, CommWindow, Pair
 from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
 from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PASSED_DOWN,
-                     Onset, by_program, heard_through, own_growth, peer_syncs, syncs_of,
+                     Onset, RankSyncs, by_program, heard_through, own_growth, peer_syncs,
                      waits_around)
 
 log = logging.getLogger("fleetd")
@@ -64,7 +64,7 @@ class Judging:
             diagnosis = causes.diagnose_late(facts, job.facts[rank].node)
             onset = float(np.nanmedian(entries[f.onset]))
             if f.kind == "persistent" and diagnosis.cause in PASSED_DOWN and \
-                    inherited([syncs_of(job.facts.get(r)) for r in ranks], entries[f.onset:],
+                    inherited(RankSyncs(job, ranks), entries[f.onset:],
                               f.column, comm, f.lag_p50_s):
                 self._note(job, rank, "passed_down", f, comm, self.ops.names[op],
                            int(steps[f.onset]), onset, now)

@@ -94,7 +94,7 @@ def drift_seen(peers: list[Syncs], entries: np.ndarray) -> bool:
     return not runs or float(np.median(runs)) >= DRIFT_STRETCHES
 
 
-def inherited(syncs: list[Syncs | None], entries: np.ndarray, column: int, comm: str,
+def inherited(syncs: Sequence[Syncs | None], entries: np.ndarray, column: int, comm: str,
               lag_s: float) -> bool:
     """Whether the lateness of ``column`` (``lag_s``, on ``comm``) was passed down to it. Its
     host came from a sync that waited on a collective of another communicator (a pipeline
@@ -104,22 +104,35 @@ def inherited(syncs: list[Syncs | None], entries: np.ndarray, column: int, comm:
     theirs, by a share of its lag (a host slow to get back its CPU is late on its own): its
     host came late only because its GPU was kept waiting elsewhere. The rank that held it up
     is judged where it was late."""
+    mine = _came_from(syncs[column], entries[:, column])
+    if mine is None:
+        return False
+    gap, on = mine
+    if sum(c is not None and c != comm for c in on) * 2 <= len(on):
+        return False       # asked first: most late entries are no sync's elsewhere, and the
+        # peers' syncs need not be read at all (2,048 ranks: a tenth of a tick, read first)
     gaps = np.full(len(syncs), np.nan)
-    for at, mine in enumerate(syncs):
-        if mine is None or not len(mine.ends):
-            continue
-        order = np.argsort(mine.ends, kind="stable")
-        ends, entered = mine.ends[order], entries[:, at][np.isfinite(entries[:, at])]
-        came_from = np.searchsorted(ends, entered, side="right") - 1
-        entered, came_from = entered[came_from >= 0], came_from[came_from >= 0]
-        if not len(came_from):
-            continue
-        gaps[at] = np.median(entered - ends[came_from])
-        if at == column:
-            on = [mine.on[i] for i in order[came_from]]
-            if sum(c is not None and c != comm for c in on) * 2 <= len(on):
-                return False
+    gaps[column] = gap
+    for at in range(len(syncs)):
+        if at != column and (theirs := _came_from(syncs[at], entries[:, at])) is not None:
+            gaps[at] = theirs[0]
     others = np.delete(gaps, column)
-    if not np.isfinite(gaps[column]) or not np.isfinite(others).any():
+    if not np.isfinite(others).any():
         return False
     return gaps[column] - float(np.nanmedian(others)) < PASSED_SHARE * lag_s
+
+
+def _came_from(syncs: Syncs | None, entered: np.ndarray) -> tuple[float, list] | None:
+    """How long a rank took from the end of the sync before each of its entries
+    (``entered``, NaN where it did not enter) to the entry, its median; and the
+    communicator each of those syncs waited on. None where no entry follows a sync."""
+    if syncs is None or not len(syncs.ends):
+        return None
+    order = np.argsort(syncs.ends, kind="stable")
+    ends, entered = syncs.ends[order], entered[np.isfinite(entered)]
+    at = np.searchsorted(ends, entered, side="right") - 1
+    entered, at = entered[at >= 0], at[at >= 0]
+    if not len(at):
+        return None
+    return float(np.median(entered - ends[at])), [syncs.on[i] for i in order[at]] \
+        if len(syncs.on) else [None] * len(at)
