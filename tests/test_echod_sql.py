@@ -464,6 +464,28 @@ def test_the_transaction_is_read_only_with_the_timeout_set(sandbox):
         assert connection.scalar(text("SHOW idle_in_transaction_session_timeout")) == "1234ms"
 
 
+def test_a_reading_sees_one_snapshot_whatever_is_stored_meanwhile(migrated_proc):
+    """Every statement of a tool's answer reads the store as it was when the first ran: a
+    verdict stored between find_stragglers' read of the ranks fleetd named and its read of
+    the verdicts listed the verdict in the answer and left its rank no straggler (bench
+    quality, late-node, poll 1: four ranks)."""
+    with seeded_database(migrated_proc, "echod_sql_snapshot") as engine:
+        sandbox = open_sandbox(engine)
+        count = text("SELECT count(*) FROM health_scores")
+        try:
+            with sandbox.reading(EVERY) as connection:
+                before = connection.scalar(count)
+                assert write_batch(engine, {"scores": rows_of("alpha", time.time())[
+                    "scores"]}).stored == 1
+                assert connection.scalar(count) == before
+                assert connection.scalar(text("SHOW transaction_isolation")) == \
+                    "repeatable read"
+            with sandbox.reading(EVERY) as connection:
+                assert connection.scalar(count) == before + 1
+        finally:
+            sandbox.dispose()
+
+
 def test_prepare_again_changes_only_the_password(engine):
     first = open_sandbox(engine)
     new_password = secrets.token_urlsafe(24)

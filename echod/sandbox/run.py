@@ -135,13 +135,18 @@ class Sandbox:
     @contextlib.contextmanager
     def reading(self, scope: Scope, timeout_ms: int | None = None) -> Iterator[Connection]:
         """A READ ONLY transaction as ``scope``'s tenant role with ``scope`` signed in and the
-        timeouts set (as parameters: no statement text shows the scope); always rolled back."""
+        timeouts set (as parameters: no statement text shows the scope); always rolled back.
+        REPEATABLE READ: its statements read one snapshot, so a tool's answer, read in
+        several, says one thing (read committed, a verdict stored between find_stragglers'
+        read of the ranks fleetd named and its read of the verdicts was listed with its rank
+        no straggler). A read-only transaction there never fails to serialize."""
         if scope.clusters is not None and "*" in scope.clusters:
             raise ValueError("'*' is not a cluster name")
         limit = str(min(timeout_ms or self.timeout_ms, self.timeout_ms))
         with self.tenant(scope).connect() as connection:
             try:
-                connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+                connection.exec_driver_sql(
+                    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 pid, started = connection.execute(
                     text("SELECT pg_backend_pid(), now()::text")).one()
                 connection.execute(text(
