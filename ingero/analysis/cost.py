@@ -90,10 +90,8 @@ def exposure(before: list[tuple], after: list[tuple], later_s: float = 0.0) -> f
 
 
 def per_instance(waits: list[tuple]) -> list[tuple]:
-    """Waits, each spread over the collectives it covered (its stratum's second part; one
-    where not known)."""
-    return [(stratum, ns / max(1, stratum[1] or 1) if isinstance(stratum, tuple) else ns,
-             *rest) for stratum, ns, *rest in waits]
+    """Waits, each spread over the collectives it covered (``_spans``)."""
+    return [(stratum, ns / _spans(stratum), *rest) for stratum, ns, *rest in waits]
 
 
 def growth(before: list[tuple], after: list[tuple]) -> tuple[float, float, float]:
