@@ -232,7 +232,8 @@ class Agent:
                 "score": assessment.score, "threshold": verdict.bar, "mode": verdict.mode}}])
         self.add_events(sample.events)
         self.add_events(self.spool.scan(self.cfg.node))
-        self.metrics.count_lost(self.source.lost_events())
+        self.metrics.follow(self.metrics.events_lost, self.source.lost_events())
+        self.metrics.follow(self.metrics.launches, self.source.launches_counted())
         for reason, count in self.source.take_refused().items():
             self.metrics.refused.labels(reason).inc(count)
         self.metrics.show(assessment.score, assessment.signals, verdict.mode, verdict.bar,

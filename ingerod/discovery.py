@@ -98,6 +98,7 @@ class TracedProcess:
     local_rank: int | None = None
     world_size: int | None = None
     libraries: set[LibraryFile] = field(default_factory=set)
+    cuda_text: tuple[tuple[int, int], ...] = ()   # its CUDA runtime's and driver's code
     environ: dict[str, str] | None = field(default=None, repr=False)   # None: not read
     uid: int | None = None       # its real user id, as the kernel says
     started: int | None = None   # clock ticks after boot: with the pid, which process it is
@@ -174,13 +175,25 @@ def library_kind(path: str) -> str | None:
     return None
 
 
+# The files whose code calls a launch entry from inside a launch (the runtime entering the
+# driver): cuda.bpf.c counts such an entry with the launch that made it.
+CUDA_TEXT_KINDS = ("cudart", "cuda")
+CUDA_TEXTS = 4          # the ranges cuda.bpf.c's cuda_text holds (its CUDA_TEXTS)
+
+
 def mapped_libraries(proc: Path, pid: int) -> set[LibraryFile]:
     """The CUDA and NCCL libraries a process maps, resolved through its root."""
+    return mappings(proc, pid)[0]
+
+
+def mappings(proc: Path, pid: int) -> tuple[set[LibraryFile], tuple[tuple[int, int], ...]]:
+    """The CUDA and NCCL libraries a process maps, and the executable address ranges of its
+    CUDA runtime's and driver's files (the lowest ``CUDA_TEXTS``)."""
     try:
         lines = (proc / str(pid) / "maps").read_text().splitlines()
     except OSError:
-        return set()
-    found = set()
+        return set(), ()
+    found, text = set(), []
     for line in lines:
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
@@ -192,7 +205,13 @@ def mapped_libraries(proc: Path, pid: int) -> set[LibraryFile]:
         library = resolve(proc, pid, kind, path)
         if library is not None:
             found.add(library)
-    return found
+        if kind in CUDA_TEXT_KINDS and "x" in parts[1]:
+            start, _, end = parts[0].partition("-")
+            try:
+                text.append((int(start, 16), int(end, 16)))
+            except ValueError:
+                continue
+    return found, tuple(sorted(text)[:CUDA_TEXTS])
 
 
 def resolve(proc: Path, pid: int, kind: str, path: str) -> LibraryFile | None:
@@ -351,7 +370,7 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
         if not entry.name.isdigit() or int(entry.name) == own_pid:
             continue
         pid = int(entry.name)
-        libraries = mapped_libraries(proc, pid)
+        libraries, text = mappings(proc, pid)
         if not libraries:
             continue
         started = start_time(proc, pid)
@@ -363,12 +382,12 @@ def scan(proc: Path = Path("/proc"), own_pid: int | None = None,
         now = read_environ(proc, pid, names) if whole else None
         exec_d = now is not None and now != before.environ
         if whole and not exec_d:
-            process = dataclasses.replace(before, libraries=libraries)
+            process = dataclasses.replace(before, libraries=libraries, cuda_text=text)
         else:
             process = identify(proc, pid, names)
             if process.started is None:
                 continue    # gone while it was read
-            process.libraries = libraries
+            process.libraries, process.cuda_text = libraries, text
             if same and not exec_d:
                 process.said = before.said      # the same program, read whole only now
         found[pid] = process

@@ -93,6 +93,7 @@ class EbpfSource:
         self.last_sample = now
         self.next_rescan = now
         self.counting_launches = True
+        self.launches = 0
         self.exits: list[dict] = []           # traced processes seen gone since the last sample
         self.exit_seen: set[int] = set()      # processes whose exit the kernel reported
         self.thread_groups: dict[int, int] = {}  # tid → tgid of the tasks that preempted targets
@@ -216,6 +217,8 @@ class EbpfSource:
     def follow(self) -> None:
         wanted = {pid for pid, p in self.processes.items() if self.wanted(p)}
         self.tracer.set_pids("targets", wanted)
+        self.tracer.set_cuda_text({pid: self.processes[pid].cuda_text for pid in wanted
+                                   if self.processes[pid].cuda_text})
         self.tracer.set_pids("excluded", set(self.processes) - wanted)
         log.debug("following %s, excluding %s", sorted(wanted), sorted(set(self.processes) - wanted))
 
@@ -359,6 +362,7 @@ class EbpfSource:
         # only until the next rescan excludes it, so filter here too.
         launches = sum(v for k, v in self.tracer.take("launches")
                        if self.wanted(self.process(int_of(k))))
+        self.launches += launches
         preempted = max((v.preempted_ns for _k, v in self.tracer.take("offcpu")), default=0)
         outstanding = max(self.outstanding_bytes.values(), default=0)
         signals = {
@@ -409,6 +413,11 @@ class EbpfSource:
 
     def lost_events(self) -> int:
         return self.tracer.lost_events() + self.dropped
+
+    def launches_counted(self) -> int:
+        """The wanted processes' kernel launches counted so far, each once (cuda.bpf.c),
+        while the launch counters were attached."""
+        return self.launches
 
     def close(self) -> None:
         self.tracer.close()

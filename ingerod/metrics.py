@@ -50,7 +50,11 @@ class AgentMetrics:
         self.events_lost = Counter("ingero_agent_events_lost", "Traced events lost: ring "
                                    "buffer full in the kernel, or user-space buffer full",
                                    registry=r)
-        self._lost = 0
+        self.launches = Counter("ingero_agent_kernel_launches", "Kernel launches of the traced "
+                                "processes, each counted once whichever of cudaLaunchKernel, "
+                                "cudaLaunchKernelExC, cuLaunchKernel and cuLaunchKernelEx it "
+                                "entered, while the launch counters were attached", registry=r)
+        self._totals: dict[Counter, float] = {}
         self.rejected = Counter("ingero_agent_frames_rejected", "Bad frames from fleetd",
                                 registry=r)
         self.reconnects = Counter("ingero_agent_reconnects", "Fresh sockets opened after "
@@ -86,11 +90,12 @@ class AgentMetrics:
         self.straggler.set(straggler)
         self.reachable.set(reachable)
 
-    def count_lost(self, total: int) -> None:
-        """The source's running count of lost events, into the counter."""
-        if total > self._lost:
-            self.events_lost.inc(total - self._lost)
-            self._lost = total
+    def follow(self, counter: Counter, total: float) -> None:
+        """A running total the source keeps (events lost, launches), into its counter."""
+        before = self._totals.get(counter, 0)
+        if total > before:
+            counter.inc(total - before)
+            self._totals[counter] = total
 
     def show_mode(self, mode: str) -> None:
         for m in MODES:

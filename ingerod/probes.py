@@ -57,7 +57,8 @@ NCCL = [
 ]
 
 CUDART = [
-    Probe("cudart", "cudaLaunchKernel", "count_launch", hot=True),
+    Probe("cudart", "cudaLaunchKernel", "runtime_launch", hot=True),
+    Probe("cudart", "cudaLaunchKernelExC", "runtime_launch", hot=True),
     Probe("cudart", "cudaStreamSynchronize", "stream_sync_enter", "runtime_sync_return"),
     Probe("cudart", "cudaEventRecord", "event_record"),
     Probe("cudart", "cudaEventSynchronize", "event_sync_enter", "runtime_sync_return"),
@@ -74,7 +75,8 @@ CUDART = [
 ]
 
 DRIVER = [
-    Probe("cuda", "cuLaunchKernel", "count_launch", hot=True),
+    Probe("cuda", "cuLaunchKernel", "driver_launch", hot=True),
+    Probe("cuda", "cuLaunchKernelEx", "driver_launch", hot=True),
     Probe("cuda", "cuCtxSynchronize", "ctx_sync_enter", "driver_sync_return"),
     Probe("cuda", "cuMemAlloc_v2", "cu_mem_alloc_enter", "driver_alloc_return"),
     Probe("cuda", "cuMemFree_v2", "cu_mem_free_enter", "driver_free_return"),
@@ -111,6 +113,7 @@ class Tracer:
         self.missing: dict[LibraryFile, list[str]] = {}
         self.detaching: dict[LibraryFile, list[Probe]] = {}   # files whose probes come off
         self.hot_attached: set[tuple[str, str]] = set()
+        self.cuda_texts: dict[int, tuple[tuple[int, int], ...]] = {}
         self._on_event = on_event
         self.bpf["events"].open_ring_buffer(self._receive)
 
@@ -207,6 +210,25 @@ class Tracer:
                 del entries[ctypes.c_uint32(pid)]
             except KeyError:
                 pass
+
+    def set_cuda_text(self, texts: dict[int, tuple[tuple[int, int], ...]]) -> None:
+        """Make the ``cuda_text`` map hold these processes' CUDA code ranges, and no others'
+        (cuda.bpf.c, launch_entry); only what changed is written."""
+        table = self.bpf["cuda_text"]
+        for pid in self.cuda_texts.keys() - texts.keys():
+            try:
+                del table[ctypes.c_uint32(pid)]
+            except KeyError:
+                pass
+        for pid, ranges in texts.items():
+            if self.cuda_texts.get(pid) != ranges:
+                leaf = table.Leaf()
+                for i, (start, end) in enumerate(ranges[:len(leaf.start)]):
+                    leaf.start[i], leaf.end[i] = start, end
+                table[ctypes.c_uint32(pid)] = leaf
+                log.debug("pid %d: CUDA code at %s", pid,
+                          ", ".join(f"{start:#x}-{end:#x}" for start, end in ranges))
+        self.cuda_texts = dict(texts)
 
     def poll(self) -> None:
         """Deliver what is in the ring buffer now, without waiting."""

@@ -77,6 +77,9 @@ class SyntheticSource:
     def lost_events(self) -> int:
         return 0
 
+    def launches_counted(self) -> int:
+        return 0
+
     def take_refused(self) -> Counter:
         return Counter()
 

@@ -28,13 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 CUDART_API = """cudaGetDeviceCount cudaSetDevice cudaGetDevice cudaGetLastError cudaPeekAtLastError
     cudaGetErrorString cudaMalloc cudaFree cudaMallocManaged cudaMallocHost cudaFreeHost cudaMemset
-    cudaMemsetAsync cudaLaunchKernel cudaMemcpy cudaMemcpyAsync cudaMemcpy2D cudaMemcpy2DAsync
-    cudaMemcpyPeer cudaMemcpyPeerAsync cudaStreamCreate cudaStreamCreateWithFlags
+    cudaMemsetAsync cudaLaunchKernel cudaLaunchKernelExC cudaMemcpy cudaMemcpyAsync cudaMemcpy2D
+    cudaMemcpy2DAsync cudaMemcpyPeer cudaMemcpyPeerAsync cudaStreamCreate cudaStreamCreateWithFlags
     cudaStreamDestroy cudaStreamSynchronize cudaStreamQuery cudaEventCreate
     cudaEventCreateWithFlags cudaEventRecord cudaEventSynchronize cudaEventQuery
     cudaEventElapsedTime cudaEventDestroy cudaDeviceSynchronize cudaStreamWaitEvent""".split()
-CUDA_API = """cuInit cuDeviceGet cuCtxCreate_v2 cuCtxSynchronize cuLaunchKernel cuMemAlloc_v2
-    cuMemFree_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemcpyAsync cuStreamSynchronize""".split()
+CUDA_API = """cuInit cuDeviceGet cuCtxCreate_v2 cuCtxSynchronize cuLaunchKernel cuLaunchKernelEx
+    cuMemAlloc_v2 cuMemFree_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemcpyAsync
+    cuStreamSynchronize""".split()
 NCCL_API = """ncclGetVersion ncclGetUniqueId ncclCommInitRank ncclCommInitRankConfig
     ncclCommInitAll ncclCommSplit ncclCommDestroy ncclCommAbort ncclCommCount ncclCommUserRank
     ncclGetErrorString ncclAllReduce ncclAllGather ncclReduceScatter ncclReduce ncclBroadcast

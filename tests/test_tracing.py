@@ -249,6 +249,91 @@ def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_pat
     assert agent.stop(AGENT_STOP_S) == 0     # drained, then its probes detached
 
 
+LAUNCHES = """
+import ctypes, sys
+from ctypes import Structure, byref, c_size_t, c_uint, c_uint64, c_void_p
+cudart = ctypes.CDLL(sys.argv[1] + "/libcudart.so.12")
+cuda = ctypes.CDLL(sys.argv[1] + "/libcuda.so.1")
+class Dim3(Structure):
+    _fields_ = [("x", c_uint), ("y", c_uint), ("z", c_uint)]
+class Kernel(Structure):      # ingero_sim.h: a kernel of a given length
+    _fields_ = [("magic", c_uint64), ("duration_ns", c_uint64)]
+class RuntimeConfig(Structure):     # cudaLaunchConfig_t
+    _fields_ = [("grid", Dim3), ("block", Dim3), ("shared", c_size_t), ("stream", c_void_p),
+                ("attrs", c_void_p), ("attrs_n", c_uint)]
+class DriverConfig(Structure):      # CUlaunchConfig
+    _fields_ = [(name, c_uint) for name in ("gx", "gy", "gz", "bx", "by", "bz", "shared")] + [
+        ("stream", c_void_p), ("attrs", c_void_p), ("attrs_n", c_uint)]
+kernel, one = Kernel(0x4B534F5245474E49, 1000), Dim3(1, 1, 1)
+cudart.cudaLaunchKernel.argtypes = [c_void_p, Dim3, Dim3, c_void_p, c_size_t, c_void_p]
+cuda.cuLaunchKernel.argtypes = [c_void_p] + [c_uint] * 7 + [c_void_p] * 3
+runtime_config, driver_config = RuntimeConfig(one, one), DriverConfig(1, 1, 1, 1, 1, 1, 0)
+paths = {
+    "cudaLaunchKernel": lambda: cudart.cudaLaunchKernel(byref(kernel), one, one, None, 0, None),
+    "cudaLaunchKernelExC": lambda: cudart.cudaLaunchKernelExC(byref(runtime_config),
+                                                              byref(kernel), None),
+    "cuLaunchKernel": lambda: cuda.cuLaunchKernel(byref(kernel), 1, 1, 1, 1, 1, 1, 0, None,
+                                                  None, None),
+    "cuLaunchKernelEx": lambda: cuda.cuLaunchKernelEx(byref(driver_config), byref(kernel),
+                                                      None, None),
+}
+assert cuda.cuInit(0) == 0
+print("ready", flush=True)
+for line in sys.stdin:
+    for name in line.split():       # the paths named, one launch each, in turn
+        assert paths[name]() == 0, name
+    assert cudart.cudaDeviceSynchronize() == 0
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("via_driver", [1, 0], ids=["runtime-enters-driver", "runtime-alone"])
+def test_each_kernel_launch_is_counted_once_whichever_path_it_takes(spawn, keys, endpoint,
+                                                                    via_driver):
+    """CUDA 13's runtime enters the driver's exported cuLaunchKernel for every cudaLaunchKernel
+    (REAL-GPU.md: 792 = 792 a step), and the sim's now does; older runtimes may launch on their
+    own. cuBLAS launches its GEMMs with cuLaunchKernelEx, Triton with cuLaunchKernel. The
+    node-wide agent counts each launch once either way (it counted the runtime's twice, and
+    the Ex paths not at all)."""
+    from stack.launch import free_port
+
+    from .support import metric, scrape
+
+    agent_port = free_port()
+    spawn("fleetd", "fleetd", ["--bind", endpoint, *keys.fleetd_flags()])
+    agent = spawn("ingerod", "ingerod", [
+        "--source", "ebpf", "--fleet", endpoint, "--push-interval", "0.5",
+        "--rescan-interval", "0.5", "--metrics-addr", f"127.0.0.1:{agent_port}",
+        "--log-level", "debug", "--match-env", "INGERO_LAUNCH_TEST=1", *keys.ingerod_flags()])
+    assert wait_for(lambda: metric(agent_port, "ingero_agent_kernel_launches_total") == 0
+                    and ("ingero_agent_score", ()) in scrape(agent_port), 60), agent.log()
+    program = subprocess.Popen([sys.executable, "-c", LAUNCHES, str(sim.lib_dir())],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "INGERO_LAUNCH_TEST": "1",
+                                    "INGERO_SIM_RUNTIME_VIA_DRIVER": str(via_driver)})
+    try:
+        assert program.stdout.readline() == "ready\n"
+        assert wait_for(lambda: f"pid {program.pid}: CUDA code at " in agent.log(), 30), \
+            agent.log()
+        counted = 0
+        phases = [["cudaLaunchKernel"] * 300, ["cudaLaunchKernelExC"] * 200,
+                  ["cuLaunchKernel"] * 150, ["cuLaunchKernelEx"] * 100,
+                  ["cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel",
+                   "cudaLaunchKernelExC"] * 100]       # a step's mix: runtime, cuBLAS, Triton
+        for phase in phases:
+            program.stdin.write(" ".join(phase) + "\n")
+            program.stdin.flush()
+            assert program.stdout.readline() == "done\n"
+            counted += len(phase)
+            assert wait_for(lambda: metric(agent_port, "ingero_agent_kernel_launches_total")
+                            >= counted, 20), (phase[:4], agent.log())
+            time.sleep(1.0)         # two more samples: nothing counted twice comes in late
+            assert metric(agent_port, "ingero_agent_kernel_launches_total") == counted, phase[:4]
+    finally:
+        program.kill()
+        program.wait()
+
+
 HOLD_LIBRARIES = "import ctypes, sys, time; [ctypes.CDLL(p) for p in sys.argv[1:]]; time.sleep(600)"
 
 

@@ -2,9 +2,9 @@
  * how much it copies and allocates. The driver calls (cuLaunchKernel, cuCtxSynchronize,
  * cuMemAlloc_v2, cuMemFree_v2) share the runtime handlers below.
  *
- * Cost discipline (a uprobe trap costs microseconds): cudaLaunchKernel is only counted in a
- * kernel map, never sent per call; syncs, blocking copies and allocations are probed at entry
- * and return for their duration; async copies at entry only.
+ * Cost discipline (a uprobe trap costs microseconds): kernel launches are only counted in a
+ * kernel map, never sent per call, and on entry only; syncs, blocking copies and allocations
+ * are probed at entry and return for their duration; async copies at entry only.
  *
  * Waiting is not working: a sync that covers a collective enqueued on its stream (or, for a
  * device-wide sync, on any stream) is flagged EVF_PEER_WAIT — the rank is waiting for its
@@ -26,8 +26,19 @@ struct call_start {
     u32 pad;
 };
 
-/* tgid → kernel launches counted in the kernel (cudaLaunchKernel and cuLaunchKernel). */
+/* tgid → kernel launches counted in the kernel, each once: see launch_entry. */
 BPF_HASH(launches, u32, u64, MAX_TARGETS);
+/* tgid → the executable mappings of the CUDA runtime's and driver's files in the process
+ * (user space reads them from /proc/PID/maps when it finds the process). */
+#define CUDA_TEXTS 4
+struct cuda_text {
+    u64 start[CUDA_TEXTS];
+    u64 end[CUDA_TEXTS];
+};
+BPF_HASH(cuda_text, u32, struct cuda_text, MAX_TARGETS);
+/* pid_tgid → a runtime launch not yet seen to enter the driver, for a process whose mappings
+ * user space has not read yet. */
+BPF_TABLE("lru_hash", u64, u32, launching, MAX_TARGETS);
 /* pid_tgid → a call between its entry and its return. */
 BPF_HASH(calls, u64, struct call_start, MAX_INFLIGHT);
 /* (tgid, cudaEvent_t) → the stream the event was last recorded on. */
@@ -35,11 +46,47 @@ BPF_HASH(event_streams, struct stream_key, u64, MAX_INFLIGHT);
 /* (tgid, device address) → bytes, for the allocations still outstanding. */
 BPF_HASH(allocations, struct stream_key, u64, MAX_INFLIGHT);
 
-int count_launch(struct pt_regs *ctx)
+/* Where the function probed will return to: its caller. */
+static __always_inline u64 return_address(struct pt_regs *ctx)
 {
-    u32 tgid = current_tgid();
-    u64 one = 1, *n;
+    u64 back = 0;
+#if defined(bpf_target_x86)
+    bpf_probe_read_user(&back, sizeof(back), (void *)PT_REGS_SP(ctx));   /* pushed by call */
+#else
+    back = PT_REGS_RET(ctx);                                              /* the link register */
+#endif
+    return back;
+}
+
+/* A launch is counted once, at its outermost call. CUDA 13's runtime enters the driver's
+ * exported cuLaunchKernel for every cudaLaunchKernel (REAL-GPU.md: 792 = 792 a step), while
+ * cuBLAS and Triton call the driver themselves: a launch entry called from CUDA's own code
+ * (the runtime's or the driver's files) is inside a launch counted already. Telling which
+ * takes the caller's address against those files' mappings, not a return probe (a second trap
+ * a launch). Until user space has read the mappings (a process's first seconds), a mark the
+ * thread's runtime launch leaves stands in: exact where the runtime enters the driver; where
+ * it does not, one direct driver launch after it may go uncounted. */
+static __always_inline int launch_entry(struct pt_regs *ctx, int runtime)
+{
+    u64 id = bpf_get_current_pid_tgid(), back, one = 1, *n;
+    u32 tgid = id >> 32, mark = 1;
+    struct cuda_text *text;
+    int nested = 0;
     if (!is_target(tgid))
+        return 0;
+    text = cuda_text.lookup(&tgid);
+    if (text) {
+        back = return_address(ctx);
+#pragma unroll
+        for (int i = 0; i < CUDA_TEXTS; i++)
+            nested |= back >= text->start[i] && back < text->end[i];
+    } else if (runtime) {
+        launching.update(&id, &mark);
+    } else {
+        nested = launching.lookup(&id) != NULL;
+        launching.delete(&id);
+    }
+    if (nested)
         return 0;
     n = launches.lookup(&tgid);
     if (n)
@@ -47,6 +94,20 @@ int count_launch(struct pt_regs *ctx)
     else
         launches.update(&tgid, &one);
     return 0;
+}
+
+/* cudaLaunchKernel(func, gridDim, blockDim, args, sharedMem, stream),
+ * cudaLaunchKernelExC(config, func, args) */
+int runtime_launch(struct pt_regs *ctx)
+{
+    return launch_entry(ctx, 1);
+}
+
+/* cuLaunchKernel(f, grid…, block…, sharedMemBytes, hStream, kernelParams, extra),
+ * cuLaunchKernelEx(config, f, kernelParams, extra) */
+int driver_launch(struct pt_regs *ctx)
+{
+    return launch_entry(ctx, 0);
 }
 
 /* The runtime implements its calls on the driver's (cudaDeviceSynchronize on

@@ -1,8 +1,16 @@
 /*
  * libcudart.so.12: NVIDIA's CUDA runtime entry points with their real prototypes, each a thin
  * shell over the virtual GPU. Every entry point is its own function (see SIM_API) and none calls
- * another, so a uprobe on one fires exactly when the application calls it.
+ * another, so a uprobe on one fires exactly when the application calls it, with one exception
+ * that CUDA 13 makes too: a kernel launch enters the driver's exported launch (REAL-GPU.md:
+ * 792 cudaLaunchKernel and 792 cuLaunchKernel a step), here the libcuda.so.1 beside this file.
  */
+#define _GNU_SOURCE     /* dladdr */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda.h"
 #include "simcommon.h"
 #include "vgpu_model.h"
 
@@ -186,14 +194,100 @@ SIM_API cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *sr
                        : vgpu_copy(dst, src, count, cudaMemcpyHostToDevice, stream, 0));
 }
 
+/* The driver's launches, found once in the libcuda.so.1 beside this library and initialised
+ * (as the real runtime initialises the driver it loads). Where there is none (a program that
+ * loaded this library alone), or INGERO_SIM_RUNTIME_VIA_DRIVER=0, the runtime launches on the
+ * virtual GPU itself. */
+static struct {
+    CUresult (*launch)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                       unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
+    CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **, void **);
+} driver;
+static pthread_once_t driver_found = PTHREAD_ONCE_INIT;
+
+static void find_driver(void)
+{
+    Dl_info self;
+    char path[4096];
+    if (!sim_knob("INGERO_SIM_RUNTIME_VIA_DRIVER", 1, 0))
+        return;     /* a runtime that launches on its own, as older ones may */
+    if (!dladdr((void *)find_driver, &self) || !self.dli_fname)
+        return;
+    const char *slash = strrchr(self.dli_fname, '/');
+    int dir = slash ? (int)(slash - self.dli_fname + 1) : 0;
+    if (snprintf(path, sizeof path, "%.*slibcuda.so.1", dir, self.dli_fname) >= (int)sizeof path)
+        return;
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    CUresult (*init)(unsigned int) = library ? (CUresult (*)(unsigned int))dlsym(library, "cuInit")
+                                             : NULL;
+    if (!init || init(0) != CUDA_SUCCESS)
+        return;
+    driver.launch = (__typeof__(driver.launch))dlsym(library, "cuLaunchKernel");
+    driver.launch_ex = (__typeof__(driver.launch_ex))dlsym(library, "cuLaunchKernelEx");
+}
+
+/* What the runtime says for the driver's answer to a launch it checked already. */
+static cudaError_t launch_result(CUresult result)
+{
+    switch (result) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidDeviceFunction;
+    case CUDA_ERROR_LAUNCH_TIMEOUT: return cudaErrorLaunchTimeout;
+    default: return cudaErrorLaunchFailure;
+    }
+}
+
+static int bad_shape(dim3 grid, dim3 block)
+{
+    return !grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z;
+}
+
+/* A kernel the runtime checked, launched through the driver's cuLaunchKernel or cuLaunchKernelEx
+ * (``config`` given); the sticky error and a missing function answer before the driver. */
+static cudaError_t runtime_launch(const void *func, dim3 grid, dim3 block, size_t shared,
+                                  cudaStream_t stream, const cudaLaunchConfig_t *config)
+{
+    cudaError_t sticky = vgpu_sticky_error();
+    if (sticky || !func)
+        return sticky ? sticky : cudaErrorInvalidDeviceFunction;
+    pthread_once(&driver_found, find_driver);
+    if (config && driver.launch_ex) {
+        CUlaunchConfig driver_config = {
+            .gridDimX = grid.x, .gridDimY = grid.y, .gridDimZ = grid.z,
+            .blockDimX = block.x, .blockDimY = block.y, .blockDimZ = block.z,
+            .sharedMemBytes = (unsigned int)shared, .hStream = (CUstream)stream,
+        };
+        return launch_result(driver.launch_ex(&driver_config, (CUfunction)func, NULL, NULL));
+    }
+    if (!config && driver.launch)
+        return launch_result(driver.launch((CUfunction)func, grid.x, grid.y, grid.z, block.x,
+                                           block.y, block.z, (unsigned int)shared,
+                                           (CUstream)stream, NULL, NULL));
+    return vgpu_launch(stream, func);
+}
+
 SIM_API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
                                      size_t sharedMem, cudaStream_t stream)
 {
     (void)args;
-    (void)sharedMem;
-    if (!gridDim.x || !gridDim.y || !gridDim.z || !blockDim.x || !blockDim.y || !blockDim.z)
+    if (bad_shape(gridDim, blockDim))
         return note(cudaErrorInvalidConfiguration);
-    return note(vgpu_launch(stream, func));
+    return note(runtime_launch(func, gridDim, blockDim, sharedMem, stream, NULL));
+}
+
+/* cudaLaunchKernelExC(config, func, args): the launch with attributes (cluster dimensions,
+ * programmatic serialisation …), which the sim accepts and does not model. */
+SIM_API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func,
+                                        void **args)
+{
+    (void)args;
+    if (!config)
+        return note(cudaErrorInvalidValue);
+    if (bad_shape(config->gridDim, config->blockDim))
+        return note(cudaErrorInvalidConfiguration);
+    return note(runtime_launch(func, config->gridDim, config->blockDim,
+                               config->dynamicSmemBytes, config->stream, config));
 }
 
 SIM_API cudaError_t cudaStreamCreate(cudaStream_t *pStream)
