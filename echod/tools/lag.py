@@ -141,6 +141,7 @@ def survey(conn: Connection, sel: Selection, max_entries: int = DEFAULT_MAX_ENTR
         # Past the cap, or where fleetd settled more entries than the raw events still hold
         # (retention thinned them).
         if found is not None and (entries > max_entries or found.entries_examined > entries):
+            found.judged = fleetd_says(conn, sel, found.ranks, summarized=True)
             return found
     stride = max(1, math.ceil(entries / max_entries))
     # a job's ranks are told apart by step: each step's rank 0 is a process of its own
@@ -222,8 +223,7 @@ def summary_survey(conn: Connection, sel: Selection) -> Survey | None:
     bars = judge_ranks(ranks, {job: float(np.median(v)) for job, v in steps.items()},
                        node_offsets(conn, sel, {(r.cluster, r.node) for r in ranks}))
     # Every instance fleetd settled is in a run (a run holds them all, whatever ranks it has)
-    return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries",
-                  fleetd_says(conn, sel, ranks))
+    return Survey(ranks, bars, len(comms), instances, instances, 1, entries, "summaries")
 
 
 # The levels of a run's known quantiles (RUN's p50, p95, p99 and max): for a tail, all of the
@@ -454,15 +454,27 @@ NAMED = """
 SELECT v.cluster, v.job, v.rank, v.evidence -> 'run' ->> 'step', {not_a_note}
 FROM straggler_verdicts v WHERE {where} AND v.kind IS NOT NULL
 """
-JUDGED = "SELECT DISTINCT p.cluster, p.job FROM peer_lag p WHERE {where}"
-TIMED = """SELECT DISTINCT s.cluster, s.job, s.node FROM health_scores s
-WHERE (s.job = ANY (CAST(:jobs AS text[]))
-       OR (s.job IS NULL AND s.node = ANY (CAST(:nodes AS text[]))))
-  AND s.clock_offset IS NOT NULL AND {where}"""
+# Of the jobs (and their ranks' nodes) asked about, those fleetd judged: each a lookup that
+# stops at its first row, not a read of every summary or score of the job.
+JUDGED = """SELECT k.cluster, k.job
+FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[])) AS k(cluster, job)
+WHERE EXISTS (SELECT 1 FROM peer_lag p WHERE p.cluster = k.cluster AND p.job = k.job
+              AND {where})
+UNION ALL
+SELECT k.cluster, NULL FROM unnest(CAST(:jobless AS text[])) AS k(cluster)
+WHERE EXISTS (SELECT 1 FROM peer_lag p WHERE p.cluster = k.cluster AND p.job IS NULL
+              AND {where})"""
+TIMED = """SELECT k.cluster, k.job
+FROM unnest(CAST(:clusters AS text[]), CAST(:jobs AS text[]), CAST(:nodes AS text[]))
+     AS k(cluster, job, node)
+WHERE EXISTS (SELECT 1 FROM health_scores s WHERE s.cluster = k.cluster AND s.job = k.job
+              AND s.clock_offset IS NOT NULL AND {where})
+   OR EXISTS (SELECT 1 FROM health_scores s WHERE s.cluster = k.cluster AND s.node = k.node
+              AND s.job IS NULL AND s.clock_offset IS NOT NULL AND {where})"""
 
 
-def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
-                ) -> frozenset[tuple[str, str]]:
+def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag],
+                summarized: bool = False) -> frozenset[tuple[str, str]]:
     """Each rank's ``straggler`` as fleetd judged it, in the jobs fleetd judged in the window:
     the ranks it named there (a verdict live in the window), whatever their lag over the bar
     (``over_bar``) says, so find_stragglers, explain and job_report say what fleetd said. fleetd
@@ -475,23 +487,29 @@ def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
     the first stored events put it, compared before fleetd knew the nodes' clocks (a
     host-ahead job's rank was called a straggler in a poll before fleetd's first lag
     summaries, and never named). A job fleetd wrote nothing on (its events came without it)
-    keeps the stored events' word. The jobs whose word is fleetd's are returned."""
+    keeps the stored events' word. The jobs whose word is fleetd's are returned.
+    ``summarized``: the ranks came from fleetd's lag summaries in the selection, so fleetd
+    judged each of their jobs."""
     if not ranks:
         return frozenset()
     verdicts = live_in(sel)
     found = rows(conn, NAMED.format(where=verdicts.sql(), not_a_note=NOT_A_NOTE),
                  verdicts.params)
-    lags = sel.where("p", node=False, rank=False)
-    judged = {(cluster, job) for cluster, job in rows(conn, JUDGED.format(where=lags.sql()),
-                                                      lags.params)}
+    jobs = {(r.cluster, r.job) for r in ranks}
+    judged = set(jobs) if summarized else set()
     judged |= {(cluster, job) for cluster, job, *_ in found}
-    timed = Where().within("s.t", sel.window)
-    scored = rows(conn, TIMED.format(where=timed.sql()), {
-        "jobs": sorted({r.job for r in ranks if r.job is not None}),
-        "nodes": sorted({r.node for r in ranks if r.node is not None}), **timed.params})
-    judged |= {(cluster, job) for cluster, job, _ in scored if job is not None}
-    nodes = {(cluster, node) for cluster, job, node in scored if job is None}
-    judged |= {(r.cluster, r.job) for r in ranks if (r.cluster, r.node) in nodes}
+    if jobs - judged:
+        lags = sel.where("p", node=False, rank=False)
+        unjudged = sorted(jobs - judged, key=str)
+        judged |= set(rows(conn, JUDGED.format(where=lags.sql()), {
+            **lags.params, **unnested([key for key in unjudged if key[1] is not None]),
+            "jobless": [cluster for cluster, job in unjudged if job is None]}))
+    asked = sorted({(r.cluster, r.job, r.node) for r in ranks
+                    if (r.cluster, r.job) not in judged}, key=str)
+    if asked:
+        timed = Where().within("s.t", sel.window)
+        judged |= set(rows(conn, TIMED.format(where=timed.sql()),
+                           {**timed.params, **unnested(asked, ("clusters", "jobs", "nodes"))}))
     steps: dict[tuple, set] = defaultdict(set)    # a rank named → the steps it was named in
     for cluster, job, rank, step, named in found:
         if named:
@@ -501,6 +519,11 @@ def fleetd_says(conn: Connection, sel: Selection, ranks: list[RankLag]
             said = steps.get((r.cluster, r.job, r.rank), set())
             r.straggler = bool(said) and (r.step is None or None in said or r.step in said)
     return frozenset(judged)
+
+
+def unnested(keys: list[tuple], names: tuple[str, ...] = ("clusters", "jobs")) -> dict:
+    """Tuples as one array parameter per place, for ``unnest``."""
+    return {name: [key[i] for key in keys] for i, name in enumerate(names)}
 
 
 def ordered(ranks: list[RankLag]) -> list[RankLag]:
