@@ -120,6 +120,9 @@ class FleetMetrics:
                                       registry=r)
         for reason in ("too_many_ranks", "bad_rank", "foreign_uid"):
             self.refused_events.labels(reason)
+        self.nodes_untraced = Gauge("ingero_fleet_nodes_untraced", "Nodes whose agent said it "
+                                    "cannot trace (no kernel headers, no bcc …): their ranks "
+                                    "are not judged", registry=r)
         self.incomplete = Gauge("ingero_fleet_incomplete_collectives", "Collective instances "
                                 "dropped because an entry never arrived though its rank went on "
                                 "(an event lost on the way)", registry=r)
@@ -179,6 +182,7 @@ class FleetMetrics:
         for reason, count in ranks.take_refused().items():
             self.refused_events.labels(reason).inc(count)
         self.incomplete.set(ranks.incomplete)
+        self.nodes_untraced.set(len(ranks.untraced))
         for verdict in changed:
             if verdict.revision == 0:
                 self.rank_verdicts_raised.labels(verdict.kind, verdict.cause).inc()

@@ -252,6 +252,8 @@ class FleetServer:
     def on_hello(self, hello: wire.Hello, recv_at: float) -> wire.Welcome:
         log.info("hello from node %s (cluster %s, boot %s, capabilities %s)", hello.node,
                  hello.cluster, hello.boot_id, ",".join(hello.capabilities) or "-")
+        if "untraced" not in hello.capabilities:
+            self.ranks.untraced.pop(hello.node, None)      # its agent traces again
         return wire.Welcome(__version__, recv_at, time.time(), [wire.COLUMNS])
 
     def on_push(self, push: wire.Push, recv_at: float) -> wire.Reply:

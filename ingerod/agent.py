@@ -137,8 +137,6 @@ class Agent:
         self.health = HealthModel(cfg.warmup)
         self.detector = Detector(cfg.hysteresis, cfg.fleet_fresh, cfg.fleet_cached,
                                  cfg.local_threshold)
-        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [cfg.source],
-                           cfg.push_interval, __version__)
         # The control socket first, before the probes compile (seconds, at boot): a prolog
         # meanwhile finds this agent answering, and starts no second one beside it.
         self.control = None
@@ -149,6 +147,9 @@ class Agent:
             if self.control is not None:
                 self.control.close()
             raise
+        self.metrics.show_tracing(self.source.name, getattr(self.source, "reason", None))
+        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [self.source.name],
+                           cfg.push_interval, __version__)
         self.context = zmq.Context()
         self.poller = zmq.Poller()
         n = len(cfg.fleet)

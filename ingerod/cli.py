@@ -79,3 +79,35 @@ def trace_command(job, pids, libraries, match_env, duration, as_json, ebpf) -> N
         run_trace(cfg, as_json, duration, SignalFlags().install())
     except IngeroError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.command("check", context_settings={"max_content_width": 100})
+@click.option("--no-load", is_flag=True,
+              help="Only read what the node has; do not compile and load the program")
+def check_command(no_load: bool) -> None:
+    """Say what this node needs for eBPF tracing: bcc, privileges, the running kernel's
+    headers, uprobes, tracefs, BTF, lockdown, perf_event_paranoid; each with what is there
+    and how to fix what is not. Then compile and load ingerod's program, and unload it.
+
+    Exits 0 where ingerod can trace, 1 where it cannot.
+
+    Example: ingerod check
+    """
+    from .check import checks
+    from .errors import TracingError
+    from .probes import Tracer
+
+    found = checks()
+    for check in found:
+        click.echo(check.line())
+    able = all(check.ok for check in found if check.needed)
+    if able and not no_load:
+        try:
+            Tracer(lambda _event: None).close()
+            click.echo(f"{'ok':<8}{'program':<22}compiled and loaded")
+        except TracingError as exc:
+            click.echo(f"{'FAILED':<8}{'program':<22}{exc}")
+            able = False
+    click.echo("ingerod can trace on this node" if able else
+               "ingerod cannot trace on this node: it runs untraced (see the fixes above)")
+    raise SystemExit(0 if able else 1)

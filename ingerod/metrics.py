@@ -55,6 +55,10 @@ class AgentMetrics:
                                 "cudaLaunchKernelExC, cuLaunchKernel and cuLaunchKernelEx it "
                                 "entered, while the launch counters were attached", registry=r)
         self._totals: dict[Counter, float] = {}
+        self.tracing = Gauge("ingero_agent_tracing", "1 while the agent traces this node's "
+                             "jobs with eBPF; 0 with why not (no_kernel_headers, no_bcc, "
+                             "not_permitted, load_failed …, or synthetic: a test source)",
+                             ["reason"], registry=r)
         self.rejected = Counter("ingero_agent_frames_rejected", "Bad frames from fleetd",
                                 registry=r)
         self.reconnects = Counter("ingero_agent_reconnects", "Fresh sockets opened after "
@@ -96,6 +100,12 @@ class AgentMetrics:
         if total > before:
             counter.inc(total - before)
             self._totals[counter] = total
+
+    def show_tracing(self, source: str, reason: str | None) -> None:
+        if source == "ebpf":
+            self.tracing.labels("none").set(1)
+        else:
+            self.tracing.labels(reason or source).set(0)
 
     def show_mode(self, mode: str) -> None:
         for m in MODES:

@@ -4,12 +4,14 @@ Every source has ``sample(now) -> Sample`` once per push interval, ``poll(now)``
 of the agent's loop (to keep kernel buffers drained), ``lost_events()``, ``take_refused()``
 (what it refused since, by reason) and ``close()``. ``synthetic`` reports scores it is told
 (fixed, re-read from a file, or scripted over time) for tests and demos; ``ebpf`` traces the
-training job's NCCL and CUDA calls and its host.
+training job's NCCL and CUDA calls and its host; ``untraced`` stands in where ``ebpf`` cannot
+start (no kernel headers, no bcc, no privilege).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,7 +40,26 @@ def parse_script(script: str) -> list[tuple[float, float | None]]:
     return sorted(steps)
 
 
-class SyntheticSource:
+class Untraceable:
+    """A source that traces nothing: no kernel buffers to drain, nothing lost or refused."""
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def lost_events(self) -> int:
+        return 0
+
+    def launches_counted(self) -> int:
+        return 0
+
+    def take_refused(self) -> Counter:
+        return Counter()
+
+    def close(self) -> None:
+        pass
+
+
+class SyntheticSource(Untraceable):
     """Reports a score it is told, with all four signals at that value."""
 
     name = "synthetic"
@@ -71,24 +92,40 @@ class SyntheticSource:
         self.score = min(1.0, max(0.0, score))
         return Sample({name: self.score for name in WEIGHTS})
 
-    def poll(self, now: float) -> None:
-        pass
 
-    def lost_events(self) -> int:
-        return 0
+class UntracedSource(Untraceable):
+    """What an agent that cannot trace runs: no signals and no events, so its node reads idle
+    and is never a straggler, while the agent keeps its control socket, its metrics and its
+    link to fleetd. Its first sample tells fleetd once why (an ``agent_untraced`` event): the
+    ranks of this node are then uncovered, not missing, and their peers judged without them.
+    Restarting would not help (the kernel's headers do not appear by themselves), and a
+    restart every few seconds would cost the node more than it tells."""
 
-    def launches_counted(self) -> int:
-        return 0
+    name = "untraced"
 
-    def take_refused(self) -> Counter:
-        return Counter()
+    def __init__(self, reason: str, detail: str):
+        self.reason, self.detail = reason, detail
+        self.told = False
 
-    def close(self) -> None:
-        pass
+    def sample(self, now: float) -> Sample:
+        events = [] if self.told else [{"kind": "agent_untraced", "t": time.time(), "attrs": {
+            "reason": self.reason, "detail": self.detail[:512]}}]
+        self.told = True
+        return Sample({name: 1.0 for name in WEIGHTS}, busy=False, events=events)
 
 
 def open_source(cfg: SimpleNamespace, now: float):
+    """The configured source; for ``ebpf`` on a node where tracing cannot start, the
+    untraced one, after one line that says why and what to run."""
     if cfg.source == "synthetic":
         return SyntheticSource(cfg.score, cfg.score_file, cfg.script, now)
+    from .check import checks, reason
     from .ebpf_source import EbpfSource
-    return EbpfSource(cfg, now)
+    from .errors import TracingError
+    try:
+        return EbpfSource(cfg, now)
+    except TracingError as exc:
+        why = reason(checks())
+        log.error("cannot trace (%s): %s. Running untraced: this node's ranks are not judged; "
+                  "`ingerod check` says what the node lacks and how to fix it", why, exc)
+        return UntracedSource(why, str(exc))

@@ -97,8 +97,9 @@ class Stack:
     ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
     be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
     fleetd listens on ``fleet_host``; ``node_flags`` are a node's agent's own flags (after the
-    others); ``shards`` > 1 runs that many fleetds (``--shard K/N``,
-    each forwarding to echod) and gives the agents all their endpoints; ``sim_hosts=False``
+    others, as ``node_env`` is its own environment on top); ``shards`` > 1 runs that many
+    fleetds (``--shard K/N``, each forwarding to echod) and gives the agents all their
+    endpoints; ``sim_hosts=False``
     lets each agent trace every process of the host, as with one real node (a real srun's
     ranks carry no sim host label); ``journal`` has every daemon log as under systemd
     (JOURNAL_STREAM set), each line led by its syslog priority; ``names`` are the agents' node
@@ -117,13 +118,15 @@ class Stack:
                  node_flags: dict[int, tuple[str, ...]] | None = None,
                  sim_hosts: bool = True, journal: bool = False,
                  fleet_env: dict | None = None, echod_env: dict | None = None,
-                 names: tuple[str, ...] | None = None, say=lambda line: None):
+                 names: tuple[str, ...] | None = None,
+                 node_env: dict[int, dict[str, str]] | None = None, say=lambda line: None):
         import sim
 
         self.root, self.push_s, self.agent_flags = root, push_s, agent_flags
         self.sim_hosts, self.journal = sim_hosts, journal
         self.agent_prefix = agent_prefix or {}
         self.node_flags = node_flags or {}
+        self.node_env = node_env or {}
         # each shard its own pair, each node its own key
         self.names = names or tuple(f"node{n}" for n in range(nodes))
         self.keys = KeyRing.create(root / "keys", shards, tuple(map(self.key_name, self.names)))
@@ -173,8 +176,9 @@ class Stack:
 
     def _agent(self, node: int, skew_s: float | None, sim) -> Daemon:
         libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
-        env = None if not skew_s else {"LD_PRELOAD": str(FAKETIME), "FAKETIME": f"+{skew_s}",
-                                       "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        env = {**({} if not skew_s else {"LD_PRELOAD": str(FAKETIME), "FAKETIME": f"+{skew_s}",
+                                         "FAKETIME_DONT_FAKE_MONOTONIC": "1"}),
+               **self.node_env.get(node, {})} or None
         return self._start(f"ingerod-node{node}", "ingerod", [
             "--config", "/dev/null", "--source", "ebpf", "--libraries", libraries,
             "--fleet", ",".join(self.endpoints), "--node", self.names[node], "--cluster", "sim",

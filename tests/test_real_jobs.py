@@ -14,16 +14,18 @@ pipeline's stages doing unequal work by design and exchanging activations with s
 
 Agents that restart: an agent killed and restarted mid-job (as systemd would) no longer knows
 the communicators its ranks made; nobody is named hung for it, and the job is still judged. A
-node whose agent never ran is reported uncovered, and its ranks are never named.
+node whose agent never ran is reported uncovered, and its ranks are never named; so is one whose
+agent cannot trace (no kernel headers for its kernel), which keeps running and says so once.
 
 Jobs that fail fast: a rank that crashes while its peers wait is dead at once; a rank that
 hangs while its peers' NCCL timeout is shorter than fleetd's hang timeout is named when they
 give up, after the job has failed; both stay in ``ingero report`` after the job.
 
 One stack serves the module (``stack.local``): echod, fleetd (its hang timeout the default
-30 s) and four node-wide ingerods (no --job, as the shipped unit runs them), one per simulated
+30 s) and five node-wide ingerods (no --job, as the shipped unit runs them), one per simulated
 node, told apart by the sim's host label. node3's agent sends its events as maps, as an agent
-before wire 1.3 does, the others as columns: every job here is judged across a fleet in the
+before wire 1.3 does, the others as columns; node4's finds no kernel headers (bcc is pointed
+at an empty tree) and runs untraced: every job here is judged across a fleet in the
 middle of a rolling upgrade. Each test runs sim jobs through it and reads the
 answers back from echod's API, or from ``ingero report`` as a user runs it.
 """
@@ -54,6 +56,7 @@ from .support import assert_same_lags, lag_quartiles, metric, needs_ebpf, said, 
 pytestmark = [pytest.mark.slow, needs_ebpf]
 
 PUSH_S = 1.0
+UNTRACED = 4                   # the node whose agent finds no kernel headers
 HANG_TIMEOUT_S = 30.0          # fleetd's default
 NCCL_TIMEOUT_S = 6.0           # the peers' own, shorter
 WORKERS = {"workers": 2, "epoch_steps": 10, "worker_cpu_ms": 2}
@@ -62,13 +65,15 @@ WORKERS = {"workers": 2, "epoch_steps": 10, "worker_cpu_ms": 2}
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     sim.build()
-    stack = stack_module.Stack(tmp_path_factory.mktemp("jobs"), 4, push_s=PUSH_S,
+    no_headers = tmp_path_factory.mktemp("no-kernel-headers")
+    stack = stack_module.Stack(tmp_path_factory.mktemp("jobs"), 5, push_s=PUSH_S,
                                hang_timeout_s=HANG_TIMEOUT_S,
                                echod_flags=("--rate-limit", "500", "--rate-burst", "2000"),
                                echod_root=Path(tempfile.mkdtemp(prefix="echod-jobs-")),
-                               node_flags={3: ("--wire-maps",)})
+                               node_flags={3: ("--wire-maps",)},
+                               node_env={UNTRACED: {"BCC_KERNEL_SOURCE": str(no_headers)}})
     yield stack
-    assert stack.stop() == [0] * 6, stack.logs()
+    assert stack.stop() == [0] * 7, stack.logs()
 
 
 def scenario(job_id: str, launcher: str, stragglers=(), **job) -> scenarios.Scenario:
@@ -134,8 +139,8 @@ def test_a_late_rank_is_named_by_its_true_rank_and_node_under_every_launcher(sta
     assert verdicts(stack, healthy) == {}
     if launcher not in ("srun", "mpirun"):    # torchrun's agent imports torch: libcudart
         # known as the launcher when first seen, or once it has spawned its workers
-        assert all(re.search(r"(, |now )launcher", agent.log()) for agent in stack.agents), \
-            stack.logs()
+        assert all(re.search(r"(, |now )launcher", agent.log())
+                   for agent in stack.agents[:UNTRACED]), stack.logs()
 
 
 def test_with_data_loader_workers_a_host_delayed_rank_is_its_own_host_work(stack):
@@ -293,6 +298,30 @@ def test_a_node_whose_agent_never_ran_is_reported_uncovered_and_never_named(stac
         steps=60, hosts=[0, 1, 9])                  # no agent traces host 9
     assert set(verdicts(stack, "2502")) == {1}
     assert "job 2502: rank(s) 8,9,10,11 never told of by any agent" in stack.fleetd.log()
+
+
+def test_a_node_whose_agent_cannot_trace_says_so_once_and_its_peers_are_still_judged(stack):
+    """REAL-GPU.md's H200 has BTF but no kernel headers, so bcc cannot compile there. The
+    agent used to exit, and systemd restarted it every 2 s for good. Now it says why in one
+    line, keeps serving (metrics: ingero_agent_tracing{reason="no_kernel_headers"} 0), tells
+    fleetd once, and its node's ranks are uncovered: the late rank elsewhere is named, and
+    none of theirs."""
+    from .support import metric
+
+    agent = stack.agents[UNTRACED]
+    run(stack, "2503", "srun", [{"rank": 1, "kind": "host_delay", "delay_ms": 40}], nodes=3,
+        steps=60, hosts=[0, 1, UNTRACED])
+    assert set(verdicts(stack, "2503")) == {1}
+    assert "job 2503: rank(s) 8,9,10,11 never told of by any agent" in stack.fleetd.log()
+    assert agent.alive() and agent.log().count("cannot trace (no_kernel_headers)") == 1, \
+        agent.log()
+    port = stack.agent_ports[UNTRACED]
+    assert metric(port, "ingero_agent_tracing", reason="no_kernel_headers") == 0
+    assert metric(port, "ingero_agent_batches_pushed_total") > 0      # still heard from
+    assert metric(stack.agent_ports[0], "ingero_agent_tracing", reason="none") == 1
+    said = "node node4's agent cannot trace (no_kernel_headers)"
+    assert stack.fleetd.log().count(said) == 1, stack.fleetd.log()
+    assert metric(stack.fleet_port, "ingero_fleet_nodes_untraced") == 1
 
 
 def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_their_own(stack):

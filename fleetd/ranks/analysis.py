@@ -57,6 +57,7 @@ class RankAnalysis(Observing, Settling, Judging, VerdictBook):
         self.node_jobs: dict[tuple, dict[str, float]] = {}   # (cluster, node) → job → when
         self.owners: dict[tuple, tuple[int, float]] = {}  # (cluster, job) → (its uid, when)
         self.refused: Counter[str] = Counter()    # events refused at intake, by reason
+        self.untraced: dict[str, str] = {}    # node → why its agent cannot trace, as it said
 
     def tick(self, now: float, between: Callable[[], None] | None = None,
              every_s: float = SERVE_EVERY_S) -> list[Verdict]:
