@@ -481,3 +481,25 @@ def test_trace_with_pids_follows_those_processes_only(tmp_path):
     assert lost == 0
     assert {e["attrs"]["pid"] for e in events if "pid" in e["attrs"]} == set(chosen), events[:5]
     assert all(collectives_of(events, pid) for pid in chosen)
+
+
+def test_check_says_what_the_node_lacks_and_how_to_fix_it(tmp_path):
+    """`ingerod check` on this machine (bcc, root, headers linked by setup) can trace: every
+    line ok, the program compiled and loaded, exit 0. With bcc pointed at an empty header tree
+    (a node booting a kernel it has no headers for) it says so, with the fix, and exits 1."""
+    done = subprocess.run([sys.executable, "-m", "ingerod", "check"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    marks = [line.split()[0] for line in lines[:-1] if not line.startswith(" ")]
+    assert len(marks) == 9 and set(marks) <= {"ok", "note"}, done.stdout   # notes: not needed
+    assert "program               compiled and loaded" in done.stdout
+    bare = subprocess.run([sys.executable, "-m", "ingerod", "check"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "BCC_KERNEL_SOURCE": str(tmp_path)})
+    assert bare.returncode == 1, bare.stdout + bare.stderr
+    assert f"MISSING kernel headers        none for the running kernel {os.uname().release}" \
+        in bare.stdout, bare.stdout
+    assert "fix: install them (Debian/Ubuntu: apt-get install linux-headers-" in bare.stdout
+    assert "program" not in bare.stdout            # not tried: it could not compile
+    assert bare.stdout.splitlines()[-1].startswith("ingerod cannot trace on this node")
