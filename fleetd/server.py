@@ -252,7 +252,10 @@ class FleetServer:
     def on_hello(self, hello: wire.Hello, recv_at: float) -> wire.Welcome:
         log.info("hello from node %s (cluster %s, boot %s, capabilities %s)", hello.node,
                  hello.cluster, hello.boot_id, ",".join(hello.capabilities) or "-")
-        if "untraced" not in hello.capabilities:
+        untraced = [c.partition(":")[2] for c in hello.capabilities if c.startswith("untraced")]
+        if untraced:                   # said at every hello: known after a restart of either end
+            self.ranks.untraced_node(hello.node, untraced[0] or None)
+        else:
             self.ranks.untraced.pop(hello.node, None)      # its agent traces again
         return wire.Welcome(__version__, recv_at, time.time(), [wire.COLUMNS])
 

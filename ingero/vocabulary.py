@@ -16,9 +16,11 @@ NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or di
 TRACED_KINDS = ("collective", "comm_init", "comm_destroy", "sync", "alloc", "free", "memcpy")
 # What its host did to it, from tracepoints and /proc.
 HOST_KINDS = ("preempted", "blockio", "process_exit")
-# What the agent concluded: its own score against its bar, and fleetd's word on its ranks; and
-# that it restarted (nothing was traced between its last push and its restart).
-AGENT_KINDS = ("straggler", "resolved", "rank_straggler", "rank_resolved", "agent_restart")
+# What the agent concluded: its own score against its bar, and fleetd's word on its ranks; that
+# it restarted (nothing was traced between its last push and its restart); and that it cannot
+# trace at all (no kernel headers, no bcc …).
+AGENT_KINDS = ("straggler", "resolved", "rank_straggler", "rank_resolved", "agent_restart",
+               "agent_untraced")
 KINDS = TRACED_KINDS + HOST_KINDS + AGENT_KINDS
 
 # The health score's signals, each in [0, 1].

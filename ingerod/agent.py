@@ -105,6 +105,12 @@ def named(heard: list[list[tuple]]) -> list[tuple[str | None, int]]:
     return sorted(set().union(*heard), key=lambda jr: (str(jr[0]), jr[1]))
 
 
+def capability(source) -> str:
+    """What the hello says of the source: its name, and for the untraced one why
+    (``untraced:no_kernel_headers``), so fleetd knows after a restart of either end."""
+    return f"untraced:{source.reason}" if source.name == "untraced" else source.name
+
+
 def fleet_keys(cfg: SimpleNamespace) -> list[Path]:
     """fleetd's public key file for each fleet endpoint: one for all, or one each."""
     keys, endpoints = [Path(key) for key in cfg.fleet_public_key], cfg.fleet
@@ -148,7 +154,7 @@ class Agent:
                 self.control.close()
             raise
         self.metrics.show_tracing(self.source.name, getattr(self.source, "reason", None))
-        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [self.source.name],
+        hello = wire.Hello(cfg.node, cfg.cluster, self.boot_id, [capability(self.source)],
                            cfg.push_interval, __version__)
         self.context = zmq.Context()
         self.poller = zmq.Poller()
@@ -182,7 +188,7 @@ class Agent:
             self.http = serve_metrics(self.cfg.metrics_addr, self.metrics.registry)
         fleet = ",".join(self.cfg.fleet)
         log.info("node %s (boot %s) pushing to %s every %.2fs from the %s source", self.cfg.node,
-                 self.boot_id, fleet, self.cfg.push_interval, self.cfg.source)
+                 self.boot_id, fleet, self.cfg.push_interval, self.source.name)
         if self.restarted_from is not None:
             self.say_restarted(time.time())
         self.tick(self.clock())

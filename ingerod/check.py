@@ -18,6 +18,15 @@ from pathlib import Path
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 
 
+def there(path: Path, directory: bool = False) -> bool:
+    """Whether a path exists (is a directory); False where it cannot be looked at (tracefs is
+    mode 0700: an unprivileged check sees nothing there, and must still say so)."""
+    try:
+        return path.is_dir() if directory else path.exists()
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -40,9 +49,9 @@ def kernel_headers(root: Path = Path("/"), release: str | None = None,
     named = environ.get("BCC_KERNEL_SOURCE")
     trees = [Path(named)] if named else [root / "lib/modules" / release / "build"]
     for tree in trees:
-        if (tree / "include").is_dir():
+        if there(tree / "include", directory=True):
             return Check("kernel headers", True, f"{tree} ({release})")
-    if not named and (root / "sys/kernel/kheaders.tar.xz").exists():
+    if not named and there(root / "sys/kernel/kheaders.tar.xz"):
         return Check("kernel headers", True, f"the kernel's own (kheaders, {release})")
     where = f"BCC_KERNEL_SOURCE={named}" if named else str(trees[0])
     return Check("kernel headers", False, f"none for the running kernel {release} ({where})",
@@ -54,7 +63,7 @@ def kernel_headers(root: Path = Path("/"), release: str | None = None,
 def bcc_importable() -> Check:
     try:
         import bcc  # noqa: F401  Debian's bcc
-    except ImportError:
+    except (ImportError, OSError):      # OSError: its libbcc.so.0 missing or mismatched
         return Check("bcc", False, "not importable by this Python",
                      "apt-get install python3-bpfcc bpfcc-tools libbpfcc (bcc from the "
                      "distribution, never from PyPI), and run ingerod with the system "
@@ -76,21 +85,21 @@ def privileges(status: Path = Path("/proc/self/status")) -> Check:
 
 
 def uprobes(root: Path = Path("/")) -> Check:
-    found = (root / "sys/bus/event_source/devices/uprobe/type").exists()
+    found = there(root / "sys/bus/event_source/devices/uprobe/type")
     return Check("uprobes", found, "the uprobe PMU" if found else "no uprobe PMU",
                  "a kernel built with CONFIG_UPROBE_EVENTS")
 
 
 def tracefs(root: Path = Path("/")) -> Check:
     for tree in (root / "sys/kernel/tracing", root / "sys/kernel/debug/tracing"):
-        if (tree / "uprobe_events").exists():
+        if there(tree / "uprobe_events"):
             return Check("tracefs", True, str(tree))
     return Check("tracefs", False, "not mounted",
                  "mount -t tracefs nodev /sys/kernel/tracing")
 
 
 def btf(root: Path = Path("/")) -> Check:
-    found = (root / "sys/kernel/btf/vmlinux").exists()
+    found = there(root / "sys/kernel/btf/vmlinux")
     return Check("BTF", found, "/sys/kernel/btf/vmlinux" if found else "none",
                  "a kernel built with CONFIG_DEBUG_INFO_BTF (not needed by bcc today)",
                  needed=False)
@@ -122,11 +131,13 @@ def checks(root: Path = Path("/"), environ=os.environ) -> list[Check]:
             uprobes(root), tracefs(root), btf(root), lockdown(root), perf_event_paranoid(root)]
 
 
+# The agent's word for a need missing (ingero_agent_tracing{reason}); load_failed where every
+# need is there and the kernel still refused the program.
+REASONS = {"bcc": "no_bcc", "privileges": "not_permitted", "kernel headers": "no_kernel_headers",
+           "uprobes": "no_uprobes", "tracefs": "no_tracefs", "lockdown": "lockdown"}
+
+
 def reason(found: list[Check]) -> str:
     """Why tracing cannot start, as the agent's metric says it: the first need missing."""
-    for check in found:
-        if check.needed and not check.ok:
-            return {"bcc": "no_bcc", "privileges": "not_permitted",
-                    "kernel headers": "no_kernel_headers"}.get(
-                        check.name, check.name.replace(" ", "_"))
-    return "load_failed"
+    return next((REASONS[check.name] for check in found if check.needed and not check.ok),
+                "load_failed")

@@ -178,7 +178,7 @@ def library_kind(path: str) -> str | None:
 # The files whose code calls a launch entry from inside a launch (the runtime entering the
 # driver): cuda.bpf.c counts such an entry with the launch that made it.
 CUDA_TEXT_KINDS = ("cudart", "cuda")
-CUDA_TEXTS = 4          # the ranges cuda.bpf.c's cuda_text holds (its CUDA_TEXTS)
+CUDA_TEXTS = 8          # the ranges cuda.bpf.c's cuda_text holds (its CUDA_TEXTS)
 
 
 def mapped_libraries(proc: Path, pid: int) -> set[LibraryFile]:
@@ -211,6 +211,10 @@ def mappings(proc: Path, pid: int) -> tuple[set[LibraryFile], tuple[tuple[int, i
                 text.append((int(start, 16), int(end, 16)))
             except ValueError:
                 continue
+    if len(text) > CUDA_TEXTS:
+        log.debug("pid %d maps %d CUDA code ranges; the launch counter knows the lowest %d: "
+                  "launches from the others' runtimes may be counted twice", pid, len(text),
+                  CUDA_TEXTS)
     return found, tuple(sorted(text)[:CUDA_TEXTS])
 
 

@@ -101,7 +101,7 @@ class Tracer:
     def __init__(self, on_event, bpf_dir: Path = BPF_DIR, cflags: list[str] | None = None):
         try:
             from bcc import BPF  # Debian's bcc; imported here so the rest of ingerod needs none
-        except ImportError:
+        except (ImportError, OSError):     # OSError: its libbcc.so.0 missing or mismatched
             raise TracingError("tracing needs Debian's bcc (apt-get install python3-bpfcc), "
                                "seen by this Python") from None
         try:

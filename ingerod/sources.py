@@ -125,7 +125,11 @@ def open_source(cfg: SimpleNamespace, now: float):
     try:
         return EbpfSource(cfg, now)
     except TracingError as exc:
-        why = reason(checks())
+        try:
+            why = reason(checks())
+        except Exception:     # a check that fails must not take the agent down with it
+            log.exception("could not tell why tracing cannot start")
+            why = "load_failed"
         log.error("cannot trace (%s): %s. Running untraced: this node's ranks are not judged; "
                   "`ingerod check` says what the node lacks and how to fix it", why, exc)
         return UntracedSource(why, str(exc))

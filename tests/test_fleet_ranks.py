@@ -657,6 +657,25 @@ def test_ranks_no_agent_ever_told_of_are_not_judged_and_their_peers_are(looked_u
     assert ra.jobs[("c", "42", (None, None, None))].uncovered == {4, 5, 6, 7}
 
 
+def test_a_node_that_cannot_trace_is_said_once_whatever_its_agent_sends(caplog):
+    """An agent_untraced event's attributes are the agent's to choose: a thousand of them,
+    each with another reason, some not text or not printable, make one warning and one
+    untraced node, and fleetd goes on taking pushes."""
+    caplog.set_level("INFO", "fleetd")
+    ra = analysis()
+    reasons = ["no_kernel_headers", "x\nFAKE fleetd line", 7, None, {"a": 1}, "y" * 10_000]
+    events = [{"id": f"n3:u:{k}", "t": T0 + 1.0, "kind": "agent_untraced",
+               "attrs": {"reason": reasons[k % len(reasons)]}} for k in range(1000)]
+    for half, now in ((events[:500], T0 + 2.0), (events[500:], T0 + 3.0)):   # as maps: the
+        ra.observe(wire.Push(0, "n3", "c", "boot", 0.9, {s: 1.0 for s in wire.SIGNALS},  # odd
+                             "active", T0, 1.0, None, None, half), now)      # ones have no column
+    ra.untraced_node("n3", "no_bcc")         # its hello, after a restart of either end
+    assert caplog.text.count("node n3's agent cannot trace (no_kernel_headers)") == 1
+    assert caplog.text.count("cannot trace") == 1 and "FAKE" not in caplog.text
+    assert ra.untraced == {"n3": "no_bcc"}
+    assert len(ra.untraced["n3"]) <= 64
+
+
 WORLD = "00000000000c0de0"
 
 

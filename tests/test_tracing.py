@@ -287,14 +287,12 @@ for line in sys.stdin:
 """
 
 
-@pytest.mark.parametrize("via_driver", [1, 0], ids=["runtime-enters-driver", "runtime-alone"])
-def test_each_kernel_launch_is_counted_once_whichever_path_it_takes(spawn, keys, endpoint,
-                                                                    via_driver):
+def test_each_kernel_launch_is_counted_once_whichever_path_it_takes(spawn, keys, endpoint):
     """CUDA 13's runtime enters the driver's exported cuLaunchKernel for every cudaLaunchKernel
     (REAL-GPU.md: 792 = 792 a step), and the sim's now does; older runtimes may launch on their
-    own. cuBLAS launches its GEMMs with cuLaunchKernelEx, Triton with cuLaunchKernel. The
-    node-wide agent counts each launch once either way (it counted the runtime's twice, and
-    the Ex paths not at all)."""
+    own (the second program here). cuBLAS launches its GEMMs with cuLaunchKernelEx, Triton with
+    cuLaunchKernel. The node-wide agent counts each launch once either way (it counted the
+    runtime's twice, and the Ex paths not at all)."""
     from stack.launch import free_port
 
     from .support import metric, scrape
@@ -307,31 +305,33 @@ def test_each_kernel_launch_is_counted_once_whichever_path_it_takes(spawn, keys,
         "--log-level", "debug", "--match-env", "INGERO_LAUNCH_TEST=1", *keys.ingerod_flags()])
     assert wait_for(lambda: metric(agent_port, "ingero_agent_kernel_launches_total") == 0
                     and ("ingero_agent_score", ()) in scrape(agent_port), 60), agent.log()
-    program = subprocess.Popen([sys.executable, "-c", LAUNCHES, str(sim.lib_dir())],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "INGERO_LAUNCH_TEST": "1",
-                                    "INGERO_SIM_RUNTIME_VIA_DRIVER": str(via_driver)})
-    try:
-        assert program.stdout.readline() == "ready\n"
-        assert wait_for(lambda: f"pid {program.pid}: CUDA code at " in agent.log(), 30), \
-            agent.log()
-        counted = 0
-        phases = [["cudaLaunchKernel"] * 300, ["cudaLaunchKernelExC"] * 200,
-                  ["cuLaunchKernel"] * 150, ["cuLaunchKernelEx"] * 100,
-                  ["cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel",
-                   "cudaLaunchKernelExC"] * 100]       # a step's mix: runtime, cuBLAS, Triton
-        for phase in phases:
-            program.stdin.write(" ".join(phase) + "\n")
-            program.stdin.flush()
-            assert program.stdout.readline() == "done\n"
-            counted += len(phase)
-            assert wait_for(lambda: metric(agent_port, "ingero_agent_kernel_launches_total")
-                            >= counted, 20), (phase[:4], agent.log())
-            time.sleep(1.0)         # two more samples: nothing counted twice comes in late
-            assert metric(agent_port, "ingero_agent_kernel_launches_total") == counted, phase[:4]
-    finally:
-        program.kill()
-        program.wait()
+    counted = 0
+    for via_driver in (1, 0):
+        program = subprocess.Popen([sys.executable, "-c", LAUNCHES, str(sim.lib_dir())],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                   env={**os.environ, "INGERO_LAUNCH_TEST": "1",
+                                        "INGERO_SIM_RUNTIME_VIA_DRIVER": str(via_driver)})
+        try:
+            assert program.stdout.readline() == "ready\n"
+            assert wait_for(lambda: f"pid {program.pid}: CUDA code at " in agent.log(), 30), \
+                agent.log()
+            phases = [["cudaLaunchKernel"] * 300, ["cudaLaunchKernelExC"] * 200,
+                      ["cuLaunchKernel"] * 150, ["cuLaunchKernelEx"] * 100,
+                      ["cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel",
+                       "cudaLaunchKernelExC"] * 100]   # a step's mix: runtime, cuBLAS, Triton
+            for phase in phases:
+                program.stdin.write(" ".join(phase) + "\n")
+                program.stdin.flush()
+                assert program.stdout.readline() == "done\n"
+                counted += len(phase)
+                assert wait_for(lambda: metric(agent_port, "ingero_agent_kernel_launches_total")
+                                >= counted, 20), (via_driver, phase[:4], agent.log())
+                time.sleep(1.0)     # two more samples: nothing counted twice comes in late
+                assert metric(agent_port, "ingero_agent_kernel_launches_total") == counted, \
+                    (via_driver, phase[:4])
+        finally:
+            program.kill()
+            program.wait()
 
 
 HOLD_LIBRARIES = "import ctypes, sys, time; [ctypes.CDLL(p) for p in sys.argv[1:]]; time.sleep(600)"

@@ -135,7 +135,7 @@ class Observing:
             elif kind == "agent_restart":
                 self._restarted(push.node, a.get("untraced_from") or event["t"] - offset)
             elif kind == "agent_untraced":
-                self._untraced(push.node, a.get("reason"))
+                self.untraced_node(push.node, a.get("reason"))
             elif kind == "job_start" and a.get("user"):
                 self.users[(push.cluster, job.job)] = (str(a["user"]), now)
         if cols is not None and cols.n:
@@ -176,17 +176,18 @@ class Observing:
         log.info("node %s's agent restarted: its ranks' collectives on the communicators it "
                  "made before are not placed from then on", node)
 
-    def _untraced(self, node: str, reason) -> None:
-        """``node``'s agent cannot trace (no kernel headers, no bcc …): no agent tells of its
-        ranks, so after their communicators' first push intervals they are uncovered, not
-        missing (``Settling._unseen``), and their peers are judged without them. Said once a
-        node, and counted (ingero_fleet_nodes_untraced) until the agent traces again."""
-        reason = str(reason)[:64] if isinstance(reason, str) and reason.isprintable() \
-            else "unknown"
-        if self.untraced.get(node) != reason:
+    def untraced_node(self, node: str, reason=None) -> None:
+        """``node``'s agent cannot trace (no kernel headers, no bcc …), as its hello or its
+        agent_untraced event says: no agent tells of its ranks, so after their communicators'
+        first push intervals they are uncovered, not missing (``Settling._unseen``), and their
+        peers are judged without them. Said once a node, however often the agent says it (its
+        words are its own to choose), and counted (ingero_fleet_nodes_untraced) until its
+        hello says it traces again."""
+        reason = reason[:64] if isinstance(reason, str) and reason.isprintable() else None
+        if node not in self.untraced:
             log.warning("node %s's agent cannot trace (%s): its ranks are not judged, and their "
-                        "peers are judged without them", node, reason)
-        self.untraced[node] = reason
+                        "peers are judged without them", node, reason or "no reason given yet")
+        self.untraced[node] = reason or self.untraced.get(node) or "unknown"
 
     def _admit(self, a: dict) -> bool:
         """Whether an event's rank and communicator size are in range (``_admit_columns``

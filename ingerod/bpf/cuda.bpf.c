@@ -30,7 +30,7 @@ struct call_start {
 BPF_HASH(launches, u32, u64, MAX_TARGETS);
 /* tgid → the executable mappings of the CUDA runtime's and driver's files in the process
  * (user space reads them from /proc/PID/maps when it finds the process). */
-#define CUDA_TEXTS 4
+#define CUDA_TEXTS 8     /* a process may map several runtimes (torch's, cupy's …) */
 struct cuda_text {
     u64 start[CUDA_TEXTS];
     u64 end[CUDA_TEXTS];

@@ -226,15 +226,18 @@ static void find_driver(void)
     driver.launch_ex = (__typeof__(driver.launch_ex))dlsym(library, "cuLaunchKernelEx");
 }
 
-/* What the runtime says for the driver's answer to a launch it checked already. */
+/* What the runtime says for the driver's answer to a launch whose function it checked
+ * already: a bad handle is the stream's; an error the device raised meanwhile is its own. */
 static cudaError_t launch_result(CUresult result)
 {
+    cudaError_t sticky = vgpu_sticky_error();
     switch (result) {
     case CUDA_SUCCESS: return cudaSuccess;
     case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
-    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidDeviceFunction;
+    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
     case CUDA_ERROR_LAUNCH_TIMEOUT: return cudaErrorLaunchTimeout;
-    default: return cudaErrorLaunchFailure;
+    default: return sticky ? sticky : cudaErrorLaunchFailure;
     }
 }
 
