@@ -31,7 +31,7 @@ from bench.harness import RESULTS
 BENCHMARKS = ["rank_analysis", "push_cost", "trace_overhead", "agent_rate", "ingest_rate",
               "fleet_scale", "tool_latency", "quality", "drills"]
 # Run by hand where a GPU is lent (never by make bench); documented from their stored results.
-DEVICE_BENCHMARKS = ["real_gpu"]
+DEVICE_BENCHMARKS = ["real_gpu", "real_gpu_launches"]
 DOCS = REPO / "docs" / "benchmarks.md"
 README = REPO / "README.md"
 QUOTE = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)
