@@ -30,7 +30,7 @@ MAX_BUFFERED = 65_536
 DEPARTED_GRACE = 30.0  # seconds an exited process's identity is kept for its last events
 # Communicator inits whose rank and size say who the process is in the job (a split says who
 # it is in a part of it; ncclCommInitAll makes every rank of a group in one process).
-IDENTITY_INITS = ("ncclCommInitRank", "ncclCommInitRankConfig")
+IDENTITY_INITS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable")
 
 
 def int_of(value) -> int:

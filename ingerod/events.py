@@ -15,9 +15,11 @@ KINDS = {1: "collective", 2: "comm_init", 3: "comm_destroy", 4: "sync", 5: "allo
 
 OPS = {
     1: "ncclAllReduce", 2: "ncclAllGather", 3: "ncclReduceScatter", 4: "ncclReduce",
-    5: "ncclBroadcast", 6: "ncclBcast", 7: "ncclSend", 8: "ncclRecv",
+    5: "ncclBroadcast", 6: "ncclBcast", 7: "ncclSend", 8: "ncclRecv", 9: "ncclAlltoAll",
+    10: "ncclGather", 11: "ncclScatter",
     20: "ncclCommInitRank", 21: "ncclCommInitRankConfig", 22: "ncclCommInitAll",
     23: "ncclCommSplit", 24: "ncclCommDestroy", 25: "ncclCommAbort",
+    26: "ncclCommInitRankScalable", 27: "ncclCommShrink", 28: "ncclCommFinalize",
     40: "cudaStreamSynchronize", 41: "cudaEventSynchronize", 42: "cudaDeviceSynchronize",
     43: "cuCtxSynchronize",
     60: "cudaMalloc", 61: "cudaMallocManaged", 62: "cuMemAlloc_v2", 63: "cudaFree",
@@ -33,7 +35,8 @@ REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 COPY_KINDS = dict(enumerate(COPY_DIRECTIONS))
 
 IN_GROUP, PEER_WAIT = 1, 2
-SPLIT = 23
+SPLITS = (23, 27)            # ncclCommSplit, ncclCommShrink: fleetd numbers the new ranks
+ROOTED = (4, 5, 6, 10, 11)   # the peer field carries the root
 
 
 class RawEvent(ctypes.Structure):
@@ -62,13 +65,13 @@ def decode(raw: RawEvent) -> dict:
         if raw.op in (1, 3, 4):
             event["redop"] = REDOPS.get(raw.redop, str(raw.redop))
         if raw.peer >= 0:
-            event["root" if raw.op in (4, 5, 6) else "peer"] = raw.peer
+            event["root" if raw.op in ROOTED else "peer"] = raw.peer
     elif kind in ("comm_init", "comm_destroy"):
         event.update(comm_hash=f"{raw.comm_hash:016x}", comm_rank=raw.rank, nranks=raw.nranks,
                      duration_ns=raw.duration)
         if kind == "comm_destroy":
             event["collectives"] = raw.seq
-        elif raw.op == SPLIT and raw.result > 0:   # the parent is known: how the split goes
+        elif raw.op in SPLITS and raw.result > 0:   # the parent is known: how the split goes
             event.update(parent_hash=f"{raw.covered_ts:016x}", color=raw.peer,
                          key=ctypes.c_int32(raw.count & 0xFFFFFFFF).value,
                          parent_rank=ctypes.c_int32(raw.redop).value,

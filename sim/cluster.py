@@ -230,6 +230,13 @@ class Cluster:
             argv += ["--extra", ",".join(job.extra_collectives)]
         if job.parallel != (1, 1):
             argv += ["--tp", str(job.parallel[0]), "--pp", str(job.parallel[1])]
+        if job.nccl_init != "config":
+            argv += ["--nccl-init", job.nccl_init]
+        if job.loop != "sim":
+            argv += ["--loop", job.loop, "--buckets", str(job.buckets),
+                     "--gemm-share", f"{job.gemm_share:g}"]
+        for group in job.subgroups:
+            argv += ["--subgroup", ",".join(map(str, group))]
         if job.stage_work:
             argv += ["--stage-work", ",".join(f"{ms:g}" for ms in job.stage_work)]
         if job.workers:
@@ -415,9 +422,13 @@ class Cluster:
 
     def comm_id_hash(self, path: Path | None = None) -> int | None:
         """comm_id_hash of the running step's communicator (or of the one whose unique id is
-        at ``path``), once its rank 0 has written the unique id."""
+        at ``path``), once its rank 0 has written the unique id (the first root's, for
+        nccl_init: scalable)."""
+        path = path or self.unique_id_path
+        if self.scenario.job.nccl_init == "scalable":
+            path = path.with_name(path.name + ".root0")
         try:
-            return sim.comm_id_hash((path or self.unique_id_path).read_bytes())
+            return sim.comm_id_hash(path.read_bytes())
         except (OSError, ValueError):
             return None
 

@@ -236,4 +236,6 @@ def delay_flag(s: Straggler) -> list[str]:
     spec = f"ms={s.delay_ms:g},from={s.from_step},every={s.every}"
     if s.until_step is not None:
         spec += f",until={s.until_step}"
+    if s.before != "allreduce":
+        spec += f",before={s.before}"
     return ["--delay", spec]

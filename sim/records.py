@@ -5,7 +5,8 @@ local_rank, node, job_id, pid, comm_id_hash, seq (per communicator, from 0), ste
 datatype ("ncclFloat32"), datatype_id, bytes (count × sizeof(datatype)), root and peer (-1 where
 the call has none), entry_ns and return_ns (CLOCK_MONOTONIC around the call), result.
 The summary line ({"type": "summary"}) carries: status ("ok" or "error"), error, steps,
-steps_done, collectives, start_ns, end_ns, and one value per finished step of each of: step_ns,
+steps_done, collectives, start_ns, end_ns, launches (kernel launches made by cudaLaunchKernel
+and by cuLaunchKernelEx), and one value per finished step of each of: step_ns,
 sync_wait_ns (the step's last sync), loss_sync_ns (the loss read's sync on the rank's own
 kernels, entry to return; 0 where the step read no loss) and loss_device_ns (of that, how long
 until the device was done: the rest is how late the host got back its CPU; -1 where the

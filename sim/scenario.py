@@ -24,7 +24,18 @@ from sim.errors import ScenarioError
 
 DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
              "float64", "bfloat16")
-EXTRA_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "sendrecv")
+EXTRA_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "sendrecv", "alltoall",
+                     "alltoallv")
+# How the world communicator is made: ncclCommInitRankConfig (PyTorch's default), or
+# ncclCommInitRankScalable with a unique id per node (PyTorch over TORCH_NCCL_RANKS_PER_ROOT
+# ranks), or non-blocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1: ncclInProgress, then polled).
+NCCL_INITS = ("config", "scalable", "nonblocking")
+# The training loop: the sim's own (one stream, a loss read on the rank's own kernels) or
+# PyTorch DDP's (an NCCL stream of its own, buckets, one .item() sync every sync_every steps).
+LOOPS = ("sim", "pytorch")
+# Where a host_delay or hiccup sleeps: before the gradient all-reduce, or before the rank's
+# subgroups' all-reduces (after the world's).
+DELAY_PLACES = ("allreduce", "subgroup")
 RENDEZVOUS = ("shm", "tcp")
 # How the ranks are started (sim.cluster): srun, one task per rank; torchrun under srun, one
 # launcher task per node spawning its ranks; torchrun in the batch script (every process sees
@@ -61,6 +72,13 @@ class Job:
     rendezvous: str = "shm"
     netns: bool = False              # each node in its own network namespace (needs tcp, root)
     timeout_s: float = 60.0          # how long a rank waits for a peer before erroring out
+    nccl_init: str = "config"        # how the world communicator is made (NCCL_INITS)
+    # groups split from the world (PyTorch's new_group), non-members passing NCCL_SPLIT_NOCOLOR;
+    # each all-reduces among its members every step, after the world's all-reduce
+    subgroups: tuple[tuple[int, ...], ...] = ()
+    loop: str = "sim"                # the training loop (LOOPS)
+    buckets: int = 1                 # loop pytorch: gradient all-reduces a step
+    gemm_share: float = 0.15         # loop pytorch: share of launches through cuLaunchKernelEx
 
     @property
     def world_size(self) -> int:
@@ -90,6 +108,7 @@ class Straggler:
     cpu: int | None = None           # cpu_contention; default: one the rank may use
     hogs: int = 1                    # cpu_contention
     nice: int = 0                    # cpu_contention: the hogs' nice value
+    before: str = "allreduce"        # host_delay, hiccup: where it sleeps (DELAY_PLACES)
 
 
 @dataclass(frozen=True)
@@ -165,8 +184,25 @@ def _parallel(value):
 
 def _stage_work(value):
     if not isinstance(value, list) or not value:
-        raise ValueError(f"must be a list of milliseconds, one per pipeline stage")
+        raise ValueError("must be a list of milliseconds, one per pipeline stage")
     return tuple(_number()(v) for v in value)
+
+
+def _share(value):
+    value = _number()(value)
+    if value > 1:
+        raise ValueError(f"must be a share from 0 to 1, got {value:g}")
+    return value
+
+
+def _subgroups(value):
+    if not isinstance(value, list) or not value or len(value) > 8 \
+            or not all(isinstance(g, list) and g for g in value):
+        raise ValueError("must be a list of 1 to 8 lists of world ranks")
+    groups = tuple(tuple(_integer(0)(r) for r in g) for g in value)
+    if any(len(set(g)) != len(g) for g in groups):
+        raise ValueError("a rank is listed twice in one group")
+    return groups
 
 
 def _optional(check: Check) -> Check:
@@ -182,7 +218,10 @@ JOB_FIELDS: dict[str, Check] = {
     "launcher": _choice(LAUNCHERS), "parallel": _parallel, "stage_work": _stage_work,
     "steps_in_job": _integer(1, 16),
     "restart_at": _optional(_integer(1)), "workers": _integer(0, 16), "epoch_steps": _integer(0),
-    "input_kb": _integer(1, 65536), "worker_cpu_ms": _number(), "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
+    "input_kb": _integer(1, 65536), "worker_cpu_ms": _number(),
+    "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
+    "nccl_init": _choice(NCCL_INITS), "subgroups": _subgroups, "loop": _choice(LOOPS),
+    "buckets": _integer(1, 64), "gemm_share": _share,
 }
 
 HARDWARE_FIELDS: dict[str, Check] = {
@@ -193,9 +232,11 @@ HARDWARE_FIELDS: dict[str, Check] = {
 # Per straggler kind: which fields it takes and which of those it requires.
 STRAGGLER_KINDS: dict[str, tuple[dict[str, Check], set[str]]] = {
     "host_delay": ({"delay_ms": _number(0, True), "from_step": _integer(0),
-                    "until_step": _optional(_integer(0)), "every": _integer(1)}, {"delay_ms"}),
+                    "until_step": _optional(_integer(0)), "every": _integer(1),
+                    "before": _choice(DELAY_PLACES)}, {"delay_ms"}),
     "hiccup": ({"delay_ms": _number(0, True), "every": _integer(2), "from_step": _integer(0),
-                "until_step": _optional(_integer(0))}, {"delay_ms", "every"}),
+                "until_step": _optional(_integer(0)), "before": _choice(DELAY_PLACES)},
+               {"delay_ms", "every"}),
     "slow_gpu": ({"factor": _number(0, True)}, {"factor"}),
     "slow_input": ({"delay_ms": _number(0, True), "read_kb": _optional(_integer(1, 65536))},
                    {"delay_ms"}),
@@ -242,6 +283,8 @@ def _straggler(data: Any, where: str, job: Job) -> Straggler:
         values["from_step"] = values["every"] - 1
     if head["kind"] in ("die", "hang") and values["at_step"] >= job.steps:
         raise ScenarioError(f"{where}.at_step: must be below job.steps ({job.steps})")
+    if values.get("before") == "subgroup" and not any(head["rank"] in g for g in job.subgroups):
+        raise ScenarioError(f"{where}.before: rank {head['rank']} is in no job.subgroups")
     if head["kind"] == "slow_input" and not job.workers:
         raise ScenarioError(f"{where}: slow_input slows the rank's data-loader workers: "
                             f"set job.workers")
@@ -260,10 +303,20 @@ def _check_parallel(job: Job, source: str) -> None:
         raise ScenarioError(f"{source}: job.stage_work: one value per pipeline stage ({pp})")
     if tp * pp > 1 and job.extra_collectives:
         raise ScenarioError(f"{source}: job.extra_collectives: not with job.parallel")
+    if tp * pp > 1 and job.subgroups:
+        raise ScenarioError(f"{source}: job.subgroups: not with job.parallel")
+    for group in job.subgroups:
+        if max(group) >= job.world_size:
+            raise ScenarioError(f"{source}: job.subgroups: rank {max(group)} is not below the "
+                                f"world size ({job.world_size})")
 
 
 def _check_job(job: Job, source: str) -> Job:
     _check_parallel(job, source)
+    if job.loop == "pytorch" and (job.parallel != (1, 1) or job.subgroups
+                                  or job.extra_collectives):
+        raise ScenarioError(f"{source}: job.loop: pytorch takes no job.parallel, "
+                            f"job.subgroups or job.extra_collectives")
     if job.restart_at is not None and job.restart_at >= job.steps:
         raise ScenarioError(f"{source}: job.restart_at: must be below job.steps ({job.steps})")
     if job.netns and job.rendezvous == "shm":
@@ -325,6 +378,9 @@ def with_job(scenario: Scenario, **changes) -> Scenario:
         raise ScenarioError(f"job.{unknown[0]}: unknown key")
     merged = {f.name: getattr(scenario.job, f.name) for f in fields(Job)} | changes
     merged["extra_collectives"] = list(merged["extra_collectives"])
+    merged["subgroups"] = [list(g) for g in merged["subgroups"]] or None
+    if merged["subgroups"] is None:
+        del merged["subgroups"]
     merged["parallel"] = dict(zip(("tp", "pp"), merged["parallel"]))
     merged["stage_work"] = list(merged["stage_work"]) or None
     if merged["stage_work"] is None:
@@ -334,4 +390,5 @@ def with_job(scenario: Scenario, **changes) -> Scenario:
 
 
 __all__ = ["Scenario", "Job", "Hardware", "Straggler", "parse", "load", "with_job",
-           "scenarios_dir", "DATATYPES", "EXTRA_COLLECTIVES", "LAUNCHERS", "STRAGGLER_KINDS"]
+           "scenarios_dir", "DATATYPES", "DELAY_PLACES", "EXTRA_COLLECTIVES", "LAUNCHERS",
+           "LOOPS", "NCCL_INITS", "STRAGGLER_KINDS"]

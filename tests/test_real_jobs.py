@@ -12,6 +12,11 @@ the rank's own: never a foreign preemptor, never the rank's death.
 Tensor, pipeline and data parallelism: every group a communicator split from the world, the
 pipeline's stages doing unequal work by design and exchanging activations with send/recv.
 
+NCCL as PyTorch 2.11 drives it (REAL-GPU.md): the world made with ncclCommInitRankScalable from
+a unique id per node, or non-blocking (ncclInProgress, then polled); groups split from it with
+the non-members passing NCCL_SPLIT_NOCOLOR; a mixture-of-experts layer's two ncclAlltoAll a
+step.
+
 Agents that restart: an agent killed and restarted mid-job (as systemd would) no longer knows
 the communicators its ranks made; nobody is named hung for it, and the job is still judged. A
 node whose agent never ran is reported uncovered, and its ranks are never named; so is one whose
@@ -354,6 +359,71 @@ def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_thei
         assert {key for key, verdict in rows.items() if verdict} == {
             ("0", 1), ("1", 1), ("0", 3)}, rows
         assert report["ranks"] == 8
+
+
+SUBGROUPS = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_worlds_made_as_pytorch_makes_them_their_nocolor_splits_and_all_to_all_are_judged(
+        stack):
+    """A world made with ncclCommInitRankScalable, four groups split from it (each split has
+    twelve NCCL_SPLIT_NOCOLOR ranks, which get no communicator), rank 5 late into its group's
+    all-reduce only: every split resolves, and rank 5 is named there, for its host work. Its
+    group then comes late to the next world all-reduce, waiting on it: not named. A world made
+    non-blocking, with an MoE layer's two all-to-alls a step and rank 9 late on the host: named
+    at ncclAlltoAll. Before, neither world was seen made, no NOCOLOR split was told, and
+    all-to-all was not probed: nobody could be named in either job."""
+    unaligned = metric(stack.fleet_port, "ingero_fleet_unaligned_collectives_total")
+    run(stack, "3101", "torchrun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30,
+                                     "from_step": 5, "before": "subgroup"}],
+        nccl_init="scalable", subgroups=SUBGROUPS, steps=40)
+    late = verdicts(stack, "3101")
+    assert {r: (v["kind"], v["cause"]) for r, v in late.items()} == {
+        5: ("persistent", "host_work")}, why(described(late), stack.logs())
+    record = read_record(stack.root / "job-3101" / "rank-5.jsonl")
+    group = {f"{c['comm_id_hash']:016x}" for c in record.ops("ncclAllReduce")} - {
+        f"{record.summary['comm_id_hash']:016x}"}
+    assert [late[5]["comm_hash"]] == list(group), (late[5], group)
+    run(stack, "3102", "srun", [{"rank": 9, "kind": "host_delay", "delay_ms": 30,
+                                 "from_step": 5}],
+        nccl_init="nonblocking", extra_collectives=["alltoall"], steps=40)
+    late = verdicts(stack, "3102")
+    assert {r: (v["cause"], v["op"]) for r, v in late.items()} == {
+        9: ("host_work", "ncclAlltoAll")}, why(described(late), stack.logs())
+    assert metric(stack.fleet_port, "ingero_fleet_unaligned_collectives_total") == unaligned
+
+
+PYTORCH = {"loop": "pytorch", "buckets": 2, "kernels": 8, "steps": 60}
+
+
+def test_pytorch_ddp_loops_are_judged_through_their_nccl_stream_and_loss_reads(stack):
+    """Steps as PyTorch's DDP runs them (REAL-GPU.md): NCCL on its own stream behind events,
+    the host's only sync the loss read every few steps, launches through cudaLaunchKernel and
+    cuLaunchKernelEx, memory from the caching allocator. Healthy, nobody is named; a rank 30
+    ms late on the host every step is named for its host work; a rank whose host is 6 ms
+    slower a step but, syncing every 10 steps, still ahead of its GPU queue costs nobody and
+    is only noted. The agents count every launch once, whichever path it took."""
+    launches = lambda: sum(metric(port, "ingero_agent_kernel_launches_total")  # noqa: E731
+                           for port in stack.agent_ports[:4])
+    before = launches()
+    run(stack, "3001", "srun", **PYTORCH)
+    assert verdicts(stack, "3001") == {}
+    counted = sum(sum(read_record(stack.root / "job-3001" / f"rank-{r}.jsonl").summary[
+        "launches"].values()) for r in range(16))
+    assert wait_for(lambda: launches() - before >= counted, 10)
+    assert launches() - before == counted == 16 * 60 * (8 + 16 + 1)
+    run(stack, "3002", "srun", [{"rank": 6, "kind": "host_delay", "delay_ms": 30,
+                                 "from_step": 10}], **PYTORCH)
+    late = verdicts(stack, "3002")
+    assert {r: (v["kind"], v["cause"]) for r, v in late.items()} == {
+        6: ("persistent", "host_work")}, why(described(late), stack.logs())
+    run(stack, "3003", "srun", [{"rank": 5, "kind": "host_delay", "delay_ms": 6,
+                                 "from_step": 40}], **{**PYTORCH, "steps": 100, "step_ms": 20,
+                                                       "sync_every": 10})
+    assert verdicts(stack, "3003") == {}
+    notes = {n["rank"]: n for n in stack.tool("find_stragglers", job="3003")["notes"]}
+    assert (notes[5]["kind"], notes[5]["cost_gpu_seconds"]) == ("ahead", 0.0), \
+        why(notes, stack.logs())
 
 
 PARALLEL = {"parallel": {"tp": 2, "pp": 2}, "stage_work": [30, 15], "nodes": 2, "steps": 40}

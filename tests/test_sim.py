@@ -32,14 +32,17 @@ CUDART_API = """cudaGetDeviceCount cudaSetDevice cudaGetDevice cudaGetLastError 
     cudaMemcpy2DAsync cudaMemcpyPeer cudaMemcpyPeerAsync cudaStreamCreate cudaStreamCreateWithFlags
     cudaStreamDestroy cudaStreamSynchronize cudaStreamQuery cudaEventCreate
     cudaEventCreateWithFlags cudaEventRecord cudaEventSynchronize cudaEventQuery
-    cudaEventElapsedTime cudaEventDestroy cudaDeviceSynchronize cudaStreamWaitEvent""".split()
+    cudaEventElapsedTime cudaEventDestroy cudaDeviceSynchronize cudaStreamWaitEvent
+    cudaEventRecordWithFlags""".split()
 CUDA_API = """cuInit cuDeviceGet cuCtxCreate_v2 cuCtxSynchronize cuLaunchKernel cuLaunchKernelEx
     cuMemAlloc_v2 cuMemFree_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemcpyAsync
     cuStreamSynchronize""".split()
 NCCL_API = """ncclGetVersion ncclGetUniqueId ncclCommInitRank ncclCommInitRankConfig
     ncclCommInitAll ncclCommSplit ncclCommDestroy ncclCommAbort ncclCommCount ncclCommUserRank
     ncclGetErrorString ncclAllReduce ncclAllGather ncclReduceScatter ncclReduce ncclBroadcast
-    ncclBcast ncclSend ncclRecv ncclGroupStart ncclGroupEnd""".split()
+    ncclBcast ncclSend ncclRecv ncclGroupStart ncclGroupEnd ncclCommInitRankScalable
+    ncclCommShrink ncclCommFinalize ncclCommGetAsyncError ncclGetLastError ncclAlltoAll
+    ncclGather ncclScatter""".split()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -249,7 +252,7 @@ def test_nccl_abi_by_value_unique_id_and_split(transport, request):
         assert probe[f"rank{r}"] == r
         assert probe[f"child_count{r}"] == 2
     assert (probe["child_rank0"], probe["child_rank1"]) == (1, 0), "split orders ranks by key"
-    assert probe["version"] == 21903
+    assert probe["version"] == 22809     # NCCL 2.28.9, as REAL-GPU.md's stack
 
 
 # --- whole jobs ----------------------------------------------------------------------------
@@ -571,6 +574,14 @@ def test_every_example_scenario_validates():
     ({"name": "x", "stragglers": [{"rank": 1, "kind": "slow_input", "delay_ms": 5}]},
      "slow_input slows the rank's data-loader workers: set job.workers"),
     ({"job": {}}, "name: required"),
+    ({"name": "x", "job": {"nccl_init": "eager"}}, "job.nccl_init: must be one of config"),
+    ({"name": "x", "job": {"subgroups": [[0, 9]]}}, "job.subgroups: rank 9 is not below"),
+    ({"name": "x", "job": {"subgroups": [0, 1]}}, "job.subgroups: must be a list of 1 to 8"),
+    ({"name": "x", "job": {"subgroups": [[1, 1]]}}, "a rank is listed twice"),
+    ({"name": "x", "job": {"subgroups": [[0, 1]]}, "stragglers": [
+        {"rank": 2, "kind": "host_delay", "delay_ms": 5, "before": "subgroup"}]},
+     "stragglers[0].before: rank 2 is in no job.subgroups"),
+    ({"name": "x", "job": {"extra_collectives": ["alltoallw"]}}, "must be one of"),
 ])
 def test_bad_scenarios_are_rejected_with_the_field_named(data, complaint):
     with pytest.raises(ScenarioError, match=re.escape(complaint)):

@@ -126,6 +126,30 @@ def test_entry_lag_names_the_rank_delayed_on_the_host(tmp_path):
     assert mean_lag[delayed] > 0.5 * delay_ms / 1000
 
 
+
+def test_a_pytorch_step_s_loss_read_waits_on_its_all_reduce_through_the_event_chain(tmp_path):
+    """PyTorch runs NCCL on the process group's own stream: the compute stream records an
+    event per gradient bucket, the NCCL stream waits on it and all-reduces, and the compute
+    stream waits on the NCCL stream's event before the optimizer. The step's only sync, the
+    loss read on the compute stream, then waits on the last bucket's all-reduce, and is told
+    as a wait on that collective's peers (it read as the rank's own work: the compute stream
+    had no collective of its own)."""
+    trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
+    ranks = run_job(tmp_path, job("pytorch", loop="pytorch", buckets=3, kernels=6, steps=10,
+                                  sync_every=2))
+    events, lost = trace.stop()
+    assert lost == 0
+    for rank in ranks:
+        collectives = collectives_of(events, rank.pid)
+        assert [c["seq"] for c in collectives] == list(range(30))
+        assert len({c["stream"] for c in collectives}) == 1
+        syncs = [e["attrs"] for e in events if e["kind"] == "sync"
+                 and e["attrs"]["pid"] == rank.pid]
+        assert len(syncs) == 5 and all(s["stream"] != collectives[0]["stream"] for s in syncs)
+        assert [(s["peer_wait"], s.get("seq")) for s in syncs] == [
+            (True, 3 * step + 2) for step in (1, 3, 5, 7, 9)], syncs
+        assert {s["comm_hash"] for s in syncs} == {collectives[0]["comm_hash"]}
+
 def test_sched_switch_names_the_competing_process(tmp_path):
     contended = 2
     trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
@@ -466,6 +490,107 @@ def test_nccl_inside_libtorch_cuda_and_split_communicators(tmp_path):
     assert len(reduces) == 2 and {e["comm_hash"] for e in reduces} == world
     assert {e["seq"] for e in reduces} == {0} and {e["bytes"] for e in reduces} == {4096}
     assert len([e for e in mine if e["kind"] == "comm_destroy"]) == 6
+    assert lost == 0
+
+
+# What PyTorch 2.11 calls on NCCL 2.28 besides the classic calls (REAL-GPU.md): the world made
+# with ncclCommInitRankScalable from two roots' ids; a second communicator made non-blocking
+# (ncclInProgress, then polled); a new_group of ranks 0 and 1, ranks 2 and 3 passing
+# NCCL_SPLIT_NOCOLOR; all-to-all, gather and scatter; rank 3 dropped with ncclCommShrink;
+# every communicator finalized, then destroyed. Four ranks, one thread each.
+NCCL_228_JOB = """
+import ctypes, sys, threading
+from ctypes import Structure, byref, c_char, c_int, c_size_t, c_void_p, POINTER
+lib = sys.argv[1]
+cudart = ctypes.CDLL(lib + "/libcudart.so.12")
+nccl = ctypes.CDLL(lib + "/libnccl.so.2")
+class UniqueId(Structure):
+    _fields_ = [("internal", c_char * 128)]
+class Config(Structure):
+    _fields_ = [("size", c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", c_int), ("cga", c_int), ("minCTAs", c_int), ("maxCTAs", c_int),
+                ("netName", c_void_p), ("splitShare", c_int)]
+def config(blocking):
+    m = -2**31
+    return Config(ctypes.sizeof(Config), 0xcafebeef, 22809, blocking, m, m, m, None, m)
+N = 4
+ids = (UniqueId * 2)()
+assert nccl.ncclGetUniqueId(byref(ids[0])) == 0 and nccl.ncclGetUniqueId(byref(ids[1])) == 0
+other = UniqueId()
+assert nccl.ncclGetUniqueId(byref(other)) == 0
+nccl.ncclCommInitRankConfig.argtypes = [POINTER(c_void_p), c_int, UniqueId, c_int, POINTER(Config)]
+def rank(r):
+    world, nb, sub, shrunk, buf, stream = (c_void_p() for _ in range(6))
+    cfg = config(1)
+    assert nccl.ncclCommInitRankScalable(byref(world), N, r, 2, ids, byref(cfg)) == 0
+    nbcfg = config(0)
+    assert nccl.ncclCommInitRankConfig(byref(nb), N, other, r, byref(nbcfg)) == 7
+    state = c_int(7)
+    while state.value == 7:
+        assert nccl.ncclCommGetAsyncError(nb, byref(state)) == 0
+    assert state.value == 0
+    cudart.cudaMalloc(byref(buf), 1 << 16)
+    cudart.cudaStreamCreate(byref(stream))
+    assert nccl.ncclCommSplit(world, 5 if r < 2 else -1, r, byref(sub), None) == 0
+    assert (sub.value is None) == (r >= 2)
+    assert nccl.ncclAlltoAll(buf, buf, c_size_t(64), 7, world, stream) == 0
+    assert nccl.ncclGather(buf, buf, c_size_t(64), 7, 1, nb, stream) == 0
+    assert nccl.ncclScatter(buf, buf, c_size_t(64), 7, 2, nb, stream) == 0
+    if r < 2:
+        assert nccl.ncclAllReduce(buf, buf, c_size_t(64), 7, 0, sub, stream) == 0
+    assert cudart.cudaStreamSynchronize(stream) == 0
+    if r != 3:
+        excluded = (c_int * 1)(3)
+        assert nccl.ncclCommShrink(world, excluded, 1, byref(shrunk), None, 0) == 0
+        assert nccl.ncclAllReduce(buf, buf, c_size_t(64), 7, 0, shrunk, stream) == 0
+        assert cudart.cudaStreamSynchronize(stream) == 0
+    for comm in (shrunk, sub, nb, world):
+        if comm.value:
+            assert nccl.ncclCommFinalize(comm) == 0
+            assert nccl.ncclCommDestroy(comm) == 0
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(N)]
+[t.start() for t in threads]; [t.join(30) for t in threads]
+"""
+
+
+def test_scalable_nonblocking_nocolor_shrink_and_all_to_all_are_traced(tmp_path):
+    """Each of these used to be invisible: the scalable world never registered (its
+    collectives carried no communicator), the non-blocking one neither (registered on a 0
+    return only), a NOCOLOR rank's split was never told (fleetd waited for it for ever), and
+    all-to-all, gather, scatter, shrink and finalize were not probed."""
+    trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
+    job = subprocess.run([sys.executable, "-c", NCCL_228_JOB, str(sim.lib_dir())],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "INGERO_SIM_TIMEOUT_S": "10"})
+    events, lost = trace.stop()
+    assert job.returncode == 0 and not job.stderr, job.stderr
+    mine = [e["attrs"] | {"kind": e["kind"]} for e in events
+            if e["kind"] in ("comm_init", "collective", "comm_destroy")]
+    inits = collections.defaultdict(list)
+    for e in mine:
+        if e["kind"] == "comm_init":
+            inits[e["op"]].append(e)
+    world = {e["comm_hash"] for e in inits["ncclCommInitRankScalable"]}
+    assert len(world) == 1 and sorted(e["comm_rank"] for e in inits[
+        "ncclCommInitRankScalable"]) == [0, 1, 2, 3], inits
+    other = {e["comm_hash"] for e in inits["ncclCommInitRankConfig"]}
+    assert len(other) == 1 and other != world
+    # the split: ranks 0 and 1 in colour 5, ranks 2 and 3 told with no communicator
+    splits = sorted(inits["ncclCommSplit"], key=lambda e: e["parent_rank"])
+    assert [(e["parent_rank"], e["color"], e["parent_nranks"], e["comm_rank"]) for e in splits
+            ] == [(0, 5, 4, -1), (1, 5, 4, -1), (2, -1, 4, -1), (3, -1, 4, -1)], splits
+    assert {e["parent_hash"] for e in splits} == world
+    shrinks = inits["ncclCommShrink"]
+    assert sorted((e["parent_rank"], e["parent_nranks"], e["color"]) for e in shrinks) == [
+        (0, 3, 0), (1, 3, 0), (2, 3, 0)], shrinks
+    ops = collections.Counter((e["op"], e["comm_hash"] in world, e["comm_hash"] in other)
+                              for e in mine if e["kind"] == "collective")
+    assert ops == {("ncclAlltoAll", True, False): 4, ("ncclGather", False, True): 4,
+                   ("ncclScatter", False, True): 4, ("ncclAllReduce", False, False): 5}, ops
+    rooted = {(e["op"], e.get("root")) for e in mine if e["op"] in ("ncclGather", "ncclScatter")}
+    assert rooted == {("ncclGather", 1), ("ncclScatter", 2)}
+    gone = collections.Counter(e["op"] for e in mine if e["kind"] == "comm_destroy")
+    assert gone == {"ncclCommFinalize": 13, "ncclCommDestroy": 13}, gone
     assert lost == 0
 
 

@@ -25,14 +25,19 @@ class Settling:
     it reads and keeps the state the face declares."""
 
     def _judge_job(self, job: JobState, now: float) -> list[Verdict]:
-        """Settle and judge one job's communicators; the verdicts that changed."""
+        """Settle and judge one job's communicators; the verdicts that changed. A rank
+        late at several communicators is named at the one where its lateness began: a rank
+        late into its subgroup's all-reduce holds up that group, whose members all come late
+        to the next world collective, but the subgroup is where it was late first."""
         job.peers = None
         found: dict[tuple[int, str], Verdict] = {}
         judged, retired = set(), set()
         for comm, window in list(job.comms.items()):
             job.changed |= self._settle(job, comm, window, now)
             if job.changed:
-                found.update(self._judge_lag(job, comm, window, now))
+                for key, verdict in self._judge_lag(job, comm, window, now).items():
+                    if key not in found or verdict.onset < found[key].onset:
+                        found[key] = verdict    # where its lateness began (see below)
                 judged.add(comm)
             found.update(self._judge_missing(job, comm, window, now))
             if self._retired(window, now):

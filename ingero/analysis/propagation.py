@@ -125,14 +125,23 @@ def inherited(syncs: Sequence[Syncs | None], entries: np.ndarray, column: int, c
 def _came_from(syncs: Syncs | None, entered: np.ndarray) -> tuple[float, list] | None:
     """How long a rank took from the end of the sync before each of its entries
     (``entered``, NaN where it did not enter) to the entry, its median; and the
-    communicator each of those syncs waited on. None where no entry follows a sync."""
+    communicator each of those syncs waited on. None where no entry follows a sync. Where a
+    sync waited on a peer since the entry before, that one is the sync before: a loss read
+    after it (on the rank's own kernels, its queue empty) does not hide that the step began
+    late because the one before waited on a peer."""
     if syncs is None or not len(syncs.ends):
         return None
     order = np.argsort(syncs.ends, kind="stable")
     ends, entered = syncs.ends[order], entered[np.isfinite(entered)]
+    on = [syncs.on[i] for i in order] if len(syncs.on) else [None] * len(order)
     at = np.searchsorted(ends, entered, side="right") - 1
+    waited = np.flatnonzero([c is not None for c in on])
+    if len(waited):
+        last = np.searchsorted(ends[waited], entered, side="right") - 1
+        peer = waited[np.maximum(last, 0)]
+        before = np.concatenate([[-np.inf], entered[:-1]])
+        at = np.where((last >= 0) & (ends[peer] > before), peer, at)
     entered, at = entered[at >= 0], at[at >= 0]
     if not len(at):
         return None
-    return float(np.median(entered - ends[at])), [syncs.on[i] for i in order[at]] \
-        if len(syncs.on) else [None] * len(at)
+    return float(np.median(entered - ends[at])), [on[i] for i in at]

@@ -41,8 +41,12 @@ BPF_HASH(cuda_text, u32, struct cuda_text, MAX_TARGETS);
 BPF_TABLE("lru_hash", u64, u32, launching, MAX_TARGETS);
 /* pid_tgid → a call between its entry and its return. */
 BPF_HASH(calls, u64, struct call_start, MAX_INFLIGHT);
-/* (tgid, cudaEvent_t) → the stream the event was last recorded on. */
-BPF_HASH(event_streams, struct stream_key, u64, MAX_INFLIGHT);
+/* (tgid, cudaEvent_t) → the stream the event was last recorded on. LRU: events are pooled
+ * and reused, and their destruction is not probed. */
+BPF_TABLE("lru_hash", struct stream_key, u64, event_streams, MAX_INFLIGHT);
+/* (tgid, cudaEvent_t) → the collective the event's stream had pending when it was recorded:
+ * a stream made to wait on the event then waits on that collective too. */
+BPF_TABLE("lru_hash", struct stream_key, struct pending_collective, event_pending, MAX_INFLIGHT);
 /* (tgid, device address) → bytes, for the allocations still outstanding. */
 BPF_HASH(allocations, struct stream_key, u64, MAX_INFLIGHT);
 
@@ -150,14 +154,43 @@ int stream_sync_enter(struct pt_regs *ctx)
     return enter(OP_STREAM_SYNC, PT_REGS_PARM1(ctx), 0, 0);
 }
 
-/* cudaEventRecord(cudaEvent_t event, cudaStream_t stream) */
+/* cudaEventRecord(cudaEvent_t event, cudaStream_t stream), and
+ * cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags): which
+ * stream the event marks, and the collective pending on it then, if any. PyTorch runs NCCL
+ * on the process group's own stream: it records an event there after each collective, and
+ * the compute stream waits on it (cudaStreamWaitEvent) before the optimizer. */
 int event_record(struct pt_regs *ctx)
 {
     struct stream_key key = {.tgid = current_tgid(), .stream = PT_REGS_PARM1(ctx)};
-    u64 stream = PT_REGS_PARM2(ctx);
+    struct stream_key on = {.tgid = key.tgid, .stream = PT_REGS_PARM2(ctx)};
+    struct pending_collective *pending;
     if (!is_target(key.tgid))
         return 0;
-    event_streams.update(&key, &stream);
+    event_streams.update(&key, &on.stream);
+    pending = pending_on_stream.lookup(&on);
+    if (pending)
+        event_pending.update(&key, pending);
+    else
+        event_pending.delete(&key);
+    return 0;
+}
+
+/* cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags): the
+ * stream's later work waits for what the event marks; where that is a collective, a sync on
+ * the stream waits on the collective's peers (the .item() of a PyTorch step). */
+int stream_wait_event(struct pt_regs *ctx)
+{
+    struct stream_key event = {.tgid = current_tgid(), .stream = PT_REGS_PARM2(ctx)};
+    struct stream_key waiting = {.tgid = event.tgid, .stream = PT_REGS_PARM1(ctx)};
+    struct pending_collective *pending, *mine;
+    if (!is_target(event.tgid))
+        return 0;
+    pending = event_pending.lookup(&event);
+    if (!pending)
+        return 0;
+    mine = pending_on_stream.lookup(&waiting);
+    if (!mine || mine->ts < pending->ts)
+        pending_on_stream.update(&waiting, pending);
     return 0;
 }
 

@@ -14,6 +14,8 @@
 #endif
 
 #define UNIQUE_ID_BYTES 128
+#define NCCL_IN_PROGRESS 7
+#define NCCL_SPLIT_NOCOLOR -1
 #define UNIQUE_ID_WORDS (UNIQUE_ID_BYTES / 8)
 
 struct comm_key {
@@ -127,6 +129,17 @@ int nccl_comm_init_rank_config(struct pt_regs *ctx)
                          (s32)PT_REGS_PARM3(ctx), (s32)PT_REGS_PARM2(ctx));
 }
 
+/* ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+ *                          ncclUniqueId* commIds, ncclConfig_t* config): several roots' ids,
+ * the same list on every rank (PyTorch over TORCH_NCCL_RANKS_PER_ROOT ranks); the first names
+ * the communicator. */
+int nccl_comm_init_rank_scalable(struct pt_regs *ctx)
+{
+    u64 hash = hash_unique_id(PT_REGS_PARM5(ctx));
+    return remember_init(OP_COMM_INIT_RANK_SCALABLE, PT_REGS_PARM1(ctx), hash,
+                         (s32)PT_REGS_PARM3(ctx), (s32)PT_REGS_PARM2(ctx));
+}
+
 /* ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist): one process, ndev ranks.
  * The unique id stays inside NCCL; the first handle, with the process, names the group. */
 int nccl_comm_init_all(struct pt_regs *ctx)
@@ -140,26 +153,42 @@ int nccl_comm_init_all(struct pt_regs *ctx)
  * split, and each color of it, is a communicator of its own. The new communicator's rank and
  * size are NCCL's to decide (by key, then parent rank, among those of the colour): the event
  * carries what decides them, and fleetd, which hears every rank of the parent, works them out. */
-int nccl_comm_split(struct pt_regs *ctx)
+static __always_inline int split_of(struct pt_regs *ctx, u32 op, s32 color, s32 key,
+                                    u64 comm_out, s32 excluded)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct comm_key parent = {.tgid = id >> 32, .handle = PT_REGS_PARM1(ctx)};
     struct comm_info *info = comms.lookup(&parent);
-    struct init_args args = {.comm_out = PT_REGS_PARM4(ctx), .rank = -1, .nranks = -1,
-                             .op = OP_COMM_SPLIT, .color = (s32)PT_REGS_PARM2(ctx),
-                             .key = (s32)PT_REGS_PARM3(ctx), .parent_rank = -1,
+    struct init_args args = {.comm_out = comm_out, .rank = -1, .nranks = -1, .op = op,
+                             .color = color, .key = key, .parent_rank = -1,
                              .parent_nranks = -1};
-    u64 color = (u64)(s64)args.color;
+    u64 colour = (u64)(s64)color;
     if (info) {
-        args.hash = splitmix64(info->hash ^ color ^ ((u64)info->splits << 32));
+        args.hash = splitmix64(info->hash ^ colour ^ ((u64)info->splits << 32));
         args.parent = info->hash;
         args.parent_rank = info->rank;
-        args.parent_nranks = info->nranks;
+        args.parent_nranks = info->nranks - excluded;
         args.split = info->splits++;
     } else {
-        args.hash = splitmix64(parent.handle ^ color);
+        args.hash = splitmix64(parent.handle ^ colour);
     }
     return remember(&args);
+}
+
+int nccl_comm_split(struct pt_regs *ctx)
+{
+    return split_of(ctx, OP_COMM_SPLIT, (s32)PT_REGS_PARM2(ctx), (s32)PT_REGS_PARM3(ctx),
+                    PT_REGS_PARM4(ctx), 0);
+}
+
+/* ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+ *                ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags): only the ranks
+ * that stay call it, and NCCL numbers them in the parent's order: a split of one colour
+ * among the parent's ranks less the excluded, which fleetd resolves as it resolves splits. */
+int nccl_comm_shrink(struct pt_regs *ctx)
+{
+    s32 excluded = (s32)PT_REGS_PARM3(ctx);
+    return split_of(ctx, OP_COMM_SHRINK, 0, 0, PT_REGS_PARM4(ctx), excluded > 0 ? excluded : 0);
 }
 
 static __always_inline void register_comm(struct init_args *args, u64 handle, s32 rank,
@@ -168,7 +197,8 @@ static __always_inline void register_comm(struct init_args *args, u64 handle, s3
     struct comm_key key = {.tgid = current_tgid(), .handle = handle};
     struct comm_info info = {.hash = hash, .rank = rank, .nranks = nranks};
     struct event ev = {};
-    comms.update(&key, &info);
+    if (handle)                       /* NCCL_SPLIT_NOCOLOR: told, with no communicator */
+        comms.update(&key, &info);
     fill_ids(&ev);
     ev.ts = args->ts;
     ev.duration = bpf_ktime_get_ns() - args->ts;
@@ -178,7 +208,8 @@ static __always_inline void register_comm(struct init_args *args, u64 handle, s3
     ev.addr = handle;
     ev.rank = rank;
     ev.nranks = nranks;
-    if (args->op == OP_COMM_SPLIT) {  /* what decides the new rank and size */
+    if (args->op == OP_COMM_SPLIT || args->op == OP_COMM_SHRINK) {  /* what decides the new
+                                                                     * rank and size */
         ev.covered_ts = args->parent;
         ev.peer = args->color;
         ev.count = (u64)(s64)args->key;
@@ -189,15 +220,22 @@ static __always_inline void register_comm(struct init_args *args, u64 handle, s3
     submit(&ev);
 }
 
-/* Return of any init call: read the handle(s) NCCL wrote and map them. */
+/* Return of any init call: read the handle(s) NCCL wrote and map them. A non-blocking init
+ * returns ncclInProgress with the handle already written: its collectives come only once it
+ * is done. A rank that split as NCCL_SPLIT_NOCOLOR gets no communicator, but its split is
+ * still told, so that fleetd hears every rank of the parent and resolves the others'. */
 int nccl_comm_init_return(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct init_args *args = inits.lookup(&id);
     u64 handle = 0;
+    s64 rc = (s64)(s32)PT_REGS_RC(ctx);
     if (!args)
         return 0;
-    if (PT_REGS_RC(ctx) == 0 &&
+    if ((rc == 0 || rc == NCCL_IN_PROGRESS) && args->op == OP_COMM_SPLIT &&
+        args->color == NCCL_SPLIT_NOCOLOR && args->parent_nranks > 0) {
+        register_comm(args, 0, -1, -1, args->hash);
+    } else if ((rc == 0 || rc == NCCL_IN_PROGRESS) &&
         bpf_probe_read_user(&handle, sizeof(handle), (void *)args->comm_out) == 0 && handle) {
         if (args->op == OP_COMM_INIT_ALL) {
             u64 hash = splitmix64(((u64)current_tgid() << 32) ^ handle);
@@ -220,7 +258,7 @@ int nccl_comm_init_return(struct pt_regs *ctx)
 
 /* ncclCommDestroy(ncclComm_t comm), and ncclCommAbort(ncclComm_t comm): what a rank calls
  * when NCCL failed (an error, a timeout); rare, so probing it costs nothing in the step. */
-static __always_inline int comm_gone(struct pt_regs *ctx, u32 op)
+static __always_inline int comm_gone(struct pt_regs *ctx, u32 op, int forget)
 {
     struct comm_key key = {.tgid = current_tgid(), .handle = PT_REGS_PARM1(ctx)};
     struct comm_info *info = comms.lookup(&key);
@@ -237,18 +275,26 @@ static __always_inline int comm_gone(struct pt_regs *ctx, u32 op)
     ev.rank = info->rank;
     ev.nranks = info->nranks;
     submit(&ev);
-    comms.delete(&key);
+    if (forget)
+        comms.delete(&key);
     return 0;
 }
 
 int nccl_comm_destroy(struct pt_regs *ctx)
 {
-    return comm_gone(ctx, OP_COMM_DESTROY);
+    return comm_gone(ctx, OP_COMM_DESTROY, 1);
 }
 
 int nccl_comm_abort(struct pt_regs *ctx)
 {
-    return comm_gone(ctx, OP_COMM_ABORT);
+    return comm_gone(ctx, OP_COMM_ABORT, 1);
+}
+
+/* ncclCommFinalize(ncclComm_t comm): the job is done with the communicator (PyTorch's
+ * destroy_process_group finalizes each, then destroys it); the mapping stays for the destroy. */
+int nccl_comm_finalize(struct pt_regs *ctx)
+{
+    return comm_gone(ctx, OP_COMM_FINALIZE, 0);
 }
 
 int nccl_group_start(struct pt_regs *ctx)
@@ -394,4 +440,25 @@ int nccl_recv(struct pt_regs *ctx)
 {
     return collective(ctx, OP_RECV, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0,
                       (s32)PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclAlltoAll(send, recv, count, datatype, comm, stream): count to and from each peer */
+int nccl_all_to_all(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_ALL_TO_ALL, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1,
+                      PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclGather(send, recv, count, datatype, root, comm, stream) */
+int nccl_gather(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_GATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0,
+                      (s32)PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
+}
+
+/* ncclScatter(send, recv, count, datatype, root, comm, stream) */
+int nccl_scatter(struct pt_regs *ctx)
+{
+    return collective(ctx, OP_SCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0,
+                      (s32)PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
 }

@@ -1,7 +1,9 @@
 /*
- * The subset of NCCL's API that the sim implements (NCCL 2.19 shapes), declared with the real
- * prototypes and enum values so argument registers and stack offsets match NVIDIA's libnccl.so.2
- * on x86-64 SysV. Note that ncclUniqueId (128 bytes) is passed BY VALUE to ncclCommInitRank.
+ * The subset of NCCL's API that the sim implements (the entry points PyTorch 2.11 calls on
+ * NCCL 2.28: scalable and non-blocking init, shrink, finalize, all-to-all, gather, scatter),
+ * declared with the real prototypes and enum values so argument registers and stack offsets
+ * match NVIDIA's libnccl.so.2 on x86-64 SysV. Note that ncclUniqueId (128 bytes) is passed BY
+ * VALUE to ncclCommInitRank. The config struct keeps the 2.19 fields the sim reads.
  */
 #ifndef INGERO_SIM_NCCL_H
 #define INGERO_SIM_NCCL_H
@@ -16,8 +18,8 @@ extern "C" {
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 19
-#define NCCL_PATCH 3
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) \
                                                        : (X) * 10000 + (Y) * 100 + (Z))
 #define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
@@ -96,12 +98,20 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                            ncclConfig_t *config);
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId *commIds, ncclConfig_t *config);
+/* Drop the listed ranks (failed ones, say): the rest make a new communicator, numbered in the
+ * parent's order. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                            ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags);
+ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 const char *ncclGetErrorString(ncclResult_t result);
+const char *ncclGetLastError(ncclComm_t comm);
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
@@ -123,6 +133,12 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                        ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 

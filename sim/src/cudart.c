@@ -340,6 +340,15 @@ SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     return note(vgpu_event_record(event, stream));
 }
 
+/* flags: cudaEventRecordDefault or cudaEventRecordExternal (graph capture only) */
+SIM_API cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
+                                             unsigned int flags)
+{
+    if (flags & ~cudaEventRecordExternal)
+        return note(cudaErrorInvalidValue);
+    return note(vgpu_event_record(event, stream));
+}
+
 SIM_API cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
     return note(vgpu_event_sync(event));

@@ -24,6 +24,8 @@ static ncclResult_t check_collective(struct ncclComm *comm, size_t count, const 
 {
     if (!comm)
         return ncclInvalidArgument;
+    if (atomic_load(&comm->init_state) != ncclSuccess)   /* a non-blocking init not done */
+        return ncclInvalidUsage;
     if (!datatype_bytes(datatype))
         return ncclInvalidArgument;
     if (count && (!send || !recv))
@@ -80,6 +82,17 @@ SIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
     return comm_init_rank(comm, nranks, &commId, rank, config);
 }
 
+/* Several roots' unique ids (every rank passes the same list, as PyTorch's store hands it
+ * round): the first names the communicator's rendezvous. */
+SIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank,
+                                              int nId, ncclUniqueId *commIds,
+                                              ncclConfig_t *config)
+{
+    if (nId < 1 || nId > nranks || !commIds)
+        return ncclInvalidArgument;
+    return comm_init_rank(newcomm, nranks, &commIds[0], myrank, config);
+}
+
 SIM_API ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
 {
     (void)devlist;
@@ -97,6 +110,27 @@ SIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm
     if (config && config->magic != 0xcafebeefU)
         return ncclInvalidArgument;
     return comm_split(parent, color, key, newcomm);
+}
+
+SIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList,
+                                    int excludeRanksCount, ncclComm_t *newcomm,
+                                    ncclConfig_t *config, int shrinkFlags)
+{
+    (void)shrinkFlags;
+    struct ncclComm *parent = comm_checked(comm);
+    if (!parent || !newcomm || excludeRanksCount < 0
+        || (excludeRanksCount && !excludeRanksList))
+        return ncclInvalidArgument;
+    if (config && config->magic != 0xcafebeefU)
+        return ncclInvalidArgument;
+    return comm_shrink(parent, excludeRanksList, excludeRanksCount, newcomm);
+}
+
+/* Flushes the communicator's queued work; PyTorch calls it before ncclCommDestroy. */
+SIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+    struct ncclComm *c = comm_checked(comm);
+    return c ? ncclSuccess : ncclInvalidArgument;
 }
 
 SIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm)
@@ -138,8 +172,15 @@ SIM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncE
     struct ncclComm *c = comm_checked(comm);
     if (!c || !asyncError)
         return ncclInvalidArgument;
-    *asyncError = (ncclResult_t)atomic_load(&c->async_error);
+    ncclResult_t init = (ncclResult_t)atomic_load(&c->init_state);
+    *asyncError = init != ncclSuccess ? init : (ncclResult_t)atomic_load(&c->async_error);
     return ncclSuccess;
+}
+
+SIM_API const char *ncclGetLastError(ncclComm_t comm)
+{
+    (void)comm;
+    return "";
 }
 
 SIM_API const char *ncclGetErrorString(ncclResult_t result)
@@ -149,72 +190,71 @@ SIM_API const char *ncclGetErrorString(ncclResult_t result)
     return "unknown result code";
 }
 
+/* A call every rank makes alike; ``reduction`` is checked where the call reduces (else -1). */
+static ncclResult_t unrooted(enum nccl_op op, const void *sendbuff, void *recvbuff, size_t count,
+                             ncclDataType_t datatype, int reduction, ncclComm_t comm,
+                             cudaStream_t stream)
+{
+    struct ncclComm *c = comm_checked(comm);
+    ncclResult_t r = check_collective(c, count, sendbuff, recvbuff, datatype);
+    if (r == ncclSuccess && reduction >= 0)
+        r = check_reduction((ncclRedOp_t)reduction);
+    if (r != ncclSuccess)
+        return r;
+    return op_submit(op, c, count * datatype_bytes(datatype), 0, stream);
+}
+
 SIM_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                    cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, count, sendbuff, recvbuff, datatype);
-    if (r == ncclSuccess)
-        r = check_reduction(op);
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_ALL_REDUCE, c, count * datatype_bytes(datatype), 0, stream);
+    return unrooted(OP_ALL_REDUCE, sendbuff, recvbuff, count, datatype, (int)op, comm, stream);
 }
 
 SIM_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, sendcount, sendbuff, recvbuff, datatype);
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_ALL_GATHER, c, sendcount * datatype_bytes(datatype), 0, stream);
+    return unrooted(OP_ALL_GATHER, sendbuff, recvbuff, sendcount, datatype, -1, comm, stream);
 }
 
 SIM_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                        cudaStream_t stream)
 {
+    return unrooted(OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, datatype, (int)op, comm,
+                    stream);
+}
+
+/* A rooted call: every rank's buffer (``each``), and the root's other one (``at_root``). */
+static ncclResult_t rooted(enum nccl_op op, const void *each, const void *at_root, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream)
+{
     struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, recvcount, sendbuff, recvbuff, datatype);
+    ncclResult_t r = check_collective(c, count, each, each, datatype);
     if (r == ncclSuccess)
-        r = check_reduction(op);
+        r = check_rank(c, root);
+    if (r == ncclSuccess && c->rank == root && count && !at_root)
+        r = ncclInvalidArgument;
     if (r != ncclSuccess)
         return r;
-    return op_submit(OP_REDUCE_SCATTER, c, recvcount * datatype_bytes(datatype), 0, stream);
+    return op_submit(op, c, count * datatype_bytes(datatype), root, stream);
 }
 
 SIM_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                                 ncclDataType_t datatype, ncclRedOp_t op, int root,
                                 ncclComm_t comm, cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, count, sendbuff, sendbuff, datatype);
-    if (r == ncclSuccess)
-        r = check_reduction(op);
-    if (r == ncclSuccess)
-        r = check_rank(c, root);
-    if (r == ncclSuccess && c->rank == root && count && !recvbuff)
-        r = ncclInvalidArgument;
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_REDUCE, c, count * datatype_bytes(datatype), root, stream);
+    ncclResult_t r = check_reduction(op);
+    return r != ncclSuccess ? r : rooted(OP_REDUCE, sendbuff, recvbuff, count, datatype, root,
+                                         comm, stream);
 }
 
 SIM_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                                    ncclDataType_t datatype, int root, ncclComm_t comm,
                                    cudaStream_t stream)
 {
-    struct ncclComm *c = comm_checked(comm);
-    ncclResult_t r = check_collective(c, count, recvbuff, recvbuff, datatype);
-    if (r == ncclSuccess)
-        r = check_rank(c, root);
-    if (r == ncclSuccess && c->rank == root && count && !sendbuff)
-        r = ncclInvalidArgument;
-    if (r != ncclSuccess)
-        return r;
-    return op_submit(OP_BROADCAST, c, count * datatype_bytes(datatype), root, stream);
+    return rooted(OP_BROADCAST, recvbuff, sendbuff, count, datatype, root, comm, stream);
 }
 
 SIM_API ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
@@ -233,6 +273,27 @@ SIM_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datat
                               ncclComm_t comm, cudaStream_t stream)
 {
     return to_one_rank(OP_RECV, comm, recvbuff, count, datatype, peer, stream);
+}
+
+/* count elements to (and from) each peer */
+SIM_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    return unrooted(OP_ALL_TO_ALL, sendbuff, recvbuff, count, datatype, -1, comm, stream);
+}
+
+SIM_API ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                                ncclDataType_t datatype, int root, ncclComm_t comm,
+                                cudaStream_t stream)
+{
+    return rooted(OP_GATHER, sendbuff, recvbuff, count, datatype, root, comm, stream);
+}
+
+SIM_API ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                                 ncclDataType_t datatype, int root, ncclComm_t comm,
+                                 cudaStream_t stream)
+{
+    return rooted(OP_SCATTER, recvbuff, sendbuff, count, datatype, root, comm, stream);
 }
 
 SIM_API ncclResult_t ncclGroupStart(void)

@@ -3,6 +3,7 @@
  * and tearing down once the operations already queued on streams have finished.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -97,6 +98,27 @@ static int64_t join_deadline(void)
     return sim_now_ns() + ingero_sim_timeout_ns();
 }
 
+/* A non-blocking init's joining, on a thread of its own, as NCCL's: the communicator says
+ * ncclInProgress (ncclCommGetAsyncError) until every rank joined, then how it ended. */
+static void *join_in_background(void *arg)
+{
+    struct ncclComm *comm = arg;
+    atomic_store(&comm->init_state, rdv_wait_joined(comm->rdv, join_deadline()));
+    return NULL;
+}
+
+static ncclResult_t init_nonblocking(struct ncclComm *comm)
+{
+    pthread_t thread;
+    pthread_attr_t attr;
+    atomic_store(&comm->init_state, ncclInProgress);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&thread, &attr, join_in_background, comm);
+    pthread_attr_destroy(&attr);
+    return failed ? ncclSystemError : ncclInProgress;
+}
+
 ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
                             const ncclConfig_t *config)
 {
@@ -107,6 +129,14 @@ ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id,
         return ncclInvalidArgument;
     struct ncclComm *comm = NULL;
     ncclResult_t result = comm_open(id, nranks, rank, &comm);
+    if (result == ncclSuccess && config && config->blocking == 0) {
+        result = init_nonblocking(comm);
+        if (result == ncclInProgress)
+            *out = comm;
+        else
+            comm_discard(comm);
+        return result;
+    }
     if (result == ncclSuccess)
         result = rdv_wait_joined(comm->rdv, join_deadline());
     if (result != ncclSuccess) {
@@ -234,4 +264,24 @@ ncclResult_t comm_split(struct ncclComm *parent, int color, int key, ncclComm_t 
     int child_nranks = 0;
     int rank = child_rank(payloads, parent->nranks, parent->rank, &child_nranks);
     return comm_init_rank(out, child_nranks, &child, rank, NULL);
+}
+
+/* The ranks left once the excluded ones are dropped (only they call it, as with NCCL), in the
+ * parent's order; their child id is the parent's next split's, of a colour no split uses. */
+ncclResult_t comm_shrink(struct ncclComm *parent, const int *excluded, int nexcluded,
+                         ncclComm_t *out)
+{
+    *out = NULL;
+    int rank = parent->rank;
+    for (int i = 0; i < nexcluded; i++) {
+        if (excluded[i] < 0 || excluded[i] >= parent->nranks || excluded[i] == parent->rank)
+            return ncclInvalidArgument;
+        rank -= excluded[i] < parent->rank;
+    }
+    if (nexcluded >= parent->nranks)
+        return ncclInvalidArgument;
+    ncclUniqueId child;
+    child_unique_id(parent, INT32_MIN, &child);
+    parent->splits++;
+    return comm_init_rank(out, parent->nranks - nexcluded, &child, rank, NULL);
 }

@@ -29,10 +29,12 @@ struct ncclComm {
     int pending;               /* parts queued on streams, not yet finished */
     atomic_int aborted;
     atomic_int async_error;    /* ncclResult_t of a failed operation */
+    atomic_int init_state;     /* ncclInProgress while a non-blocking init joins, then its end */
 };
 
 enum nccl_op {
-    OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_REDUCE, OP_BROADCAST, OP_SEND, OP_RECV
+    OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_REDUCE, OP_BROADCAST, OP_SEND, OP_RECV,
+    OP_ALL_TO_ALL, OP_GATHER, OP_SCATTER
 };
 
 /* nccl_comm.c */
@@ -42,6 +44,8 @@ HIDDEN ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUnique
                                    const ncclConfig_t *config);
 HIDDEN ncclResult_t comm_init_all(ncclComm_t *comms, int ndev);
 HIDDEN ncclResult_t comm_split(struct ncclComm *parent, int color, int key, ncclComm_t *out);
+HIDDEN ncclResult_t comm_shrink(struct ncclComm *parent, const int *excluded, int nexcluded,
+                                ncclComm_t *out);
 HIDDEN ncclResult_t comm_finish(struct ncclComm *comm, int abort);
 HIDDEN void comm_part_added(struct ncclComm *comm);
 HIDDEN void comm_part_finished(struct ncclComm *comm, int failed);

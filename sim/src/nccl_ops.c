@@ -5,7 +5,8 @@
  * Transfer time after the last rank arrives (B bytes, n ranks, bw = INGERO_SIM_NET_GBPS,
  * α = INGERO_SIM_NET_LATENCY_US per ring step), as for NCCL's ring algorithms:
  *   AllReduce           2(n−1)/n · B/bw + 2(n−1)α      (reduce-scatter then all-gather)
- *   AllGather, ReduceScatter  (n−1) · b/bw + (n−1)α   (b = the per-rank chunk)
+ *   AllGather, ReduceScatter, AlltoAll, Gather, Scatter
+ *                       (n−1) · b/bw + (n−1)α          (b = the per-rank chunk)
  *   Broadcast, Reduce   B/bw + (n−1)α                  (pipelined ring)
  *   Send/Recv           B/bw + α
  */
@@ -65,7 +66,10 @@ static int64_t transfer_ns(enum nccl_op op, size_t bytes, int nranks)
     switch (op) {
     case OP_ALL_REDUCE: return (int64_t)(2 * (n - 1) / n * b / bw + 2 * (n - 1) * alpha);
     case OP_ALL_GATHER:
-    case OP_REDUCE_SCATTER: return (int64_t)((n - 1) * b / bw + (n - 1) * alpha);
+    case OP_REDUCE_SCATTER:
+    case OP_ALL_TO_ALL:
+    case OP_GATHER:
+    case OP_SCATTER: return (int64_t)((n - 1) * b / bw + (n - 1) * alpha);
     case OP_REDUCE:
     case OP_BROADCAST: return (int64_t)(b / bw + (n - 1) * alpha);
     case OP_SEND:

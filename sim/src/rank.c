@@ -54,12 +54,12 @@ static int write_unique_id(const char *path, ncclUniqueId *id)
     return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
-static int load_unique_id(struct training *t, ncclUniqueId *id)
+/* The id at ``path``: made by this rank where it is the id's root, else waited for. */
+static int load_unique_id(struct training *t, const char *path, int root, ncclUniqueId *id)
 {
-    const char *path = t->cfg->unique_id_path;
     if (read_unique_id(path, id) == 0)
         return 0;
-    if (t->cfg->rank == 0)
+    if (root)
         return write_unique_id(path, id) == 0 ? 0 : cuda_failed(t, path, cudaErrorUnknown);
     int64_t deadline = now_ns() + (int64_t)(timeout_s() * 1e9);
     while (read_unique_id(path, id) != 0) {
@@ -105,14 +105,65 @@ static int set_up_device(struct training *t)
         || cuda_failed(t, "cudaMallocHost", cudaMallocHost((void **)&t->loss_host, sizeof(float)));
 }
 
+/* ncclCommInitRankScalable, as PyTorch makes a group over TORCH_NCCL_RANKS_PER_ROOT ranks:
+ * the first rank of each node makes a unique id, every rank reads them all. */
+static int join_scalable(struct training *t, ncclConfig_t *config)
+{
+    const struct rank_config *cfg = t->cfg;
+    int per_root = cfg->local_world_size > 0 ? cfg->local_world_size : 1;
+    int roots = (cfg->world_size + per_root - 1) / per_root;
+    ncclUniqueId *ids = calloc((size_t)roots, sizeof *ids);
+    char path[4096];
+    int failed = !ids;
+    for (int i = 0; !failed && i < roots; i++) {
+        snprintf(path, sizeof path, "%s.root%d", cfg->unique_id_path, i);
+        failed = load_unique_id(t, path, cfg->rank == i * per_root, &ids[i]);
+    }
+    if (!failed) {
+        t->comm_hash = ingero_sim_comm_id_hash(ids[0].internal);
+        failed = nccl_failed(t, "ncclCommInitRankScalable",
+                             ncclCommInitRankScalable(&t->comm, cfg->world_size, cfg->rank, roots,
+                                                      ids, config));
+    }
+    free(ids);
+    return failed;
+}
+
+/* A non-blocking init returns ncclInProgress; the rank polls until it is done. */
+static int init_finished(struct training *t, ncclResult_t result)
+{
+    ncclResult_t state = result;
+    while (state == ncclInProgress) {
+        sleep_for_ns(UNIQUE_ID_POLL_NS / 10);
+        if (nccl_failed(t, "ncclCommGetAsyncError", ncclCommGetAsyncError(t->comm, &state)))
+            return 1;
+    }
+    return nccl_failed(t, "ncclCommInitRankConfig", state);
+}
+
 static int join_communicator(struct training *t)
 {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclUniqueId id;
-    if (load_unique_id(t, &id))
+    if (t->cfg->nccl_init == INIT_SCALABLE)
+        return join_scalable(t, &config);
+    if (load_unique_id(t, t->cfg->unique_id_path, t->cfg->rank == 0, &id))
         return 1;
     t->comm_hash = ingero_sim_comm_id_hash(id.internal);
-    return nccl_failed(t, "ncclCommInitRank",
-                       ncclCommInitRank(&t->comm, t->cfg->world_size, id, t->cfg->rank));
+    config.blocking = t->cfg->nccl_init != INIT_NONBLOCKING;
+    return init_finished(t, ncclCommInitRankConfig(&t->comm, t->cfg->world_size, id,
+                                                   t->cfg->rank, &config));
+}
+
+/* One split of the world per --subgroup, in order, as PyTorch's new_group makes them: its
+ * members pass the group's colour, everyone else NCCL_SPLIT_NOCOLOR. */
+static int join_subgroups(struct training *t)
+{
+    for (int i = 0; i < t->cfg->subgroups; i++)
+        if (group_split(t, &t->subgroups[i], t->cfg->in_subgroup[i] ? i : NCCL_SPLIT_NOCOLOR,
+                        (uint32_t)i))
+            return 1;
+    return 0;
 }
 
 static int all_reduce(struct training *t, int step)
@@ -185,20 +236,77 @@ static int send_recv(struct training *t, int step)
     return nccl_failed(t, "ncclGroupEnd", ncclGroupEnd()) || failed;
 }
 
+/* A mixture-of-experts layer's two ncclAlltoAll, each an equal share to and from every rank:
+ * tokens dispatched to their experts, and the experts' output combined back. */
+static int all_to_all(struct training *t, int step)
+{
+    size_t count = per_rank_elements(t);
+    for (int round = 0; round < 2; round++) {
+        struct collective_call c = call_begin(t, "ncclAlltoAll", count, -1, -1, step, &t->seq);
+        c.result = ncclAlltoAll(t->grads, t->gathered, count, t->cfg->datatype, t->comm,
+                                t->stream);
+        if (call_end(t, &c))
+            return 1;
+    }
+    return 0;
+}
+
+/* all_to_all_single with uneven splits, as PyTorch does it: in one group, a send to and a
+ * receive from every rank, itself included, of a share that differs by rank. */
+static int all_to_all_v(struct training *t, int step)
+{
+    int n = t->cfg->world_size, me = t->cfg->rank, failed = 0;
+    size_t share = per_rank_elements(t);
+    if (!t->a2a_sent && !(t->a2a_sent = calloc((size_t)n, sizeof *t->a2a_sent)))
+        return nccl_failed(t, "alltoallv", ncclSystemError);
+    if (!t->a2a_received && !(t->a2a_received = calloc((size_t)n, sizeof *t->a2a_received)))
+        return nccl_failed(t, "alltoallv", ncclSystemError);
+    if (nccl_failed(t, "ncclGroupStart", ncclGroupStart()))
+        return 1;
+    for (int peer = 0; peer < n; peer++) {
+        size_t out = share / 2 + share * (size_t)((me + peer) % n) / (size_t)n + 1;
+        size_t in = share / 2 + share * (size_t)((peer + me) % n) / (size_t)n + 1;
+        struct collective_call send = call_begin(t, "ncclSend", out, -1, peer, step,
+                                                 &t->a2a_sent[peer]);
+        send.result = ncclSend(t->p2p_out, out, t->cfg->datatype, peer, t->comm, t->stream);
+        failed |= call_end(t, &send);
+        struct collective_call recv = call_begin(t, "ncclRecv", in, -1, peer, step,
+                                                 &t->a2a_received[peer]);
+        recv.result = ncclRecv(t->p2p_in, in, t->cfg->datatype, peer, t->comm, t->stream);
+        failed |= call_end(t, &recv);
+    }
+    return nccl_failed(t, "ncclGroupEnd", ncclGroupEnd()) || failed;
+}
+
+/* Each subgroup the rank is in all-reduces its gradients' share among its members. */
+static int subgroups(struct training *t, int step)
+{
+    int64_t delay = rank_delay_ns(t->cfg, step, BEFORE_SUBGROUP);
+    if (delay > 0)
+        sleep_for_ns(delay);
+    for (int i = 0; i < t->cfg->subgroups; i++)
+        if (t->subgroups[i].comm && group_all_reduce(t, &t->subgroups[i], per_rank_elements(t),
+                                                     step))
+            return 1;
+    return 0;
+}
+
 static int communicate(struct training *t, int step)
 {
     unsigned int extras = t->cfg->extras;
-    return all_reduce(t, step)
+    return all_reduce(t, step) || subgroups(t, step)
         || ((extras & EXTRA_ALL_GATHER) && all_gather(t, step))
         || ((extras & EXTRA_REDUCE_SCATTER) && reduce_scatter(t, step))
         || ((extras & EXTRA_BROADCAST) && broadcast(t, step))
         || ((extras & EXTRA_REDUCE) && reduce(t, step))
-        || ((extras & EXTRA_SEND_RECV) && send_recv(t, step));
+        || ((extras & EXTRA_SEND_RECV) && send_recv(t, step))
+        || ((extras & EXTRA_ALL_TO_ALL) && all_to_all(t, step))
+        || ((extras & EXTRA_ALL_TO_ALLV) && all_to_all_v(t, step));
 }
 
 static int compute_and_communicate(struct training *t, int step)
 {
-    int64_t delay = rank_delay_ns(t->cfg, step);
+    int64_t delay = rank_delay_ns(t->cfg, step, BEFORE_ALLREDUCE);
     if (launch(t, &t->forward, t->cfg->kernels) || read_loss(t, step)
         || launch(t, &t->backward, 2 * t->cfg->kernels))
         return 1;
@@ -217,6 +325,12 @@ static int run_step(struct training *t, int step)
     burn_cpu(cfg->host_work_ns);
     if (input_next(&t->input, step) != 0)
         return cuda_failed(t, "the data loader", cudaErrorUnknown);
+    if (cfg->loop == LOOP_PYTORCH) {
+        if (pytorch_step(t, step))
+            return 1;
+        t->step_ns[step] = now_ns() - begin;
+        return 0;
+    }
     if ((synced && cuda_failed(t, "cudaMalloc",
                                cudaMalloc(&activations, cfg->allreduce_bytes + 1)))
         || (cfg->tp * cfg->pp > 1 ? parallel_compute(t, step) : compute_and_communicate(t, step)))
@@ -274,6 +388,7 @@ static int finish(struct training *t, int failed, int64_t start_ns)
         .sync_wait_ns = t->sync_wait_ns, .loss_sync_ns = t->loss_sync_ns,
         .loss_device_ns = t->loss_device_ns, .status = failed ? "error" : "ok", .error = t->error,
         .start_ns = start_ns, .end_ns = now_ns(), .net_ns = network_namespace(),
+        .runtime_launches = t->runtime_launches, .driver_launches = t->driver_launches,
     };
     record_summary(t->record_fd, t->cfg, t->comm_hash, &summary);
     if (failed) {
@@ -282,6 +397,8 @@ static int finish(struct training *t, int failed, int64_t start_ns)
             ncclCommAbort(t->comm);
         return EXIT_GPU_ERROR;
     }
+    if (t->cfg->loop == LOOP_PYTORCH)
+        pytorch_tear_down(t);
     ncclCommDestroy(t->comm);
     cudaStreamDestroy(t->stream);
     cudaFreeHost(t->loss_host);
@@ -311,7 +428,8 @@ int main(int argc, char **argv)
         perror(cfg.input_path ? cfg.input_path : "--workers needs --input");
         return EXIT_USAGE;
     }
-    int failed = set_up_device(&t) || join_communicator(&t)
+    int failed = set_up_device(&t) || join_communicator(&t) || join_subgroups(&t)
+        || (cfg.loop == LOOP_PYTORCH && pytorch_set_up(&t))
         || (cfg.tp * cfg.pp > 1 && parallel_join(&t)) || train(&t);
     input_close(&t.input);
     return finish(&t, failed, start_ns);

@@ -14,6 +14,9 @@
 #define MAX_DELAY_RULES 8
 #define MAX_WORKERS 16
 #define MAX_STAGES 16
+#define MAX_SUBGROUPS 8
+#define MAX_BUCKETS 64
+#define WARM_UP_STEPS 2           /* loop pytorch: the caching allocator mallocs only in these */
 
 enum rank_exit {
     EXIT_OK = 0,
@@ -30,12 +33,29 @@ enum extra_collective {
     EXTRA_BROADCAST = 1 << 2,
     EXTRA_REDUCE = 1 << 3,
     EXTRA_SEND_RECV = 1 << 4,
+    EXTRA_ALL_TO_ALL = 1 << 5,    /* ncclAlltoAll, an equal split */
+    EXTRA_ALL_TO_ALLV = 1 << 6,   /* an uneven split: grouped ncclSend/ncclRecv with every peer */
 };
+
+/* How the world communicator is made (PyTorch's choice by size and settings). */
+enum nccl_init {
+    INIT_CONFIG = 0,          /* ncclCommInitRankConfig, rank 0's unique id */
+    INIT_SCALABLE,            /* ncclCommInitRankScalable, a unique id per node's first rank */
+    INIT_NONBLOCKING,         /* ncclCommInitRankConfig non-blocking: ncclInProgress, polled */
+};
+
+/* The training loop: the sim's own (one stream, a sync on the rank's own kernels after the
+ * forward pass, an allocation each synced step), or PyTorch DDP's (see rank_pytorch.c). */
+enum loop { LOOP_SIM = 0, LOOP_PYTORCH };
+
+/* Where a --delay sleeps: before the gradient all-reduce, or before the rank's subgroups'. */
+enum delay_place { BEFORE_ALLREDUCE = 0, BEFORE_SUBGROUP };
 
 /* Host-side sleep before the gradient all-reduce on steps from, from+every, … until. */
 struct delay_rule {
     int64_t delay_ns;
     int from, every, until;   /* until < 0: to the end */
+    enum delay_place before;
 };
 
 struct rank_config {
@@ -53,6 +73,12 @@ struct rank_config {
     int die_at, hang_at;      /* step numbers; -1: never */
     int restart_at;           /* step to leave at, for an elastic restart; -1: never */
     int tp, pp;               /* tensor- and pipeline-parallel sizes (1: none) */
+    enum nccl_init nccl_init;
+    enum loop loop;
+    int buckets;              /* loop pytorch: gradient all-reduces a step */
+    double gemm_share;        /* loop pytorch: share of launches made with cuLaunchKernelEx */
+    int subgroups;            /* groups split from the world, each with NOCOLOR non-members */
+    unsigned char in_subgroup[MAX_SUBGROUPS];   /* whether this rank is in each */
     int64_t stage_work_ns[MAX_STAGES];   /* GPU compute per step of each stage */
     int stage_works;          /* how many --stage-work gave */
     int first_step;           /* where this run of the rank starts (after a restart) */
@@ -92,7 +118,7 @@ void input_close(struct input_pipeline *in);
 
 /* rank_config.c */
 int rank_config_parse(struct rank_config *cfg, int argc, char **argv);
-int64_t rank_delay_ns(const struct rank_config *cfg, int step);
+int64_t rank_delay_ns(const struct rank_config *cfg, int step, enum delay_place before);
 const char *datatype_name(ncclDataType_t datatype);
 size_t datatype_size(ncclDataType_t datatype);
 
@@ -112,6 +138,7 @@ struct collective_call {
 struct rank_summary {
     int steps_done;
     uint64_t collectives;
+    uint64_t runtime_launches, driver_launches;   /* cudaLaunchKernel, cuLaunchKernelEx */
     const int64_t *step_ns, *sync_wait_ns, *loss_sync_ns, *loss_device_ns;
     const char *status, *error;
     int64_t start_ns, end_ns;

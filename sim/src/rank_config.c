@@ -19,10 +19,18 @@ static const char usage_text[] =
     "  --bytes B               bytes per gradient all-reduce (default 4194304)\n"
     "  --dtype NAME            float32, float16, bfloat16, float64, int8, uint8, int32,\n"
     "                          uint32, int64, uint64 (default float32)\n"
-    "  --extra LIST            comma list of allgather,reducescatter,broadcast,reduce,sendrecv\n"
+    "  --extra LIST            comma list of allgather,reducescatter,broadcast,reduce,sendrecv,\n"
+    "                          alltoall,alltoallv\n"
+    "  --nccl-init MODE        config, scalable or nonblocking (default config)\n"
+    "  --loop NAME             sim (the default) or pytorch: DDP's step (see the README)\n"
+    "  --buckets N             loop pytorch: gradient all-reduces a step (default 1)\n"
+    "  --gemm-share F          loop pytorch: share of launches by cuLaunchKernelEx (0.15)\n"
+    "  --subgroup RANKS        comma list of world ranks all-reducing among themselves each\n"
+    "                          step, split from the world (others pass NCCL_SPLIT_NOCOLOR);\n"
+    "                          may repeat (8 at most)\n"
     "  --host-work-ms MS       CPU time of host work (data loading) per step (default 0.5)\n"
     "  --delay SPEC            host delay before the all-reduce, SPEC = ms=M[,from=F]\n"
-    "                          [,every=E][,until=U]; may repeat\n"
+    "                          [,every=E][,until=U][,before=allreduce|subgroup]; may repeat\n"
     "  --die-at N              exit 1 without cleanup at the start of step N\n"
     "  --hang-at N             stop calling anything at the start of step N\n"
     "  --restart-at N          exit 4 at the start of step N, for an elastic restart\n"
@@ -156,7 +164,8 @@ static int parse_extras(const char *text, unsigned int *out)
     static const struct { const char *name; unsigned int bit; } names[] = {
         { "allgather", EXTRA_ALL_GATHER }, { "reducescatter", EXTRA_REDUCE_SCATTER },
         { "broadcast", EXTRA_BROADCAST }, { "reduce", EXTRA_REDUCE },
-        { "sendrecv", EXTRA_SEND_RECV },
+        { "sendrecv", EXTRA_SEND_RECV }, { "alltoall", EXTRA_ALL_TO_ALL },
+        { "alltoallv", EXTRA_ALL_TO_ALLV },
     };
     char copy[256], *save = NULL;
     snprintf(copy, sizeof copy, "%s", text);
@@ -183,6 +192,10 @@ static int parse_delay_field(struct delay_rule *rule, const char *name, const ch
         rule->every = (int)n;
     else if (strcmp(name, "until") == 0 && parse_long(value, 0, &n) == 0)
         rule->until = (int)n;
+    else if (strcmp(name, "before") == 0 && strcmp(value, "allreduce") == 0)
+        rule->before = BEFORE_ALLREDUCE;
+    else if (strcmp(name, "before") == 0 && strcmp(value, "subgroup") == 0)
+        rule->before = BEFORE_SUBGROUP;
     else
         return -1;
     return 0;
@@ -205,11 +218,13 @@ static int parse_delay(const char *text, struct delay_rule *rule)
     return rule->delay_ns < 0 ? -1 : 0;
 }
 
-int64_t rank_delay_ns(const struct rank_config *cfg, int step)
+int64_t rank_delay_ns(const struct rank_config *cfg, int step, enum delay_place before)
 {
     int64_t total = 0;
     for (int i = 0; i < cfg->ndelays; i++) {
         const struct delay_rule *d = &cfg->delays[i];
+        if (d->before != before)
+            continue;
         int in_range = step >= d->from && (d->until < 0 || step <= d->until);
         if (in_range && (step - d->from) % d->every == 0)
             total += d->delay_ns;
@@ -222,7 +237,7 @@ enum option_id {
     OPT_DELAY, OPT_DIE_AT, OPT_HANG_AT, OPT_MEMCPY_EVERY, OPT_RECORD, OPT_UNIQUE_ID, OPT_HELP,
     OPT_LOSS_EVERY, OPT_JITTER, OPT_WORKERS, OPT_EPOCH, OPT_INPUT, OPT_INPUT_KB, OPT_WORKER_CPU,
     OPT_INPUT_STALL, OPT_RESTART_AT, OPT_FIRST_STEP, OPT_TP, OPT_PP, OPT_STAGE_WORK,
-    OPT_SYNC_EVERY,
+    OPT_SYNC_EVERY, OPT_NCCL_INIT, OPT_SUBGROUP, OPT_LOOP, OPT_BUCKETS, OPT_GEMM_SHARE,
 };
 
 static const struct option options[] = {
@@ -248,6 +263,11 @@ static const struct option options[] = {
     { "restart-at", required_argument, NULL, OPT_RESTART_AT },
     { "first-step", required_argument, NULL, OPT_FIRST_STEP },
     { "sync-every", required_argument, NULL, OPT_SYNC_EVERY },
+    { "nccl-init", required_argument, NULL, OPT_NCCL_INIT },
+    { "subgroup", required_argument, NULL, OPT_SUBGROUP },
+    { "loop", required_argument, NULL, OPT_LOOP },
+    { "buckets", required_argument, NULL, OPT_BUCKETS },
+    { "gemm-share", required_argument, NULL, OPT_GEMM_SHARE },
     { "tp", required_argument, NULL, OPT_TP },
     { "pp", required_argument, NULL, OPT_PP },
     { "stage-work", required_argument, NULL, OPT_STAGE_WORK },
@@ -317,6 +337,56 @@ static int set_kb(struct rank_config *cfg, const char *arg)
     return 0;
 }
 
+static int set_nccl_init(struct rank_config *cfg, const char *arg)
+{
+    static const char *const modes[] = { "config", "scalable", "nonblocking" };
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(arg, modes[i]) == 0) {
+            cfg->nccl_init = (enum nccl_init)i;
+            return 0;
+        }
+    return fail("--nccl-init", arg);
+}
+
+static int set_loop(struct rank_config *cfg, const char *arg)
+{
+    if (strcmp(arg, "sim") == 0 || strcmp(arg, "pytorch") == 0) {
+        cfg->loop = strcmp(arg, "pytorch") == 0 ? LOOP_PYTORCH : LOOP_SIM;
+        return 0;
+    }
+    return fail("--loop", arg);
+}
+
+static int set_share(struct rank_config *cfg, const char *arg)
+{
+    double share;
+    if (parse_double(arg, 0, &share) || share > 1)
+        return fail("--gemm-share", arg);
+    cfg->gemm_share = share;
+    return 0;
+}
+
+/* "0,1,2,3": the world ranks of one more subgroup; the rank keeps only whether it is in it. */
+static int add_subgroup(struct rank_config *cfg, const char *arg)
+{
+    char copy[4096], *save = NULL;
+    int in = 0, n = 0;
+    if (cfg->subgroups == MAX_SUBGROUPS)
+        return fail("--subgroup", "more than 8");
+    snprintf(copy, sizeof copy, "%s", arg);
+    for (char *word = strtok_r(copy, ",", &save); word; word = strtok_r(NULL, ",", &save)) {
+        long member;
+        if (parse_long(word, 0, &member))
+            return fail("--subgroup", arg);
+        in |= member == cfg->rank;
+        n++;
+    }
+    if (!n)
+        return fail("--subgroup", arg);
+    cfg->in_subgroup[cfg->subgroups++] = (unsigned char)in;
+    return 0;
+}
+
 /* One option into cfg; 0 on success, else the exit status. */
 static int apply_option(struct rank_config *cfg, int id, const char *arg)
 {
@@ -329,6 +399,11 @@ static int apply_option(struct rank_config *cfg, int id, const char *arg)
     case OPT_FIRST_STEP: return set_int("--first-step", arg, 0, &cfg->first_step);
     case OPT_SYNC_EVERY: return set_int("--sync-every", arg, 1, &cfg->sync_every);
     case OPT_TP: return set_int("--tp", arg, 1, &cfg->tp);
+    case OPT_NCCL_INIT: return set_nccl_init(cfg, arg);
+    case OPT_SUBGROUP: return add_subgroup(cfg, arg);
+    case OPT_LOOP: return set_loop(cfg, arg);
+    case OPT_BUCKETS: return set_int("--buckets", arg, 1, &cfg->buckets);
+    case OPT_GEMM_SHARE: return set_share(cfg, arg);
     case OPT_PP: return set_int("--pp", arg, 1, &cfg->pp);
     case OPT_STAGE_WORK: return parse_stage_work(cfg, arg) ? fail("--stage-work", arg) : 0;
     case OPT_MEMCPY_EVERY: return set_int("--memcpy-every", arg, 0, &cfg->memcpy_every);
@@ -358,7 +433,7 @@ static void set_defaults(struct rank_config *cfg)
     *cfg = (struct rank_config){
         .steps = 10, .step_compute_ns = 20000000, .kernels = 4, .allreduce_bytes = 4194304,
         .datatype = ncclFloat32, .host_work_ns = 500000, .die_at = -1, .hang_at = -1,
-        .restart_at = -1, .tp = 1, .pp = 1, .sync_every = 1,
+        .restart_at = -1, .tp = 1, .pp = 1, .sync_every = 1, .buckets = 1, .gemm_share = 0.15,
         .memcpy_every = 5, .loss_every = 1, .input_bytes = 256 * 1024,
         .worker_cpu_ns = 1000000,
     };
@@ -380,6 +455,12 @@ int rank_config_parse(struct rank_config *cfg, int argc, char **argv)
         return fail("RANK", "must be below WORLD_SIZE");
     if (cfg->world_size % (cfg->tp * cfg->pp) || cfg->pp > MAX_STAGES)
         return fail("--tp/--pp", "must divide the world size (at most 16 stages)");
+    if (cfg->subgroups && cfg->tp * cfg->pp > 1)
+        return fail("--subgroup", "not with --tp/--pp");
+    if (cfg->loop == LOOP_PYTORCH && (cfg->tp * cfg->pp > 1 || cfg->subgroups || cfg->extras))
+        return fail("--loop", "pytorch takes no --tp/--pp, --subgroup or --extra");
+    if (cfg->buckets > MAX_BUCKETS)
+        return fail("--buckets", "more than 64");
     if (cfg->stage_works && cfg->stage_works != cfg->pp)
         return fail("--stage-work", "needs one value per pipeline stage");
     for (int i = cfg->stage_works; i < cfg->pp; i++)

@@ -12,21 +12,6 @@
  */
 #include "rank_train.h"
 
-/* How ingerod hashes a split (nccl.bpf.c): the parent's hash, the colour, the split count. */
-static uint64_t split_hash(uint64_t parent, int color, uint32_t split)
-{
-    return ingero_sim_splitmix64(parent ^ (uint64_t)(int64_t)color ^ ((uint64_t)split << 32));
-}
-
-static int split(struct training *t, struct group *g, int color, uint32_t count)
-{
-    g->hash = split_hash(t->comm_hash, color, count);
-    return nccl_failed(t, "ncclCommSplit",
-                       ncclCommSplit(t->comm, color, t->cfg->rank, &g->comm, NULL))
-        || nccl_failed(t, "ncclCommUserRank", ncclCommUserRank(g->comm, &g->rank))
-        || nccl_failed(t, "ncclCommCount", ncclCommCount(g->comm, &g->size));
-}
-
 static void plan_stage(struct training *t)
 {
     struct parallel *p = &t->parallel;
@@ -45,18 +30,9 @@ int parallel_join(struct training *t)
     p->stages = cfg->pp;
     p->stage = cfg->rank / (tp * dp);
     plan_stage(t);
-    return split(t, &p->tp, p->stage * dp + dp_index, 0)
-        || split(t, &p->dp, p->stage * tp + tp_index, 1)
-        || split(t, &p->pp, dp_index * tp + tp_index, 2);
-}
-
-static int group_all_reduce(struct training *t, struct group *g, size_t count, int step)
-{
-    struct collective_call c = call_begin(t, "ncclAllReduce", count, -1, -1, step, &g->seq);
-    c.comm_hash = g->hash;
-    c.result = ncclAllReduce(t->grads, t->reduced, count, t->cfg->datatype, ncclSum, g->comm,
-                             t->stream);
-    return call_end(t, &c);
+    return group_split(t, &p->tp, p->stage * dp + dp_index, 0)
+        || group_split(t, &p->dp, p->stage * tp + tp_index, 1)
+        || group_split(t, &p->pp, dp_index * tp + tp_index, 2);
 }
 
 /* Activations (forward) or gradients (backward) to or from the stage ``side`` (0: before,
@@ -79,7 +55,7 @@ static int exchange(struct training *t, int side, int sending, int step)
 static int forward(struct training *t, int step)
 {
     struct parallel *p = &t->parallel;
-    int64_t delay = rank_delay_ns(t->cfg, step);
+    int64_t delay = rank_delay_ns(t->cfg, step, BEFORE_ALLREDUCE);
     size_t tp_count = t->elements / 4 ? t->elements / 4 : 1;
     if ((p->stage > 0 && exchange(t, 0, 0, step)) || launch(t, &p->forward, t->cfg->kernels)
         || read_loss(t, step))

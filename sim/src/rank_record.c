@@ -87,9 +87,11 @@ void record_summary(int fd, const struct rank_config *cfg, uint64_t comm_hash,
     n += (size_t)snprintf(line + n, size - n,
                           ",\"status\":\"%s\",\"error\":\"%s\",\"steps\":%d,\"steps_done\":%d,"
                           "\"collectives\":%" PRIu64 ",\"start_ns\":%" PRId64 ",\"end_ns\":%" PRId64
-                          ",\"net_ns\":%" PRIu64,
+                          ",\"net_ns\":%" PRIu64 ",\"launches\":{\"cudaLaunchKernel\":%" PRIu64
+                          ",\"cuLaunchKernelEx\":%" PRIu64 "}",
                           s->status, error, cfg->steps, s->steps_done, s->collectives,
-                          s->start_ns, s->end_ns, s->net_ns);
+                          s->start_ns, s->end_ns, s->net_ns, s->runtime_launches,
+                          s->driver_launches);
     n += put_series(line + n, size - n, "step_ns", s->step_ns, s->steps_done);
     n += put_series(line + n, size - n, "sync_wait_ns", s->sync_wait_ns, s->steps_done);
     n += put_series(line + n, size - n, "loss_sync_ns", s->loss_sync_ns, s->steps_done);

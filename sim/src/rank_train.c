@@ -88,6 +88,7 @@ int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times
         if (cuda_failed(t, "cudaLaunchKernel",
                         cudaLaunchKernel(kernel, grid, block, NULL, 0, t->stream)))
             return 1;
+    t->runtime_launches += (uint64_t)times;
     return 0;
 }
 
@@ -135,4 +136,33 @@ int synced_step(const struct rank_config *cfg, int step)
 {
     return cfg->sync_every <= 1 || step % cfg->sync_every == cfg->sync_every - 1
         || step == cfg->steps - 1;
+}
+
+/* How ingerod hashes a split (nccl.bpf.c): the parent's hash, the colour, the split count. */
+static uint64_t split_hash(uint64_t parent, int color, uint32_t split)
+{
+    return ingero_sim_splitmix64(parent ^ (uint64_t)(int64_t)color ^ ((uint64_t)split << 32));
+}
+
+/* The world's ``split``-th split, as ``color`` (NCCL_SPLIT_NOCOLOR: no communicator for this
+ * rank, as for ranks outside a PyTorch new_group), keyed by world rank. */
+int group_split(struct training *t, struct group *g, int color, uint32_t split)
+{
+    g->hash = split_hash(t->comm_hash, color, split);
+    if (nccl_failed(t, "ncclCommSplit",
+                    ncclCommSplit(t->comm, color, t->cfg->rank, &g->comm, NULL)))
+        return 1;
+    if (color == NCCL_SPLIT_NOCOLOR)
+        return g->comm ? nccl_failed(t, "ncclCommSplit (NOCOLOR)", ncclInternalError) : 0;
+    return nccl_failed(t, "ncclCommUserRank", ncclCommUserRank(g->comm, &g->rank))
+        || nccl_failed(t, "ncclCommCount", ncclCommCount(g->comm, &g->size));
+}
+
+int group_all_reduce(struct training *t, struct group *g, size_t count, int step)
+{
+    struct collective_call c = call_begin(t, "ncclAllReduce", count, -1, -1, step, &g->seq);
+    c.comm_hash = g->hash;
+    c.result = ncclAllReduce(t->grads, t->reduced, count, t->cfg->datatype, ncclSum, g->comm,
+                             t->stream);
+    return call_end(t, &c);
 }

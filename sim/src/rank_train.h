@@ -36,6 +36,7 @@ struct training {
     uint64_t comm_hash;
     uint64_t seq;               /* collectives made on the communicator so far */
     uint64_t sent, received;    /* Send/Recv calls so far with the one peer of each (a ring) */
+    uint64_t *a2a_sent, *a2a_received;   /* alltoallv: Send/Recv calls so far, per peer */
     size_t elements;            /* gradient elements all-reduced per step */
     void *grads, *reduced, *gathered, *p2p_out, *p2p_in, *loss_device;
     float *loss_host;
@@ -46,6 +47,13 @@ struct training {
     unsigned int seed;          /* for the per-step jitter */
     struct input_pipeline input;
     struct parallel parallel;   /* tensor/pipeline/data-parallel groups, when --tp/--pp */
+    struct group subgroups[MAX_SUBGROUPS];   /* --subgroup: comm NULL where not a member */
+    /* loop pytorch: the process group's own stream, an event per gradient bucket (recorded on
+     * the compute stream, waited on by the NCCL stream) and one the compute stream waits on */
+    cudaStream_t nccl_stream;
+    cudaEvent_t bucket_ready[MAX_BUCKETS], all_reduced;
+    void *cached[WARM_UP_STEPS];             /* the caching allocator's blocks */
+    uint64_t launched, runtime_launches, driver_launches;
     char error[256];
 };
 
@@ -59,6 +67,14 @@ int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times
 int read_loss(struct training *t, int step);
 void jitter(struct training *t);
 int synced_step(const struct rank_config *cfg, int step);
+
+int group_split(struct training *t, struct group *g, int color, uint32_t split);
+int group_all_reduce(struct training *t, struct group *g, size_t count, int step);
+
+/* rank_pytorch.c */
+int pytorch_set_up(struct training *t);
+int pytorch_step(struct training *t, int step);
+void pytorch_tear_down(struct training *t);
 
 /* rank_parallel.c */
 int parallel_join(struct training *t);
