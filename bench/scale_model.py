@@ -35,7 +35,8 @@ INPUTS = ("trace_overhead", "rank_analysis", "fleet_scale", "ingest_rate", "tool
 
 
 def events_per_gpu_s(trace: dict) -> tuple[float, str]:
-    """The reference mix: what ingerod saw per rank and second on the GPU-bound sim job."""
+    """The reference mix: what ingerod saw per rank and second on the first workload of
+    trace_overhead (REAL-GPU.md's GPU-bound DDP step, as the sim's PyTorch loop runs it)."""
     name, workload = next(iter(trace["workloads"].items()))
     mix = workload["events_per_rank_second"]
     return float(sum(mix.values())), (f"{workload['job']['step_ms']:g} ms steps ({name}): "
@@ -162,8 +163,11 @@ def section(results: dict) -> str:
         f"{HEADROOM:.0%} of one CPU each (fleetd and echod are Python: one CPU a process).",
         f"Reference load: {GPUS:,} GPUs, {GPUS_PER_NODE} a node ({nodes:,} ingerod agents "
         f"pushing every {PUSH_INTERVAL_S:g} s), in {RANKS_PER_JOB}-rank jobs, each GPU making "
-        f"the events of the sim's GPU-bound job: {per_gpu:,.0f} a second ({mix}). That is a "
-        f"fast-stepping job; a job with longer steps makes fewer. In all {events / 1e6:,.1f} "
+        f"the events of a real PyTorch DDP step as REAL-GPU.md measured it on an H200, run by "
+        f"the sim's PyTorch loop: {per_gpu:,.0f} a second ({mix}): a collective for each of "
+        f"its 26 gradient buckets, one loss read, its launches and ~120 asynchronous copies a "
+        f"step counted in the kernel. A job with fewer buckets a step makes fewer. In all "
+        f"{events / 1e6:,.1f} "
         "million events a second.",
         harness.table(["part", "measured cost", f"CPUs at {GPUS:,} GPUs", "processes"], rows),
         f"Storage: {c['bytes_row_event']:.0f} bytes an event kept a row with its indexes "

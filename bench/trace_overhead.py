@@ -120,8 +120,20 @@ def step_times_ms(scenario, workdir: Path) -> list[float]:
     return [ns / 1e6 for r in ranks for ns in read_record(r.record_path).summary["step_ns"]]
 
 
-# The reference mixes: what one rank does per step, and the ingerod settings of each run.
+# The reference mixes: what one rank does per step, and the ingerod settings of each run. The
+# first is the capacity model's (bench/scale_model.py): REAL-GPU.md's GPU-bound DDP step on an
+# H200 (76.9 ms, 792 runtime launches and 131 cuLaunchKernelEx, 26 all-reduce buckets, one
+# loss read), as the sim's PyTorch loop runs it; then its launch-bound step (11.6 ms, 293 and
+# 68, 2 buckets). The real steps' ~120 and ~60 cudaMemcpyAsync are counted in the kernel, a
+# few events a sample whatever their number, so the sim's one copy in and one out stand for
+# them.
 WORKLOADS = {
+    "pytorch, REAL-GPU.md's GPU-bound step": (
+        {"loop": "pytorch", "step_ms": 76.9, "kernels": 307, "buckets": 26,
+         "gemm_share": 0.142, "host_work_ms": 0.5}, {}),
+    "pytorch, REAL-GPU.md's launch-bound step": (
+        {"loop": "pytorch", "step_ms": 11.6, "kernels": 120, "buckets": 2,
+         "gemm_share": 0.19, "host_work_ms": 0.2}, {}),
     "gpu-bound": ({"step_ms": 10.0, "kernels": 16, "host_work_ms": 0.5}, {}),
     "launch-bound": ({"step_ms": 2.0, "kernels": 128, "host_work_ms": 0.2}, {}),
     "launch-bound, launch counters 10% of the time": (

@@ -28,10 +28,10 @@ ATTR_TYPES: dict[str, type] = {
                      "count", "bytes", "duration_ns", "requests", "preempted_ns",
                      "preemptor_pid", "preemptor_tgid", "peer", "root", "covered_ts_ns",
                      "exit_status", "signal", "requeue", "restart", "color", "key",
-                     "parent_rank", "parent_nranks", "split"), int),
+                     "parent_rank", "parent_nranks", "split", "calls"), int),
     **dict.fromkeys(("comm_hash", "op", "role", "preemptor_comm", "preemptor_job",
                      "parent_hash"), str),
-    **dict.fromkeys(("peer_wait", "preemptor_own", "in_group"), bool),
+    **dict.fromkeys(("peer_wait", "preemptor_own", "in_group", "graph"), bool),
 }
 
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from ingero.runtime import RateLimitedLog
 
 from .discovery import TracedProcess, identify, library_file, roles, scan
-from .events import decode
+from .events import COPY_KINDS, OPS, decode
 from .gpumem import device_memory
 from .health import EmaBaseline, Sample, clamp
 from .probes import Tracer
@@ -376,9 +376,18 @@ class EbpfSource:
         return signals
 
     def host_evidence(self, offset: int) -> list[dict]:
-        """Who took the targets' CPUs since the last sample, as one event per pair."""
+        """Who took the targets' CPUs since the last sample, as one event per pair; what
+        they read from block devices; and the asynchronous copies they enqueued, counted in
+        the kernel (cuda.bpf.c), as one memcpy event per process, call and direction with
+        the copies' number (``calls``) and bytes."""
         t = (time.monotonic_ns() + offset) / 1e9
         events = []
+        for key, value in self.tracer.take("async_copies"):
+            if self.wanted(self.process(key.tgid)):
+                attrs = {"pid": key.tgid, "op": OPS.get(key.op, str(key.op)),
+                         "direction": COPY_KINDS.get(key.kind, str(key.kind)),
+                         "bytes": min(value.bytes, 2**46), "calls": value.calls}
+                events.append(self._host_event("memcpy", key.tgid, t, attrs))
         for key, value in self.tracer.take("preemptors"):
             tgid = self.thread_group(key.pid)
             owner = self.owner_of(tgid)

@@ -34,7 +34,7 @@ DATATYPES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uin
 REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 COPY_KINDS = dict(enumerate(COPY_DIRECTIONS))
 
-IN_GROUP, PEER_WAIT = 1, 2
+IN_GROUP, PEER_WAIT, GRAPH = 1, 2, 4
 SPLITS = (23, 27)            # ncclCommSplit, ncclCommShrink: fleetd numbers the new ranks
 ROOTED = (4, 5, 6, 10, 11)   # the peer field carries the root
 
@@ -62,6 +62,8 @@ def decode(raw: RawEvent) -> dict:
                      nranks=raw.nranks, count=raw.count, bytes=raw.bytes,
                      datatype=DATATYPES.get(raw.datatype, str(raw.datatype)),
                      stream=f"{raw.stream:#x}", in_group=bool(raw.flags & IN_GROUP))
+        if raw.flags & GRAPH:
+            event["graph"] = True       # run by a CUDA graph's replay
         if raw.op in (1, 3, 4):
             event["redop"] = REDOPS.get(raw.redop, str(raw.redop))
         if raw.peer >= 0:

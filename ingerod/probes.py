@@ -70,6 +70,10 @@ CUDART = [
     Probe("cudart", "cudaEventRecord", "event_record"),
     Probe("cudart", "cudaEventRecordWithFlags", "event_record"),
     Probe("cudart", "cudaStreamWaitEvent", "stream_wait_event"),
+    Probe("cudart", "cudaStreamBeginCapture", "capture_begin"),
+    Probe("cudart", "cudaStreamEndCapture", "capture_end", "capture_end_return"),
+    Probe("cudart", "cudaGraphInstantiate", "graph_instantiate", "graph_instantiate_return"),
+    Probe("cudart", "cudaGraphLaunch", "runtime_graph_launch"),
     Probe("cudart", "cudaEventSynchronize", "event_sync_enter", "runtime_sync_return"),
     Probe("cudart", "cudaDeviceSynchronize", "device_sync_enter", "runtime_sync_return"),
     Probe("cudart", "cudaMalloc", "cuda_malloc_enter", "runtime_alloc_return"),
@@ -86,6 +90,7 @@ CUDART = [
 DRIVER = [
     Probe("cuda", "cuLaunchKernel", "driver_launch", hot=True),
     Probe("cuda", "cuLaunchKernelEx", "driver_launch", hot=True),
+    Probe("cuda", "cuGraphLaunch", "driver_graph_launch"),
     Probe("cuda", "cuCtxSynchronize", "ctx_sync_enter", "driver_sync_return"),
     Probe("cuda", "cuMemAlloc_v2", "cu_mem_alloc_enter", "driver_alloc_return"),
     Probe("cuda", "cuMemFree_v2", "cu_mem_free_enter", "driver_free_return"),

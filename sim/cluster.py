@@ -235,6 +235,8 @@ class Cluster:
         if job.loop != "sim":
             argv += ["--loop", job.loop, "--buckets", str(job.buckets),
                      "--gemm-share", f"{job.gemm_share:g}"]
+        if job.graphs is not None:
+            argv += ["--graphs-from", str(job.graphs)]
         for group in job.subgroups:
             argv += ["--subgroup", ",".join(map(str, group))]
         if job.stage_work:

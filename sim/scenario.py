@@ -79,6 +79,7 @@ class Job:
     loop: str = "sim"                # the training loop (LOOPS)
     buckets: int = 1                 # loop pytorch: gradient all-reduces a step
     gemm_share: float = 0.15         # loop pytorch: share of launches through cuLaunchKernelEx
+    graphs: int | None = None        # from this step, each step is one CUDA graph's replay
 
     @property
     def world_size(self) -> int:
@@ -188,6 +189,12 @@ def _stage_work(value):
     return tuple(_number()(v) for v in value)
 
 
+def _graphs(value):
+    if not isinstance(value, Mapping) or set(value) != {"from_step"}:
+        raise ValueError(f"must be a mapping with from_step, got {value!r}")
+    return _integer(0)(value["from_step"])
+
+
 def _share(value):
     value = _number()(value)
     if value > 1:
@@ -221,7 +228,7 @@ JOB_FIELDS: dict[str, Check] = {
     "input_kb": _integer(1, 65536), "worker_cpu_ms": _number(),
     "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
     "nccl_init": _choice(NCCL_INITS), "subgroups": _subgroups, "loop": _choice(LOOPS),
-    "buckets": _integer(1, 64), "gemm_share": _share,
+    "buckets": _integer(1, 64), "gemm_share": _share, "graphs": _graphs,
 }
 
 HARDWARE_FIELDS: dict[str, Check] = {
@@ -314,9 +321,14 @@ def _check_parallel(job: Job, source: str) -> None:
 def _check_job(job: Job, source: str) -> Job:
     _check_parallel(job, source)
     if job.loop == "pytorch" and (job.parallel != (1, 1) or job.subgroups
-                                  or job.extra_collectives):
+                                  or job.extra_collectives or job.graphs is not None):
         raise ScenarioError(f"{source}: job.loop: pytorch takes no job.parallel, "
-                            f"job.subgroups or job.extra_collectives")
+                            f"job.subgroups, job.extra_collectives or job.graphs")
+    if job.graphs is not None and job.parallel != (1, 1):
+        raise ScenarioError(f"{source}: job.graphs: not with job.parallel")
+    if job.graphs is not None and job.graphs >= job.steps:
+        raise ScenarioError(f"{source}: job.graphs.from_step: must be below job.steps "
+                            f"({job.steps})")
     if job.restart_at is not None and job.restart_at >= job.steps:
         raise ScenarioError(f"{source}: job.restart_at: must be below job.steps ({job.steps})")
     if job.netns and job.rendezvous == "shm":
@@ -381,6 +393,10 @@ def with_job(scenario: Scenario, **changes) -> Scenario:
     merged["subgroups"] = [list(g) for g in merged["subgroups"]] or None
     if merged["subgroups"] is None:
         del merged["subgroups"]
+    if merged["graphs"] is None:
+        del merged["graphs"]
+    else:
+        merged["graphs"] = {"from_step": merged["graphs"]}
     merged["parallel"] = dict(zip(("tp", "pp"), merged["parallel"]))
     merged["stage_work"] = list(merged["stage_work"]) or None
     if merged["stage_work"] is None:

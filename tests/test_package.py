@@ -20,7 +20,7 @@ import pytest
 from tests.support import needs_ebpf
 
 ROOT = Path(__file__).resolve().parent.parent
-BPF_SOURCES = ["common.bpf.c", "cuda.bpf.c", "host.bpf.c", "nccl.bpf.c"]
+BPF_SOURCES = ["common.bpf.c", "cuda.bpf.c", "graph.bpf.c", "host.bpf.c", "nccl.bpf.c"]
 # Its trace asserts on what is traced, not on when: it may run beside the Ansible stages.
 pytestmark = pytest.mark.load_tolerant
 

@@ -402,7 +402,8 @@ def test_pytorch_ddp_loops_are_judged_through_their_nccl_stream_and_loss_reads(s
     cuLaunchKernelEx, memory from the caching allocator. Healthy, nobody is named; a rank 30
     ms late on the host every step is named for its host work; a rank whose host is 6 ms
     slower a step but, syncing every 10 steps, still ahead of its GPU queue costs nobody and
-    is only noted. The agents count every launch once, whichever path it took."""
+    is only noted. The agents count every launch once, whichever path it took, and every
+    asynchronous copy, in the kernel: not an event each."""
     launches = lambda: sum(metric(port, "ingero_agent_kernel_launches_total")  # noqa: E731
                            for port in stack.agent_ports[:4])
     before = launches()
@@ -412,6 +413,12 @@ def test_pytorch_ddp_loops_are_judged_through_their_nccl_stream_and_loss_reads(s
         "launches"].values()) for r in range(16))
     assert wait_for(lambda: launches() - before >= counted, 10)
     assert launches() - before == counted == 16 * 60 * (8 + 16 + 1)
+    # the batch copied in and the loss read out each step: counted in the kernel, a few
+    # events a sample, and every copy in memcpy_bandwidth
+    copies = lambda: {(c["rank"], c["direction"]): c["copies"]  # noqa: E731
+                      for c in stack.tool("memcpy_bandwidth", job="3001")["copies"]}
+    each = {(r, d): 60 for r in range(16) for d in ("host_to_device", "device_to_host")}
+    assert wait_for(lambda: copies() == each, 10), copies()
     run(stack, "3002", "srun", [{"rank": 6, "kind": "host_delay", "delay_ms": 30,
                                  "from_step": 10}], **PYTORCH)
     late = verdicts(stack, "3002")
@@ -424,6 +431,45 @@ def test_pytorch_ddp_loops_are_judged_through_their_nccl_stream_and_loss_reads(s
     notes = {n["rank"]: n for n in stack.tool("find_stragglers", job="3003")["notes"]}
     assert (notes[5]["kind"], notes[5]["cost_gpu_seconds"]) == ("ahead", 0.0), \
         why(notes, stack.logs())
+
+
+GRAPHS = {"graphs": {"from_step": 20}, "steps": 80}
+
+
+def test_jobs_replaying_cuda_graphs_are_judged_and_their_nodes_stay_healthy(stack):
+    """From step 20 each step is one CUDA graph's replay: its kernels and all-reduce were
+    captured once, and a replay calls no launch or NCCL entry point. Before, the replays were
+    invisible: nobody could be judged, and the nodes' collective and launch rates fell to
+    nothing, halving their health scores. Healthy, nobody is named and no node flags itself;
+    a rank late on the host from step 40 is named for it; a rank that hangs at step 60, inside
+    its replays, is named hung."""
+    flagged = lambda: [a.log().count("straggler: score") for a in stack.agents[:4]]  # noqa: E731
+    launches = lambda: sum(metric(port, "ingero_agent_kernel_launches_total")  # noqa: E731
+                           for port in stack.agent_ports[:4])
+    before, counted = flagged(), launches()
+    run(stack, "3201", "srun", **GRAPHS)
+    assert verdicts(stack, "3201") == {}
+    assert flagged() == before, stack.logs()
+    made = sum(sum(read_record(stack.root / "job-3201" / f"rank-{r}.jsonl").summary[
+        "launches"].values()) for r in range(16))
+    assert wait_for(lambda: launches() - counted == made == 16 * 80 * (3 * 4 + 1), 10), (
+        launches() - counted, made, [metric(port, "ingero_agent_kernel_launches_total")
+                                     for port in stack.agent_ports[:4]],
+        [a.log()[-3000:] for a in stack.agents[:1]])
+    run(stack, "3202", "srun", [{"rank": 10, "kind": "host_delay", "delay_ms": 30,
+                                 "from_step": 40}], **GRAPHS)
+    late = verdicts(stack, "3202")
+    assert {r: (v["kind"], v["cause"]) for r, v in late.items()} == {
+        10: ("persistent", "host_work")}, why(described(late), stack.logs())
+    with Cluster(scenario("3203", "srun", [{"rank": 13, "kind": "hang", "at_step": 60}],
+                          timeout_s=NCCL_TIMEOUT_S, **GRAPHS),
+                 stack.root / "job-3203") as cluster:
+        result = cluster.wait()
+    assert result.rank(13).status == "killed" and result.rank(0).status == "error"
+    assert wait_for(lambda: 13 in verdicts(stack, "3203"), 3 * PUSH_S + 2), stack.logs()
+    time.sleep(2 * PUSH_S)
+    found = verdicts(stack, "3203")
+    assert {r: v["kind"] for r, v in found.items()} == {13: "hang"}, described(found)
 
 
 PARALLEL = {"parallel": {"tp": 2, "pp": 2}, "stage_work": [30, 15], "nodes": 2, "steps": 40}

@@ -582,6 +582,12 @@ def test_every_example_scenario_validates():
         {"rank": 2, "kind": "host_delay", "delay_ms": 5, "before": "subgroup"}]},
      "stragglers[0].before: rank 2 is in no job.subgroups"),
     ({"name": "x", "job": {"extra_collectives": ["alltoallw"]}}, "must be one of"),
+    ({"name": "x", "job": {"graphs": {"from_step": 20}}}, "job.graphs.from_step: must be below"),
+    ({"name": "x", "job": {"graphs": {"from": 2}}}, "job.graphs: must be a mapping with from_step"),
+    ({"name": "x", "job": {"loop": "pytorch", "graphs": {"from_step": 2}}},
+     "job.loop: pytorch takes no"),
+    ({"name": "x", "job": {"loop": "jax"}}, "job.loop: must be one of sim, pytorch"),
+    ({"name": "x", "job": {"gemm_share": 1.5}}, "job.gemm_share: must be a share from 0 to 1"),
 ])
 def test_bad_scenarios_are_rejected_with_the_field_named(data, complaint):
     with pytest.raises(ScenarioError, match=re.escape(complaint)):

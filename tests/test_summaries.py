@@ -18,16 +18,17 @@ from bench.push_cost import node_second
 from echod.store.db import alembic_config, upgrade
 from echod.store.writer import write_batch
 from tests.test_columnrows import push_of
-from echod.store.summaries import (BUCKETS_PER_OCTAVE, DETAIL_SQL, FAILED_SQL, SMALL_BYTES,
-                                   Histogram, bucket, minutes)
+from echod.store.summaries import (BUCKETS_PER_OCTAVE, CALLS_SQL, DETAIL_SQL, FAILED_SQL,
+                                   SMALL_BYTES, Histogram, bucket, minutes)
 
 BUCKET = 2 ** (1 / BUCKETS_PER_OCTAVE) - 1        # a quantile's error, at most
 MIX = {"sync": 12, "alloc": 5, "collective": 6, "free": 5, "memcpy": 2}
 BASE = 1.8e9 + 50                    # 10 s before a minute ends: pushes straddle it
 
-RAW = """
+CALLS = CALLS_SQL.format(a="events")      # an agent's count of async copies: that many calls
+RAW = f"""
 SELECT rank, kind, op, coalesce(kind = 'sync' AND attrs -> 'peer_wait' = 'true'::jsonb, false),
-       count(*), count(duration_ns), sum(duration_ns), sum(bytes),
+       sum({CALLS}), count(duration_ns), sum(duration_ns), sum(bytes),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ns),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns)
 FROM events WHERE job = '4242' GROUP BY 1, 2, 3, 4
@@ -39,8 +40,9 @@ WHERE s.job = '4242' GROUP BY 1, 2, 3, 4, 5
 """
 DETAIL = f"""
 SELECT rank, kind, op, {FAILED_SQL.format(a="events")}, {DETAIL_SQL.format(a="events")},
-       count(*), sum(bytes) FILTER (WHERE duration_ns > 0), max(bytes),
-       count(*) FILTER (WHERE bytes < {SMALL_BYTES}), min(t), max(t)
+       sum({CALLS}), sum(bytes) FILTER (WHERE duration_ns > 0), max(bytes),
+       coalesce(sum({CALLS}) FILTER (WHERE bytes < {SMALL_BYTES} * {CALLS}), 0), min(t),
+       max(t)
 FROM events WHERE job = '4242' GROUP BY 1, 2, 3, 4, 5
 """
 DETAIL_SUMMED = """
@@ -66,6 +68,9 @@ def pushes(seconds: int, node: int = 0) -> list[dict]:
                 event["attrs"]["bytes"] = 1 + (k % 5) * 2**19
                 event["attrs"]["result"] = 2 if k % 7 == 0 and event["kind"] == "alloc" else 0
                 event["attrs"]["direction"] = ("host_to_device", "device_to_host")[k % 2]
+            if event["kind"] == "memcpy" and k % 3 == 0:   # an agent's count of async copies
+                event["attrs"].update(op="cudaMemcpyAsync", calls=1 + k % 4)
+                del event["attrs"]["duration_ns"]
         out.append({"events": events})
     return out
 
@@ -79,6 +84,10 @@ def summarized(connection) -> dict:
         durations = histograms[(rank, kind, op, wait)]
         out[(rank, kind, op, wait)] = (*sums, durations.quantile(0.5), durations.quantile(0.99))
     return out
+
+
+def counted_copies(batches: list[dict]) -> int:
+    return sum("calls" in e["attrs"] for b in batches for e in b["pushes"][0].stored_rows())
 
 
 def failed_allocs(batches: list[dict]) -> int:
@@ -106,7 +115,8 @@ def test_summaries_say_what_the_raw_events_say_and_a_batch_sent_again_adds_nothi
             "SELECT count(DISTINCT t) FROM call_stats WHERE job = '4242'"))
         chunked = connection.scalar(text("SELECT sum(cardinality(ts)) FROM event_chunks"))
     assert chunked == (None if form == "maps" else sum(    # the frequent calls, unless failed
-        len(b["pushes"][0].columns.t) for b in batches) - 20 * 6 * 8 - failed_allocs(batches))
+        len(b["pushes"][0].columns.t) for b in batches) - 20 * 6 * 8 - failed_allocs(batches)
+        - counted_copies(batches))
     assert minutes_stored == 2                          # the batches straddle a minute
     assert summary.keys() == raw.keys() and len(raw) >= 6
     for key, (calls, timed, ns, nbytes, median, p99) in raw.items():

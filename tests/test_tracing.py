@@ -150,6 +150,25 @@ def test_a_pytorch_step_s_loss_read_waits_on_its_all_reduce_through_the_event_ch
             (True, 3 * step + 2) for step in (1, 3, 5, 7, 9)], syncs
         assert {s["comm_hash"] for s in syncs} == {collectives[0]["comm_hash"]}
 
+
+def test_collectives_captured_in_a_cuda_graph_are_told_at_every_replay(tmp_path):
+    """From step 4 each step is one CUDA graph's replay: its all-reduce and all-gather were
+    captured once (NCCL was called then, and never again) and run at every cudaGraphLaunch,
+    which calls no NCCL entry point. Each replay tells both, with the communicator's next
+    sequence numbers, as the ranks' own records number them; the capture tells none (it ran
+    nothing)."""
+    trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
+    ranks = run_job(tmp_path, job("graphs", graphs={"from_step": 4}, steps=12,
+                                  extra_collectives=["allgather"]))
+    events, lost = trace.stop()
+    assert lost == 0
+    for rank in ranks:
+        told = [(c["op"], c["seq"], c.get("graph", False))
+                for c in collectives_of(events, rank.pid)]
+        done = [(c["op"], c["seq"], c["step"] >= 4)
+                for c in read_record(rank.record_path).collectives]
+        assert told == sorted(done, key=lambda c: (c[1], c[0])) and len(told) == 24, told
+
 def test_sched_switch_names_the_competing_process(tmp_path):
     contended = 2
     trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())

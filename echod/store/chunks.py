@@ -7,7 +7,7 @@ one per job, rank, kind and minute of a push, holding the events as arrays; the 
 shows them one row an event, as they were. A failed call stays a row of its own (the
 failed-calls index finds each), and so does an event whose attributes the summaries would read
 differently as JSON than here (a ``peer_wait`` that is no boolean, a ``direction`` that is no
-text): few or none.
+text), and an agent's count of several calls: few or none.
 
 Their per-minute summaries (``call_stats``) are made here with numpy, as ``summaries.SUMMARIZE``
 makes them in SQL from rows (the same groups, buckets by the same logarithm, the same NULLs),
@@ -197,7 +197,9 @@ def _ascii_texts(texts: list[str]) -> bytes:
 
 def chunkable(cols: EventColumns) -> np.ndarray:
     """Which events may go into chunks: of the ``CHUNKED`` kinds, not failed (a number other
-    than 0 as ``result``), with a boolean ``peer_wait`` and a text ``direction`` if any."""
+    than 0 as ``result``), with a boolean ``peer_wait`` and a text ``direction`` if any, and
+    each one call (an agent's count of asynchronous copies, ``calls``, is a row: the
+    summaries count it as that many, one a sample a process)."""
     ok = np.isin(cols.kind, [k for k, name in enumerate(cols.kinds) if name in CHUNKED])
     result = cols.attrs.get("result")
     if result is not None and result.strings is None and result.code != "b1":
@@ -208,6 +210,9 @@ def chunkable(cols: EventColumns) -> np.ndarray:
     direction = cols.attrs.get("direction")
     if direction is not None and direction.strings is None:
         ok &= ~direction.mask(cols.n)
+    calls = cols.attrs.get("calls")
+    if calls is not None:
+        ok &= ~calls.mask(cols.n)
     return ok
 
 

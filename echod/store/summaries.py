@@ -4,11 +4,13 @@ and the other kinds (host samples, edges, exits) counted the same way.
 
 A minute of one rank's calls of one kind, op and communicator (syncs apart by whether they
 waited on peers, failed calls apart from the others, copies by direction: ``detail``) is a
-row: how many calls, how many had a duration, the durations' and bytes' sums (and the bytes
-of the calls with a duration), the largest call's bytes, how many moved under 1 MiB, the
-first and last call's times, and the durations as a histogram: bucket ``b`` holds durations
-``d`` (ns) with ``floor(log2(d) * BUCKETS_PER_OCTAVE) == b`` (bucket -1 the zeros), with their
-count and their sum. A quantile read from it takes the mean of the bucket it falls in: exact
+row: how many calls (an event that stands for several, the asynchronous copies an agent
+counted in the kernel, counts as that many, and as small where their mean is), how many had a
+duration, the durations' and bytes' sums (and the bytes of the calls with a duration), the
+largest call's bytes, how many moved under 1 MiB, the first and last call's times, and the
+durations as a histogram: bucket ``b`` holds durations ``d`` (ns) with
+``floor(log2(d) * BUCKETS_PER_OCTAVE) == b`` (bucket -1 the zeros), with their count and
+their sum. A quantile read from it takes the mean of the bucket it falls in: exact
 where the bucket's durations are equal, and never further from the exact one than a bucket is
 wide (2^(1/32), 2.2%); between two buckets it is interpolated as ``percentile_cont``
 interpolates between values. Counts and sums are exact.
@@ -36,6 +38,12 @@ PEER_WAIT_SQL = "coalesce({a}.kind = 'sync' AND {a}.attrs -> 'peer_wait' = 'true
 FAILED_SQL = ("coalesce(jsonb_typeof({a}.attrs -> 'result') = 'number' "
               "AND {a}.attrs -> 'result' <> '0'::jsonb, false)")
 DETAIL_SQL = "CASE WHEN {a}.kind = 'memcpy' THEN {a}.attrs ->> 'direction' END"
+# How many calls an event stands for: 1, or the ``calls`` an agent counted in the kernel for
+# one event (asynchronous copies, a sample's worth), held to [1, 2^32] (the wire checks only
+# that it is an integer).
+CALLS_SQL = ("CASE WHEN jsonb_typeof({a}.attrs -> 'calls') = 'number' THEN "
+             "least(greatest(({a}.attrs ->> 'calls')::numeric, 1), 4294967296)::int8 "
+             "ELSE 1 END")
 
 
 
@@ -52,10 +60,13 @@ per_bucket AS (
     SELECT m.cluster, m.job, m.node, m.rank, date_trunc('minute', m.t) AS t, m.kind, m.op,
            m.comm_hash, {PEER_WAIT_SQL.format(a="m")} AS peer_wait,
            {FAILED_SQL.format(a="m")} AS failed, {DETAIL_SQL.format(a="m")} AS detail,
-           {BUCKET_SQL.format(d="m.duration_ns")} AS bucket, count(*) AS calls,
+           {BUCKET_SQL.format(d="m.duration_ns")} AS bucket,
+           sum({CALLS_SQL.format(a="m")}) AS calls,
            count(m.duration_ns) AS timed, sum(m.duration_ns) AS duration_ns,
            sum(m.bytes) AS bytes, sum(m.bytes) FILTER (WHERE m.duration_ns > 0) AS timed_bytes,
-           max(m.bytes) AS max_bytes, count(*) FILTER (WHERE m.bytes < {SMALL_BYTES}) AS small,
+           max(m.bytes) AS max_bytes,
+           coalesce(sum({CALLS_SQL.format(a="m")})
+               FILTER (WHERE m.bytes < {SMALL_BYTES} * {CALLS_SQL.format(a="m")}), 0) AS small,
            min(m.t) AS first_t, max(m.t) AS last_t
     FROM moved m
     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),

@@ -10,8 +10,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from ..store.summaries import (BUCKET_SQL, DETAIL_SQL, FAILED_SQL, PEER_WAIT_SQL, SMALL_BYTES,
-                         Histogram, minutes)
+from ..store.summaries import (BUCKET_SQL, CALLS_SQL, DETAIL_SQL, FAILED_SQL, PEER_WAIT_SQL,
+                               SMALL_BYTES, Histogram, minutes)
 from .selection import Selection, Window, rows, whole
 
 GROUPS = ("cluster", "job", "node", "rank", "kind", "op", "comm_hash", "peer_wait", "failed",
@@ -31,10 +31,11 @@ FROM call_stats s CROSS JOIN LATERAL unnest(s.buckets, s.counts, s.sums) AS u(bu
 WHERE {kinds} AND {where}
 GROUP BY {by}, u.bucket
 """
+CALLS = CALLS_SQL.format(a="e")
 RAW = f"""
-SELECT {{by}}, {{bucket}}, count(*), count(e.duration_ns), sum(e.duration_ns), sum(e.bytes),
+SELECT {{by}}, {{bucket}}, sum({CALLS}), count(e.duration_ns), sum(e.duration_ns), sum(e.bytes),
        max(e.t), sum(e.bytes) FILTER (WHERE e.duration_ns > 0), max(e.bytes),
-       count(*) FILTER (WHERE e.bytes < {SMALL_BYTES}), min(e.t)
+       coalesce(sum({CALLS}) FILTER (WHERE e.bytes < {SMALL_BYTES} * {CALLS}), 0), min(e.t)
 FROM events e WHERE {{kinds}} AND {{where}}
 GROUP BY {{by}}, {{bucket}}
 """

@@ -1,9 +1,9 @@
 /* Shared by every ingero probe: the event record, the target filter, the maps that tie a
  * collective to the synchronisation that later waits for it.
  *
- * ingerod loads common.bpf.c, nccl.bpf.c, cuda.bpf.c and host.bpf.c as ONE program text, in
- * that order, so that the probes share these maps: bcc rewrites map calls (map.lookup(...))
- * only in the main source, never in an #included file. Each probe file includes this one when
+ * ingerod loads common.bpf.c, nccl.bpf.c, cuda.bpf.c, graph.bpf.c and host.bpf.c as ONE
+ * program text, in that order, so that the probes share these maps: bcc rewrites map calls
+ * (map.lookup(...)) only in the main source, never in an #included file. Each probe file includes this one when
  * compiled alone (for a syntax check); in the joined text the guard skips it.
  */
 #ifndef INGERO_COMMON
@@ -69,6 +69,7 @@ struct event {
 
 #define EVF_IN_GROUP   1   /* collective issued between ncclGroupStart and ncclGroupEnd */
 #define EVF_PEER_WAIT  2   /* sync covered a collective: waiting on peers, not own work */
+#define EVF_GRAPH      4   /* collective run by a CUDA graph's replay (captured before) */
 
 /* Two filters. A process that calls a probed function is recorded from its very first call
  * unless user space has excluded it (it belongs to another job); the host tracepoints, which
@@ -143,5 +144,29 @@ struct pending_collective {
 BPF_HASH(pending_on_stream, struct stream_key, struct pending_collective, MAX_INFLIGHT);
 /* tgid → latest collective on any stream, for device-wide syncs. */
 BPF_HASH(pending_on_device, u32, struct pending_collective, MAX_TARGETS);
+
+/* CUDA graphs (graph.bpf.c): what a capture on a stream recorded, its collectives run anew at
+ * each replay and its launches counted then. */
+#define MAX_CAPTURED 16
+
+struct captured {
+    u64 handle;      /* ncclComm_t */
+    u64 count;
+    u32 op;
+    u32 datatype;
+    u32 redop;
+    s32 peer;
+};
+
+struct capture {
+    u32 n;           /* collectives captured (the first MAX_CAPTURED kept) */
+    u32 launches;    /* kernel launches captured */
+    struct captured colls[MAX_CAPTURED];
+};
+
+/* (tgid, stream) → the capture under way on that stream. */
+BPF_TABLE("lru_hash", struct stream_key, struct capture, captures, MAX_TARGETS);
+/* pid_tgid → the stream the thread is capturing on: its launches are captured, not run. */
+BPF_TABLE("lru_hash", u64, u64, capturing_thread, MAX_TARGETS);
 
 #endif /* INGERO_COMMON */

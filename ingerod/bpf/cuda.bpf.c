@@ -2,9 +2,10 @@
  * how much it copies and allocates. The driver calls (cuLaunchKernel, cuCtxSynchronize,
  * cuMemAlloc_v2, cuMemFree_v2) share the runtime handlers below.
  *
- * Cost discipline (a uprobe trap costs microseconds): kernel launches are only counted in a
- * kernel map, never sent per call, and on entry only; syncs, blocking copies and allocations
- * are probed at entry and return for their duration; async copies at entry only.
+ * Cost discipline (a uprobe trap costs microseconds): kernel launches and asynchronous copies
+ * (PyTorch's loop makes ~120 a step) are only counted in kernel maps, never sent per call, and
+ * on entry only; syncs, blocking copies and allocations are probed at entry and return for
+ * their duration.
  *
  * Waiting is not working: a sync that covers a collective enqueued on its stream (or, for a
  * device-wide sync, on any stream) is flagged EVF_PEER_WAIT — the rank is waiting for its
@@ -28,6 +29,20 @@ struct call_start {
 
 /* tgid → kernel launches counted in the kernel, each once: see launch_entry. */
 BPF_HASH(launches, u32, u64, MAX_TARGETS);
+
+struct copy_key {
+    u32 tgid;
+    u16 op;          /* OP_MEMCPY_ASYNC, OP_MEMCPY_2D_ASYNC, OP_MEMCPY_PEER_ASYNC */
+    u16 kind;        /* cudaMemcpyKind */
+};
+
+struct copy_count {
+    u64 calls;
+    u64 bytes;
+};
+
+/* (tgid, call, direction) → asynchronous copies enqueued since user space last took them. */
+BPF_HASH(async_copies, struct copy_key, struct copy_count, MAX_INFLIGHT);
 /* tgid → the executable mappings of the CUDA runtime's and driver's files in the process
  * (user space reads them from /proc/PID/maps when it finds the process). */
 #define CUDA_TEXTS 8     /* a process may map several runtimes (torch's, cupy's …) */
@@ -70,15 +85,12 @@ static __always_inline u64 return_address(struct pt_regs *ctx)
  * a launch). Until user space has read the mappings (a process's first seconds), a mark the
  * thread's runtime launch leaves stands in: exact where the runtime enters the driver; where
  * it does not, one direct driver launch after it may go uncounted. */
-static __always_inline int launch_entry(struct pt_regs *ctx, int runtime)
+static __always_inline int outermost(struct pt_regs *ctx, u64 id, int runtime)
 {
-    u64 id = bpf_get_current_pid_tgid(), back, one = 1, *n;
+    u64 back;
     u32 tgid = id >> 32, mark = 1;
-    struct cuda_text *text;
+    struct cuda_text *text = cuda_text.lookup(&tgid);
     int nested = 0;
-    if (!is_target(tgid))
-        return 0;
-    text = cuda_text.lookup(&tgid);
     if (text) {
         back = return_address(ctx);
 #pragma unroll
@@ -90,13 +102,36 @@ static __always_inline int launch_entry(struct pt_regs *ctx, int runtime)
         nested = launching.lookup(&id) != NULL;
         launching.delete(&id);
     }
-    if (nested)
-        return 0;
-    n = launches.lookup(&tgid);
+    return !nested;
+}
+
+static __always_inline void count_launches(u32 tgid, u64 count)
+{
+    u64 *n = launches.lookup(&tgid);
     if (n)
-        __sync_fetch_and_add(n, 1);
+        __sync_fetch_and_add(n, count);
     else
-        launches.update(&tgid, &one);
+        launches.update(&tgid, &count);
+}
+
+/* A launch on a thread capturing a CUDA graph is recorded in the capture, not run: it is
+ * counted at each replay (graph.bpf.c). */
+static __always_inline int launch_entry(struct pt_regs *ctx, int runtime)
+{
+    u64 id = bpf_get_current_pid_tgid(), *on;
+    u32 tgid = id >> 32;
+    if (!is_target(tgid) || !outermost(ctx, id, runtime))
+        return 0;
+    on = capturing_thread.lookup(&id);
+    if (on) {
+        struct stream_key key = {.tgid = tgid, .stream = *on};
+        struct capture *capture = captures.lookup(&key);
+        if (capture) {
+            capture->launches++;
+            return 0;
+        }
+    }
+    count_launches(tgid, 1);
     return 0;
 }
 
@@ -359,19 +394,17 @@ int driver_free_return(struct pt_regs *ctx)
     return free_return(ctx, OP_CU_MEM_FREE);
 }
 
-static __always_inline int memcpy_async(u32 op, u64 bytes, u32 kind, u64 stream)
+static __always_inline int memcpy_async(u32 op, u64 bytes, u32 kind)
 {
-    struct event ev = {};
-    if (!is_target(current_tgid()))
+    struct copy_key key = {.tgid = current_tgid(), .op = op, .kind = kind < 5 ? kind : 4};
+    struct copy_count zero = {}, *n;
+    if (!is_target(key.tgid))
         return 0;
-    fill_ids(&ev);
-    ev.ts = bpf_ktime_get_ns();
-    ev.kind = EV_MEMCPY;
-    ev.op = op;
-    ev.bytes = bytes;
-    ev.datatype = kind;
-    ev.stream = stream;
-    submit(&ev);
+    n = async_copies.lookup_or_try_init(&key, &zero);
+    if (n) {
+        __sync_fetch_and_add(&n->calls, 1);
+        __sync_fetch_and_add(&n->bytes, bytes);
+    }
     return 0;
 }
 
@@ -412,19 +445,18 @@ int memcpy_return(struct pt_regs *ctx)
 /* cudaMemcpyAsync(dst, src, count, kind, stream) */
 int memcpy_async_enter(struct pt_regs *ctx)
 {
-    return memcpy_async(OP_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), (u32)PT_REGS_PARM4(ctx),
-                        PT_REGS_PARM5(ctx));
+    return memcpy_async(OP_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), (u32)PT_REGS_PARM4(ctx));
 }
 
 /* cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream) */
 int memcpy_2d_async_enter(struct pt_regs *ctx)
 {
     return memcpy_async(OP_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx),
-                        (u32)stack_arg(ctx, 7), stack_arg(ctx, 8));
+                        (u32)stack_arg(ctx, 7));
 }
 
 /* cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream) */
 int memcpy_peer_async_enter(struct pt_regs *ctx)
 {
-    return memcpy_async(OP_MEMCPY_PEER_ASYNC, PT_REGS_PARM5(ctx), 3, PT_REGS_PARM6(ctx));
+    return memcpy_async(OP_MEMCPY_PEER_ASYNC, PT_REGS_PARM5(ctx), 3);
 }

@@ -344,16 +344,15 @@ static __always_inline u64 p2p_next(u32 tgid, u64 handle, s32 peer, u32 op)
     return n ? __sync_fetch_and_add(n, 1) : 0;
 }
 
-/* The common part of every collective's entry. */
-static __always_inline int collective(struct pt_regs *ctx, u32 op, u64 count, u32 datatype,
-                                      u32 redop, s32 peer, u64 handle, u64 stream)
+/* A collective entered (or, ``flags`` EVF_GRAPH, run by a graph's replay): its communicator's
+ * next sequence number, and the stream it is pending on. */
+static __always_inline void emit_collective(u32 op, u64 count, u32 datatype, u32 redop,
+                                            s32 peer, u64 handle, u64 stream, u32 flags)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct comm_key key = {.tgid = id >> 32, .handle = handle};
     struct comm_info *info;
-    struct event ev = {};
-    if (!is_target(key.tgid))
-        return 0;
+    struct event ev = {.flags = flags};
     fill_ids(&ev);
     ev.ts = bpf_ktime_get_ns();
     ev.kind = EV_COLLECTIVE;
@@ -382,6 +381,34 @@ static __always_inline int collective(struct pt_regs *ctx, u32 op, u64 count, u3
     pending_on_stream.update(&skey, &pending);
     pending_on_device.update(&key.tgid, &pending);
     submit(&ev);
+}
+
+/* The common part of every collective's entry. On a stream capturing a CUDA graph NCCL only
+ * records the collective: it runs (and is numbered) at each replay (graph.bpf.c). */
+static __always_inline int collective(struct pt_regs *ctx, u32 op, u64 count, u32 datatype,
+                                      u32 redop, s32 peer, u64 handle, u64 stream)
+{
+    struct stream_key skey = {.tgid = current_tgid(), .stream = stream};
+    struct capture *capture;
+    u32 at;
+    if (!is_target(skey.tgid))
+        return 0;
+    capture = captures.lookup(&skey);
+    if (!capture) {
+        emit_collective(op, count, datatype, redop, peer, handle, stream, 0);
+        return 0;
+    }
+    at = capture->n;
+    if (at < MAX_CAPTURED) {
+        struct captured *c = &capture->colls[at];
+        c->handle = handle;
+        c->count = count;
+        c->op = op;
+        c->datatype = datatype;
+        c->redop = redop;
+        c->peer = peer;
+    }
+    capture->n = at + 1;
     return 0;
 }
 

@@ -42,6 +42,7 @@ typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;   /* opaque here: the sim reads none */
 
 /* cuLaunchKernelEx's configuration, laid out as CUDA 12 and 13 lay it out. */
@@ -64,6 +65,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
                         void **kernelParams, void **extra);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                           void **extra);
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);

@@ -101,6 +101,14 @@ SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
     return driver_result(ingero_sim_enqueue_kernel(config->hStream, (const void *)f));
 }
 
+/* cuGraphLaunch(hGraphExec, hStream): a graph's replay, which cudaGraphLaunch enters. */
+SIM_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return driver_result(ingero_sim_graph_launch((cudaGraphExec_t)hGraphExec, hStream));
+}
+
 SIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     if (!initialized)

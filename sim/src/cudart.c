@@ -202,6 +202,7 @@ static struct {
     CUresult (*launch)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                        unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
     CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **, void **);
+    CUresult (*graph_launch)(CUgraphExec, CUstream);
 } driver;
 static pthread_once_t driver_found = PTHREAD_ONCE_INIT;
 
@@ -224,6 +225,7 @@ static void find_driver(void)
         return;
     driver.launch = (__typeof__(driver.launch))dlsym(library, "cuLaunchKernel");
     driver.launch_ex = (__typeof__(driver.launch_ex))dlsym(library, "cuLaunchKernelEx");
+    driver.graph_launch = (__typeof__(driver.graph_launch))dlsym(library, "cuGraphLaunch");
 }
 
 /* What the runtime says for the driver's answer to a launch whose function it checked
@@ -338,6 +340,57 @@ SIM_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fl
 SIM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
     return note(vgpu_event_record(event, stream));
+}
+
+SIM_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    if ((unsigned int)mode > cudaStreamCaptureModeRelaxed)
+        return note(cudaErrorInvalidValue);
+    return note(vgpu_begin_capture(stream));
+}
+
+SIM_API cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    return note(vgpu_end_capture(stream, pGraph));
+}
+
+SIM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                          enum cudaStreamCaptureStatus *pStatus)
+{
+    if (!pStatus)
+        return note(cudaErrorInvalidValue);
+    *pStatus = vgpu_capturing(stream) ? cudaStreamCaptureStatusActive
+                                      : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+SIM_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                         unsigned long long flags)
+{
+    (void)flags;
+    return note(vgpu_graph_instantiate(pGraphExec, graph));
+}
+
+/* A replay: through the driver's cuGraphLaunch, as CUDA 13's runtime does (REAL-GPU.md). */
+SIM_API cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+    cudaError_t sticky = vgpu_sticky_error();
+    if (sticky)
+        return note(sticky);
+    pthread_once(&driver_found, find_driver);
+    if (driver.graph_launch)
+        return note(launch_result(driver.graph_launch(graphExec, (CUstream)stream)));
+    return note(vgpu_graph_launch(graphExec, stream));
+}
+
+SIM_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
+{
+    return note(vgpu_graph_exec_destroy(graphExec));
+}
+
+SIM_API cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    return note(vgpu_graph_destroy(graph));
 }
 
 /* flags: cudaEventRecordDefault or cudaEventRecordExternal (graph capture only) */

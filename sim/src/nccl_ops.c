@@ -21,6 +21,10 @@ struct nccl_part {
     struct ncclComm *comm;
     struct rdv_key key;
     int64_t transfer_ns;
+    enum nccl_op op;          /* what it does, to make it anew at each graph replay */
+    size_t bytes;
+    int peer;
+    int template;             /* captured in a graph: never run, only renewed */
 };
 
 struct grouped_part {
@@ -97,18 +101,31 @@ static int part_poll(void *arg, int64_t *end_ns)
            : status == RDV_FAILED ? INGERO_SIM_FAILED : INGERO_SIM_PENDING;
 }
 
+static void part_discard(void *arg)
+{
+    free(arg);
+}
+
 static void part_finish(void *arg, int failed)
 {
     struct nccl_part *part = arg;
+    if (part->template) {
+        part_discard(part);
+        return;
+    }
     rdv_forget(part->comm->rdv, &part->key);
     comm_part_finished(part->comm, failed);
     free(part);
 }
 
+static void *part_renew(void *arg);
+
 static const struct ingero_sim_remote_ops part_ops = {
     .publish = part_publish,
     .poll = part_poll,
     .finish = part_finish,
+    .renew = part_renew,
+    .discard = part_discard,
 };
 
 /* Name the operation in the rendezvous: collectives by sequence, transfers per peer pair. */
@@ -149,16 +166,39 @@ static ncclResult_t remember_grouped(cudaStream_t stream, struct nccl_part *part
     return ncclSuccess;
 }
 
-ncclResult_t op_submit(enum nccl_op op, struct ncclComm *comm, size_t bytes, int peer,
-                       cudaStream_t stream)
+/* A part to run (its rendezvous key the communicator's next), or, on a capturing stream, a
+ * template the graph keeps and renews at each replay (no key: it never runs itself). */
+static struct nccl_part *new_part(enum nccl_op op, struct ncclComm *comm, size_t bytes,
+                                  int peer, int template)
 {
     struct nccl_part *part = calloc(1, sizeof *part);
     if (!part)
+        return NULL;
+    *part = (struct nccl_part){ .comm = comm, .op = op, .bytes = bytes, .peer = peer,
+                                .template = template };
+    if (!template) {
+        part->key = key_for(op, comm, peer);
+        part->transfer_ns = transfer_ns(op, bytes, comm->nranks);
+        comm_part_added(comm);
+    }
+    return part;
+}
+
+/* A graph replay's part, like its captured template: as NCCL runs a captured collective
+ * anew at each replay, with the communicator's next sequence. */
+static void *part_renew(void *arg)
+{
+    const struct nccl_part *template = arg;
+    return new_part(template->op, template->comm, template->bytes, template->peer, 0);
+}
+
+ncclResult_t op_submit(enum nccl_op op, struct ncclComm *comm, size_t bytes, int peer,
+                       cudaStream_t stream)
+{
+    struct nccl_part *part = new_part(op, comm, bytes, peer,
+                                      ingero_sim_stream_capturing(stream));
+    if (!part)
         return ncclSystemError;
-    part->comm = comm;
-    part->key = key_for(op, comm, peer);
-    part->transfer_ns = transfer_ns(op, bytes, comm->nranks);
-    comm_part_added(comm);
     ncclResult_t result = group_depth ? remember_grouped(stream, part)
                                       : enqueue_parts(stream, &part, 1);
     if (group_depth && result != ncclSuccess)

@@ -316,6 +316,51 @@ static int compute_and_communicate(struct training *t, int step)
     return communicate(t, step) || launch(t, &t->optimizer, 1);
 }
 
+/* The step's GPU work captured once as a CUDA graph (kernels and collectives; the loss read,
+ * a sync, cannot be captured), then instantiated. */
+static int capture_step(struct training *t, int step)
+{
+    cudaGraph_t graph = NULL;
+    if (cuda_failed(t, "cudaStreamBeginCapture",
+                    cudaStreamBeginCapture(t->stream, cudaStreamCaptureModeGlobal)))
+        return 1;
+    t->capturing = 1;
+    int failed = launch(t, &t->forward, t->cfg->kernels)
+        || launch(t, &t->backward, 2 * t->cfg->kernels) || communicate(t, step)
+        || launch(t, &t->optimizer, 1);
+    t->capturing = 0;
+    failed |= cuda_failed(t, "cudaStreamEndCapture", cudaStreamEndCapture(t->stream, &graph));
+    if (!failed)
+        failed = cuda_failed(t, "cudaGraphInstantiate",
+                             cudaGraphInstantiate(&t->graph, graph, 0));
+    if (graph)
+        cudaGraphDestroy(graph);
+    return failed;
+}
+
+/* A graphed step: the host's delay, then one cudaGraphLaunch, which calls no launch and no
+ * NCCL entry point, yet runs the step's kernels and collectives again. */
+static int replay_step(struct training *t, int step)
+{
+    int64_t delay = rank_delay_ns(t->cfg, step, BEFORE_ALLREDUCE);
+    if (!t->graph && capture_step(t, step))
+        return 1;
+    jitter(t);
+    if (delay > 0)
+        sleep_for_ns(delay);
+    int64_t entry = now_ns();
+    if (cuda_failed(t, "cudaGraphLaunch", cudaGraphLaunch(t->graph, t->stream)))
+        return 1;
+    t->runtime_launches += (uint64_t)(3 * t->cfg->kernels + 1);
+    replayed(t, step, entry);
+    return 0;
+}
+
+static int graphed(const struct rank_config *cfg, int step)
+{
+    return cfg->graphs_from >= 0 && step >= cfg->graphs_from;
+}
+
 static int run_step(struct training *t, int step)
 {
     const struct rank_config *cfg = t->cfg;
@@ -333,7 +378,9 @@ static int run_step(struct training *t, int step)
     }
     if ((synced && cuda_failed(t, "cudaMalloc",
                                cudaMalloc(&activations, cfg->allreduce_bytes + 1)))
-        || (cfg->tp * cfg->pp > 1 ? parallel_compute(t, step) : compute_and_communicate(t, step)))
+        || (graphed(cfg, step) ? replay_step(t, step)
+            : cfg->tp * cfg->pp > 1 ? parallel_compute(t, step)
+            : compute_and_communicate(t, step)))
         return 1;
     if (synced) {
         int64_t sync_begin = now_ns();
@@ -399,6 +446,8 @@ static int finish(struct training *t, int failed, int64_t start_ns)
     }
     if (t->cfg->loop == LOOP_PYTORCH)
         pytorch_tear_down(t);
+    if (t->graph)
+        cudaGraphExecDestroy(t->graph);
     ncclCommDestroy(t->comm);
     cudaStreamDestroy(t->stream);
     cudaFreeHost(t->loss_host);

@@ -76,6 +76,7 @@ struct rank_config {
     enum nccl_init nccl_init;
     enum loop loop;
     int buckets;              /* loop pytorch: gradient all-reduces a step */
+    int graphs_from;          /* from this step, the step's GPU work is a CUDA graph; -1 never */
     double gemm_share;        /* loop pytorch: share of launches made with cuLaunchKernelEx */
     int subgroups;            /* groups split from the world, each with NOCOLOR non-members */
     unsigned char in_subgroup[MAX_SUBGROUPS];   /* whether this rank is in each */
@@ -130,6 +131,7 @@ struct collective_call {
     int root, peer;           /* -1 where the call has none */
     uint64_t seq;             /* per-communicator sequence, from 0 */
     uint64_t comm_hash;       /* the communicator's, as ingerod hashes it */
+    uint64_t *counter;        /* what numbered it (call_begin) */
     int step;
     int64_t entry_ns, return_ns;
     ncclResult_t result;

@@ -25,6 +25,8 @@ static const char usage_text[] =
     "  --loop NAME             sim (the default) or pytorch: DDP's step (see the README)\n"
     "  --buckets N             loop pytorch: gradient all-reduces a step (default 1)\n"
     "  --gemm-share F          loop pytorch: share of launches by cuLaunchKernelEx (0.15)\n"
+    "  --graphs-from N         from step N, capture the step's kernels and collectives in a\n"
+    "                          CUDA graph once and replay it each step (cudaGraphLaunch)\n"
     "  --subgroup RANKS        comma list of world ranks all-reducing among themselves each\n"
     "                          step, split from the world (others pass NCCL_SPLIT_NOCOLOR);\n"
     "                          may repeat (8 at most)\n"
@@ -238,6 +240,7 @@ enum option_id {
     OPT_LOSS_EVERY, OPT_JITTER, OPT_WORKERS, OPT_EPOCH, OPT_INPUT, OPT_INPUT_KB, OPT_WORKER_CPU,
     OPT_INPUT_STALL, OPT_RESTART_AT, OPT_FIRST_STEP, OPT_TP, OPT_PP, OPT_STAGE_WORK,
     OPT_SYNC_EVERY, OPT_NCCL_INIT, OPT_SUBGROUP, OPT_LOOP, OPT_BUCKETS, OPT_GEMM_SHARE,
+    OPT_GRAPHS_FROM,
 };
 
 static const struct option options[] = {
@@ -268,6 +271,7 @@ static const struct option options[] = {
     { "loop", required_argument, NULL, OPT_LOOP },
     { "buckets", required_argument, NULL, OPT_BUCKETS },
     { "gemm-share", required_argument, NULL, OPT_GEMM_SHARE },
+    { "graphs-from", required_argument, NULL, OPT_GRAPHS_FROM },
     { "tp", required_argument, NULL, OPT_TP },
     { "pp", required_argument, NULL, OPT_PP },
     { "stage-work", required_argument, NULL, OPT_STAGE_WORK },
@@ -404,6 +408,7 @@ static int apply_option(struct rank_config *cfg, int id, const char *arg)
     case OPT_LOOP: return set_loop(cfg, arg);
     case OPT_BUCKETS: return set_int("--buckets", arg, 1, &cfg->buckets);
     case OPT_GEMM_SHARE: return set_share(cfg, arg);
+    case OPT_GRAPHS_FROM: return set_int("--graphs-from", arg, 0, &cfg->graphs_from);
     case OPT_PP: return set_int("--pp", arg, 1, &cfg->pp);
     case OPT_STAGE_WORK: return parse_stage_work(cfg, arg) ? fail("--stage-work", arg) : 0;
     case OPT_MEMCPY_EVERY: return set_int("--memcpy-every", arg, 0, &cfg->memcpy_every);
@@ -434,6 +439,7 @@ static void set_defaults(struct rank_config *cfg)
         .steps = 10, .step_compute_ns = 20000000, .kernels = 4, .allreduce_bytes = 4194304,
         .datatype = ncclFloat32, .host_work_ns = 500000, .die_at = -1, .hang_at = -1,
         .restart_at = -1, .tp = 1, .pp = 1, .sync_every = 1, .buckets = 1, .gemm_share = 0.15,
+        .graphs_from = -1,
         .memcpy_every = 5, .loss_every = 1, .input_bytes = 256 * 1024,
         .worker_cpu_ns = 1000000,
     };
@@ -459,6 +465,8 @@ int rank_config_parse(struct rank_config *cfg, int argc, char **argv)
         return fail("--subgroup", "not with --tp/--pp");
     if (cfg->loop == LOOP_PYTORCH && (cfg->tp * cfg->pp > 1 || cfg->subgroups || cfg->extras))
         return fail("--loop", "pytorch takes no --tp/--pp, --subgroup or --extra");
+    if (cfg->graphs_from >= 0 && (cfg->loop != LOOP_SIM || cfg->tp * cfg->pp > 1))
+        return fail("--graphs-from", "takes the sim loop, without --tp/--pp");
     if (cfg->buckets > MAX_BUCKETS)
         return fail("--buckets", "more than 64");
     if (cfg->stage_works && cfg->stage_works != cfg->pp)

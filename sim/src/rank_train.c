@@ -70,15 +70,39 @@ struct collective_call call_begin(struct training *t, const char *op, size_t cou
 {
     return (struct collective_call){
         .op = op, .count = count, .datatype = t->cfg->datatype, .root = root, .peer = peer,
-        .seq = (*counter)++, .step = step, .entry_ns = now_ns(), .comm_hash = t->comm_hash,
+        .seq = (*counter)++, .counter = counter, .step = step, .entry_ns = now_ns(),
+        .comm_hash = t->comm_hash,
     };
 }
 
+/* A call made: recorded; or, captured in a graph, kept to be numbered and recorded at each
+ * replay (a captured collective runs only then). */
 int call_end(struct training *t, struct collective_call *call)
 {
     call->return_ns = now_ns();
+    if (t->capturing && call->result == ncclSuccess) {
+        (*call->counter)--;
+        if (t->ncaptured == MAX_CAPTURED)
+            return nccl_failed(t, "graph capture (more than 32 collectives)", ncclInvalidUsage);
+        t->captured[t->ncaptured++] = *call;
+        return 0;
+    }
     record_collective(t->record_fd, t->cfg, call->comm_hash, call);
     return nccl_failed(t, call->op, call->result);
+}
+
+/* The collectives of a graph replayed at ``entry``: each numbered anew, and recorded. */
+void replayed(struct training *t, int step, int64_t entry)
+{
+    int64_t back = now_ns();
+    for (int i = 0; i < t->ncaptured; i++) {
+        struct collective_call call = t->captured[i];
+        call.seq = (*call.counter)++;
+        call.step = step;
+        call.entry_ns = entry;
+        call.return_ns = back;
+        record_collective(t->record_fd, t->cfg, call.comm_hash, &call);
+    }
 }
 
 int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times)
@@ -88,7 +112,8 @@ int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times
         if (cuda_failed(t, "cudaLaunchKernel",
                         cudaLaunchKernel(kernel, grid, block, NULL, 0, t->stream)))
             return 1;
-    t->runtime_launches += (uint64_t)times;
+    if (!t->capturing)               /* captured: they run, and count, at each replay */
+        t->runtime_launches += (uint64_t)times;
     return 0;
 }
 

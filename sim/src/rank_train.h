@@ -13,6 +13,8 @@
 #include "nccl.h"
 #include "rank.h"
 
+#define MAX_CAPTURED 32
+
 /* One group of ranks on a communicator split from the world. */
 struct group {
     ncclComm_t comm;
@@ -54,6 +56,12 @@ struct training {
     cudaEvent_t bucket_ready[MAX_BUCKETS], all_reduced;
     void *cached[WARM_UP_STEPS];             /* the caching allocator's blocks */
     uint64_t launched, runtime_launches, driver_launches;
+    /* --graphs-from: the step's graph, and the collectives captured in it (run anew, and
+     * recorded, at each replay) */
+    cudaGraphExec_t graph;
+    int capturing;
+    struct collective_call captured[MAX_CAPTURED];
+    int ncaptured;
     char error[256];
 };
 
@@ -63,6 +71,7 @@ int nccl_failed(struct training *t, const char *call, ncclResult_t result);
 struct collective_call call_begin(struct training *t, const char *op, size_t count, int root,
                                   int peer, int step, uint64_t *counter);
 int call_end(struct training *t, struct collective_call *call);
+void replayed(struct training *t, int step, int64_t entry);
 int launch(struct training *t, const struct ingero_sim_kernel *kernel, int times);
 int read_loss(struct training *t, int step);
 void jitter(struct training *t);

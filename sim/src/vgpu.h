@@ -24,12 +24,16 @@ enum ingero_sim_remote_status {
 /*
  * How the device thread drives one part of a queued collective, under the device lock:
  * publish() once when the stream reaches the part (arrival = the virtual time it got there),
- * poll() until it is done (end = when the transfer finishes), finish() exactly once.
+ * poll() until it is done (end = when the transfer finishes), finish() exactly once. A part
+ * enqueued on a capturing stream is a template kept by the graph: each replay asks renew()
+ * for a fresh part like it (NULL: none could be made), and discard() frees it with the graph.
  */
 struct ingero_sim_remote_ops {
     int (*publish)(void *part, int64_t arrival_ns);
     int (*poll)(void *part, int64_t *end_ns);
     void (*finish)(void *part, int failed);
+    void *(*renew)(void *part);
+    void (*discard)(void *part);
 };
 
 cudaError_t ingero_sim_enqueue_kernel(cudaStream_t stream, const void *func);
@@ -47,6 +51,9 @@ cudaError_t ingero_sim_device_free(void *ptr);
  * the device was done with what the sync waited for. */
 int64_t ingero_sim_stream_done_ns(cudaStream_t stream);
 int ingero_sim_device_count(void);
+/* Whether the stream is capturing a graph: what is enqueued on it is recorded, not run. */
+int ingero_sim_stream_capturing(cudaStream_t stream);
+cudaError_t ingero_sim_graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
 int64_t ingero_sim_timeout_ns(void);
 /* Wake the device thread: a remote event (a peer's arrival) may have completed a part. */
 void ingero_sim_wake_device(void);

@@ -170,11 +170,86 @@ struct vgpu_item *vgpu_item_remote(const struct ingero_sim_remote_ops *ops, void
 }
 
 /* Queue an item; the device is woken only when the item is the stream's new head. */
+struct vgpu_capture {
+    struct vgpu_item *head, *tail;
+};
+
+struct vgpu_capture *vgpu_capture_new(void)
+{
+    return calloc(1, sizeof(struct vgpu_capture));
+}
+
+void vgpu_capture_free(struct vgpu_capture *c)
+{
+    while (c && c->head) {
+        struct vgpu_item *item = c->head;
+        c->head = item->next;
+        for (int i = 0; item->kind == ITEM_REMOTE && i < item->remote.nparts; i++)
+            item->remote.ops->discard(item->remote.parts[i]);
+        free(item->remote.parts);
+        free(item->remote.part_end);
+        free(item);
+    }
+    free(c);
+}
+
+/* Caller holds the lock: an item enqueued on a capturing stream is kept by the capture
+ * (a collective's parts as templates); events cannot be captured here. */
+static cudaError_t capture(struct vgpu_capture *c, struct vgpu_item *item)
+{
+    int kept = item->kind == ITEM_WORK
+        || (item->kind == ITEM_REMOTE && item->remote.ops->renew && item->remote.ops->discard);
+    if (!kept) {
+        if (item->event)
+            vgpu_event_release(item->event);
+        free(item->remote.parts);
+        free(item->remote.part_end);
+        free(item);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    item->next = NULL;
+    if (c->tail)
+        c->tail->next = item;
+    else
+        c->head = item;
+    c->tail = item;
+    return cudaSuccess;
+}
+
+/* A replay: the captured work enqueued again on ``s``, each collective's parts renewed. */
+cudaError_t vgpu_capture_replay(const struct vgpu_capture *c, struct CUstream_st *s)
+{
+    cudaError_t err = cudaSuccess;
+    for (const struct vgpu_item *item = c->head; item && err == cudaSuccess; item = item->next) {
+        if (item->kind == ITEM_WORK) {
+            err = vgpu_enqueue(s, vgpu_item_work(item->duration_ns));
+            continue;
+        }
+        const struct vgpu_remote *r = &item->remote;
+        void *parts[r->nparts];
+        int made = 0;
+        while (made < r->nparts && (parts[made] = r->ops->renew(r->parts[made])))
+            made++;
+        struct vgpu_item *fresh = made == r->nparts ? vgpu_item_remote(r->ops, parts, made)
+                                                    : NULL;
+        if (!fresh)
+            for (int i = 0; i < made; i++)
+                r->ops->finish(parts[i], 0);
+        err = vgpu_enqueue(s, fresh);
+    }
+    return err;
+}
+
 cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item)
 {
     if (!item)
         return cudaErrorMemoryAllocation;
     vgpu_lock();
+    if (s->capturing) {
+        cudaError_t err = capture(s->capturing, item);
+        vgpu_unlock();
+        return err;
+    }
     item->enqueued_ns = sim_now_ns();
     item->start_ns = -1;
     if (s->tail)

@@ -33,6 +33,7 @@ struct CUstream_st {
     uint64_t completed;       /* items the device has finished (or failed) */
     int64_t free_at_ns;       /* virtual time the last finished item ended */
     cudaError_t error;        /* first failure on this stream; sticky */
+    struct vgpu_capture *capturing; /* what a graph capture records; NULL: none */
     struct CUstream_st *next; /* all live streams, the default stream last */
 };
 
@@ -76,6 +77,13 @@ HIDDEN struct vgpu_item *vgpu_item_event(int wait, struct CUevent_st *ev, uint64
 HIDDEN struct vgpu_item *vgpu_item_remote(const struct ingero_sim_remote_ops *ops,
                                           void *const *parts, int nparts);
 HIDDEN int vgpu_for_each_stream(int (*visit)(struct CUstream_st *s, void *arg), void *arg);
+/* A graph capture: the items enqueued on a capturing stream, kept instead of run (kernels and
+ * copies as work, collectives as template parts); a replay enqueues them again, each
+ * collective's parts renewed. */
+struct vgpu_capture;
+HIDDEN struct vgpu_capture *vgpu_capture_new(void);
+HIDDEN void vgpu_capture_free(struct vgpu_capture *c);
+HIDDEN cudaError_t vgpu_capture_replay(const struct vgpu_capture *c, struct CUstream_st *s);
 
 /* vgpu_stream.c: streams, events, durations, synchronisation. */
 HIDDEN struct CUstream_st *vgpu_stream(cudaStream_t handle);
@@ -90,6 +98,7 @@ HIDDEN cudaError_t vgpu_stream_query(cudaStream_t stream);
 HIDDEN cudaError_t vgpu_stream_sync(cudaStream_t stream);
 HIDDEN cudaError_t vgpu_device_sync(int blocking_streams_only);
 HIDDEN cudaError_t vgpu_stream_wait_event(cudaStream_t stream, cudaEvent_t event);
+HIDDEN int vgpu_capturing(cudaStream_t stream);
 HIDDEN cudaError_t vgpu_event_create(cudaEvent_t *out, unsigned int flags);
 HIDDEN cudaError_t vgpu_event_record(cudaEvent_t event, cudaStream_t stream);
 HIDDEN cudaError_t vgpu_event_query(cudaEvent_t event);
@@ -97,6 +106,14 @@ HIDDEN cudaError_t vgpu_event_sync(cudaEvent_t event);
 HIDDEN cudaError_t vgpu_event_elapsed(float *ms, cudaEvent_t start, cudaEvent_t end);
 HIDDEN cudaError_t vgpu_event_destroy(cudaEvent_t event);
 HIDDEN void vgpu_event_release(struct CUevent_st *ev);
+
+/* vgpu_graph.c: capture, instantiation and replay. */
+HIDDEN cudaError_t vgpu_begin_capture(cudaStream_t stream);
+HIDDEN cudaError_t vgpu_end_capture(cudaStream_t stream, cudaGraph_t *graph);
+HIDDEN cudaError_t vgpu_graph_instantiate(cudaGraphExec_t *exec, cudaGraph_t graph);
+HIDDEN cudaError_t vgpu_graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
+HIDDEN cudaError_t vgpu_graph_exec_destroy(cudaGraphExec_t exec);
+HIDDEN cudaError_t vgpu_graph_destroy(cudaGraph_t graph);
 
 /* vgpu_mem.c: allocations and copies. */
 enum vgpu_mem_kind { MEM_HOST_PAGEABLE, MEM_DEVICE, MEM_MANAGED, MEM_HOST_PINNED };

@@ -84,3 +84,13 @@ SIM_API void ingero_sim_wake_device(void)
     vgpu_poke();
     vgpu_unlock();
 }
+
+SIM_API int ingero_sim_stream_capturing(cudaStream_t stream)
+{
+    return vgpu_capturing(stream);
+}
+
+SIM_API cudaError_t ingero_sim_graph_launch(cudaGraphExec_t exec, cudaStream_t stream)
+{
+    return vgpu_graph_launch(exec, stream);
+}

@@ -124,11 +124,23 @@ static int stream_reached(void *arg)
     return t->stream->completed >= t->target;
 }
 
+/* Whether a graph capture is under way on the stream. */
+int vgpu_capturing(cudaStream_t stream)
+{
+    struct CUstream_st *s = vgpu_stream(stream);
+    vgpu_lock();
+    int capturing = s && s->capturing;
+    vgpu_unlock();
+    return capturing;
+}
+
 cudaError_t vgpu_stream_sync(cudaStream_t stream)
 {
     struct CUstream_st *s = vgpu_stream(stream);
     if (!s)
         return cudaErrorInvalidResourceHandle;
+    if (vgpu_capturing(stream))
+        return cudaErrorStreamCaptureUnsupported;
     vgpu_lock();
     struct stream_target t = { s, s->enqueued };
     int64_t until = vgpu_known_end(s);
