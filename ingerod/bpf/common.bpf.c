@@ -3,8 +3,9 @@
  *
  * ingerod loads common.bpf.c, nccl.bpf.c, cuda.bpf.c, graph.bpf.c and host.bpf.c as ONE
  * program text, in that order, so that the probes share these maps: bcc rewrites map calls
- * (map.lookup(...)) only in the main source, never in an #included file. Each probe file includes this one when
- * compiled alone (for a syntax check); in the joined text the guard skips it.
+ * (map.lookup(...)) only in the main source, never in an #included file. Each probe file
+ * includes this one when compiled alone (for a syntax check); in the joined text the guard
+ * skips it.
  */
 #ifndef INGERO_COMMON
 #define INGERO_COMMON
