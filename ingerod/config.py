@@ -66,11 +66,12 @@ SETTINGS = [
             "SECONDS"),
     Setting("gpu_memory_bytes", None, optional(integer(2**20, 2**50)),
             "ebpf: device memory per GPU, against which allocations count as headroom used "
-            "[default: the smallest GPU's, from NVML; 80 GiB where NVML does not answer].",
+            "where NVML does not say what the GPUs use [default: the smallest GPU's, from "
+            "NVML; 80 GiB where NVML does not answer].",
             "BYTES"),
     Setting("nvml_library", "libnvidia-ml.so.1", text,
-            "ebpf: NVIDIA's management library, asked once at start how much memory the "
-            "GPUs hold.", "PATH"),
+            "ebpf: NVIDIA's management library, asked at each sample what each GPU uses of "
+            "the memory it holds (the memory signal).", "PATH"),
     Setting("jobs_dir", "/var/lib/ingero/jobs", optional(path),
             "The job spool: the Slurm prolog and epilog leave a record of each job start and "
             "end here, which the agent forwards and then deletes (none: read no records).",

@@ -19,7 +19,7 @@ from ingero.runtime import RateLimitedLog
 
 from .discovery import TracedProcess, identify, library_file, roles, scan
 from .events import COPY_KINDS, OPS, decode
-from .gpumem import device_memory
+from .gpumem import DeviceMemory, device_memory
 from .health import EmaBaseline, Sample, clamp
 from .probes import Tracer
 
@@ -71,6 +71,14 @@ def gpu_memory(cfg: SimpleNamespace) -> int:
     return found
 
 
+def memory_signal(used_share: float | None, outstanding: int, gpu_memory: int) -> float:
+    """Memory headroom in [0, 1]: what NVML says the fullest GPU does not use; where NVML
+    says nothing, what the largest process's own allocations leave of ``gpu_memory``."""
+    if used_share is not None:
+        return clamp(1.0 - used_share)
+    return clamp(1.0 - outstanding / gpu_memory)
+
+
 class EbpfSource:
     name = "ebpf"
 
@@ -88,6 +96,7 @@ class EbpfSource:
         self.collectives = 0
         self.outstanding_bytes: dict[int, int] = {}
         self.gpu_memory = gpu_memory(cfg)
+        self.device_memory = DeviceMemory(cfg.nvml_library)
         self.throughput = EmaBaseline()
         self.compute = EmaBaseline()
         self.last_sample = now
@@ -365,11 +374,12 @@ class EbpfSource:
         self.launches += launches
         preempted = max((v.preempted_ns for _k, v in self.tracer.take("offcpu")), default=0)
         outstanding = max(self.outstanding_bytes.values(), default=0)
+        used = self.device_memory.used_share()
         signals = {
             "throughput": self.throughput.signal(self.collectives / elapsed),
             "compute": self.compute.signal(launches / (elapsed * self.cfg.launch_duty_cycle)
                                            if self.cfg.launch_duty_cycle else 1.0),
-            "memory": clamp(1.0 - outstanding / self.gpu_memory),
+            "memory": memory_signal(used, outstanding, self.gpu_memory),
             "cpu": clamp(1.0 - preempted / (elapsed * 1e9)),
         }
         self.collectives = 0
@@ -429,4 +439,5 @@ class EbpfSource:
         return self.launches
 
     def close(self) -> None:
+        self.device_memory.close()
         self.tracer.close()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 import sim
 from ingerod.ebpf_source import DEFAULT_GPU_MEMORY, gpu_memory
 
@@ -35,3 +37,51 @@ def test_no_gpu_and_no_nvml_keep_the_default_and_the_setting_wins():
     assert ask(library, INGERO_SIM_GPUS="0") == str(DEFAULT_GPU_MEMORY)
     assert ask("/nonexistent/libnvidia-ml.so.1") == str(DEFAULT_GPU_MEMORY)
     assert gpu_memory(SimpleNamespace(gpu_memory_bytes=2**30, nvml_library=library)) == 2**30
+
+
+HOLD = """
+import ctypes, sys, time
+cudart = ctypes.CDLL(sys.argv[1] + "/libcudart.so.12")
+assert cudart.cudaSetDevice(int(sys.argv[2])) == 0
+pointer = ctypes.c_void_p()
+assert cudart.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(int(sys.argv[3]))) == 0
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def used_share(library: str, **env: str) -> float | None:
+    code = ("from ingerod.gpumem import DeviceMemory; m = DeviceMemory(%r); "
+            "print(m.used_share()); m.close()" % library)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stderr
+    return None if done.stdout.strip() == "None" else float(done.stdout)
+
+
+def test_the_memory_signal_is_what_the_gpus_say_they_use_not_what_a_job_allocated():
+    """PyTorch's caching allocator reserves memory once and keeps it: what NVML says a GPU
+    uses is the signal, per device, the fullest one counted. A process of host label 7 holds
+    24 GiB of an 80 GiB GPU 2 (the sim's libcudart publishes what it holds; the sim's NVML
+    sums the live processes' of its label): 30% used, headroom 0.7. Another label's GPUs
+    hold none of it, and once the process is gone the GPU is empty again. Without NVML the
+    signal is the job's own allocations against the GPU's size, as before."""
+    from ingerod.ebpf_source import memory_signal
+
+    library, label = str(sim.nvml_library()), "7"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(sim.lib_dir()), "2",
+                               str(24 * 2**30)], stdout=subprocess.PIPE, text=True,
+                              env={"PATH": "/usr/bin:/bin", "INGERO_SIM_NODE": label,
+                                   "INGERO_SIM_GPU_MEM_GB": "80"})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        share = used_share(library, INGERO_SIM_NODE=label)
+        assert share == pytest.approx(0.3), share
+        assert memory_signal(share, 0, 80 * 2**30) == pytest.approx(0.7)
+        assert used_share(library, INGERO_SIM_NODE="8") == 0.0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert used_share(library, INGERO_SIM_NODE=label) == 0.0
+    assert used_share("/nonexistent/libnvidia-ml.so.1") is None
+    assert memory_signal(None, 20 * 2**30, 80 * 2**30) == pytest.approx(0.75)

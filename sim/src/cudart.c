@@ -42,6 +42,7 @@ SIM_API cudaError_t cudaSetDevice(int device)
     if (device < 0 || device >= vgpu_knobs()->device_count)
         return note(cudaErrorInvalidDevice);
     current_device = device;
+    vgpu_set_device(device);
     return cudaSuccess;
 }
 

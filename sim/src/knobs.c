@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -53,4 +54,22 @@ int sim_start_thread(void *(*body)(void *), void *arg, pthread_t *thread)
     int failed = pthread_create(thread, NULL, body, arg);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     return failed;
+}
+
+unsigned long long sim_process_start(int pid)
+{
+    char path[64], line[1024];
+    unsigned long long start = 0;
+    if (pid > 0)
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
+    FILE *f = fopen(path, "r");
+    char *after = f && fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
+    if (after && sscanf(after + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d "
+                                   "%*d %*d %*d %*d %llu", &start) != 1)
+        start = 0;
+    if (f)
+        fclose(f);
+    return start;
 }

@@ -110,13 +110,11 @@ static void *join_in_background(void *arg)
 static ncclResult_t init_nonblocking(struct ncclComm *comm)
 {
     pthread_t thread;
-    pthread_attr_t attr;
     atomic_store(&comm->init_state, ncclInProgress);
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int failed = pthread_create(&thread, &attr, join_in_background, comm);
-    pthread_attr_destroy(&attr);
-    return failed ? ncclSystemError : ncclInProgress;
+    if (sim_start_thread(join_in_background, comm, &thread))
+        return ncclSystemError;
+    pthread_detach(thread);
+    return ncclInProgress;
 }
 
 ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,

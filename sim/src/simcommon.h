@@ -44,6 +44,10 @@ __attribute__((visibility("hidden"))) void sim_log(const char *fmt, ...)
 __attribute__((visibility("hidden"))) int sim_start_thread(void *(*body)(void *), void *arg,
                                                            pthread_t *thread);
 
+/* When process ``pid`` (0: this one) started: /proc/PID/stat's 22nd field, clock ticks since
+ * boot; 0 where it cannot be read. Tells a process from a former one of the same pid. */
+__attribute__((visibility("hidden"))) unsigned long long sim_process_start(int pid);
+
 #define SIM_DEBUG(...) do { if (sim_debug_enabled()) sim_log(__VA_ARGS__); } while (0)
 
 #endif

@@ -3,9 +3,13 @@
  * the sim models when bytes move, not what they are, so a rank can "hold" gigabytes of
  * gradients on a small VM. Managed and pinned host memory are real, readable memory.
  */
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "simcommon.h"
 #include "vgpu_model.h"
@@ -23,7 +27,37 @@ static struct {
     pthread_mutex_t lock;
     struct allocation *live;  /* few and large in training jobs, so a list is enough */
     uint64_t device_bytes;    /* device memory in use, against INGERO_SIM_GPU_MEM_GB */
+    int device;               /* the device the process set last (cudaSetDevice) */
 } mem = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* What the node's GPUs hold, as NVML tells it (the sim's libnvidia-ml.so.1 sums these): this
+ * process's device memory in use and its start, in
+ * /dev/shm/ingero-sim-gpumem/<host label>/<device>.<pid>. A caching allocator's reserve
+ * counts, as on a real GPU. Best effort: no file, no word. */
+static void publish_usage(void)
+{
+    const char *label = getenv("INGERO_SIM_NODE");
+    char dir[256], path[320], text[64];
+    snprintf(dir, sizeof dir, "/dev/shm/ingero-sim-gpumem/%s", label && *label ? label : "0");
+    snprintf(path, sizeof path, "%s/%d.%d", dir, mem.device, (int)getpid());
+    mkdir("/dev/shm/ingero-sim-gpumem", 01777);
+    mkdir(dir, 01777);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    int n = snprintf(text, sizeof text, "%llu %llu\n", (unsigned long long)mem.device_bytes,
+                     sim_process_start(0));
+    if (write(fd, text, (size_t)n) != n)
+        SIM_DEBUG("could not publish device memory in use to %s", path);
+    close(fd);
+}
+
+void vgpu_set_device(int device)
+{
+    pthread_mutex_lock(&mem.lock);
+    mem.device = device;
+    pthread_mutex_unlock(&mem.lock);
+}
 
 static size_t mapping_bytes(size_t bytes)
 {
@@ -58,8 +92,10 @@ cudaError_t vgpu_alloc(void **ptr, size_t bytes, enum vgpu_mem_kind kind)
     if (base) {
         *a = (struct allocation){ mem.live, base, bytes, kind };
         mem.live = a;
-        if (kind == MEM_DEVICE || kind == MEM_MANAGED)
+        if (kind == MEM_DEVICE || kind == MEM_MANAGED) {
             mem.device_bytes += bytes;
+            publish_usage();
+        }
         *ptr = base;
     }
     pthread_mutex_unlock(&mem.lock);
@@ -88,8 +124,10 @@ cudaError_t vgpu_release(void *ptr, enum vgpu_mem_kind kind)
         return cudaSuccess;
     pthread_mutex_lock(&mem.lock);
     struct allocation *a = unlink_allocation(ptr, kind);
-    if (a && (a->kind == MEM_DEVICE || a->kind == MEM_MANAGED))
+    if (a && (a->kind == MEM_DEVICE || a->kind == MEM_MANAGED)) {
         mem.device_bytes -= a->bytes;
+        publish_usage();
+    }
     pthread_mutex_unlock(&mem.lock);
     if (!a)
         return cudaErrorInvalidValue;

@@ -120,6 +120,7 @@ enum vgpu_mem_kind { MEM_HOST_PAGEABLE, MEM_DEVICE, MEM_MANAGED, MEM_HOST_PINNED
 HIDDEN cudaError_t vgpu_alloc(void **ptr, size_t bytes, enum vgpu_mem_kind kind);
 HIDDEN cudaError_t vgpu_release(void *ptr, enum vgpu_mem_kind kind);
 HIDDEN void vgpu_mem_info(size_t *free_bytes, size_t *total_bytes);
+HIDDEN void vgpu_set_device(int device);
 HIDDEN cudaError_t vgpu_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                              cudaStream_t stream, int blocking);
 HIDDEN cudaError_t vgpu_memset(void *dst, int value, size_t bytes, cudaStream_t stream);
