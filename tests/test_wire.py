@@ -56,7 +56,9 @@ def test_unknown_fields_are_ignored_for_newer_minor_versions():
     assert wire.decode([header, msgpack.packb(values)]) == wire.Heartbeat(1.0)
 
 
-def reencode(message, **changes):
+def reencode(message, /, **changes):
+    """``message`` encoded with its body's fields changed (any names: positional-only, so a
+    generated field called "message" is a field, not a second argument)."""
     header, body = wire.encode(message)
     values = msgpack.unpackb(body)
     values.update(changes)
