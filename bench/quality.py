@@ -148,8 +148,8 @@ FULL = [
     case("pytorch-healthy", "PyTorch DDP loop (NCCL stream, 4 buckets, a loss read a step); "
          "0 to 2 ms of random host time a step: no straggler", 4, 4, loop="pytorch",
          buckets=4, kernels=8, jitter_ms=2),
-    case("pytorch-late", "PyTorch DDP loop; rank 5 30 ms late on the host from step 10", 4, 4,
-         [delay(5, 30, 10)], loop="pytorch", buckets=4, kernels=8),
+    case("pytorch-late", "PyTorch DDP loop; rank 5 60 ms late on the host from step 10", 4, 4,
+         [delay(5, 60, 10)], loop="pytorch", buckets=4, kernels=8),
     case("pytorch-ahead", "PyTorch DDP loop, a loss read every 10 steps; from step 40 rank 5's "
          "host 6 ms slower a step, still ahead of its GPU: no straggler", 2, 4,
          [delay(5, 6, 40)], harmless=(5,), loop="pytorch", buckets=4, kernels=8,
@@ -159,17 +159,17 @@ FULL = [
          "it)", 4, 4, [{"rank": 6, "kind": "slow_gpu", "factor": 1.3}], loop="pytorch",
          buckets=4, kernels=8),
     case("scalable-late", "world made with ncclCommInitRankScalable (a unique id a node); "
-         "rank 9 40 ms late from step 10", 4, 4, [delay(9, 40, 10)], nccl_init="scalable"),
-    case("nonblocking-late", "world made non-blocking (ncclInProgress, polled); rank 2 40 ms "
-         "late from step 10", 2, 4, [delay(2, 40, 10)], nccl_init="nonblocking"),
+         "rank 9 60 ms late from step 10", 4, 4, [delay(9, 60, 10)], nccl_init="scalable"),
+    case("nonblocking-late", "world made non-blocking (ncclInProgress, polled); rank 2 60 ms "
+         "late from step 10", 2, 4, [delay(2, 60, 10)], nccl_init="nonblocking"),
     case("subgroups-late", "four groups split from the world, 12 NOCOLOR ranks each split; "
-         "rank 6 40 ms late into its group's all-reduce only", 4, 4,
-         [{**delay(6, 40, 10), "before": "subgroup"}],
+         "rank 6 60 ms late into its group's all-reduce only", 4, 4,
+         [{**delay(6, 60, 10), "before": "subgroup"}],
          subgroups=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]),
-    case("alltoall-late", "an MoE layer's two ncclAlltoAll a step; rank 11 40 ms late from "
-         "step 10", 4, 4, [delay(11, 40, 10)], extra_collectives=["alltoall"]),
-    case("graphs-late", "each step a CUDA graph's replay from step 20; rank 4 40 ms late on "
-         "the host from step 30", 2, 4, [delay(4, 40, 30)], graphs={"from_step": 20}),
+    case("alltoall-late", "an MoE layer's two ncclAlltoAll a step; rank 11 60 ms late from "
+         "step 10", 4, 4, [delay(11, 60, 10)], extra_collectives=["alltoall"]),
+    case("graphs-late", "each step a CUDA graph's replay from step 20; rank 4 60 ms late on "
+         "the host from step 30", 2, 4, [delay(4, 60, 30)], graphs={"from_step": 20}),
     case("graphs-hang", "each step a CUDA graph's replay from step 20; rank 7 hangs at step 40, "
          "inside its replays", 2, 4, [{"rank": 7, "kind": "hang", "at_step": 40}],
          graphs={"from_step": 20}, timeout_s=12),
