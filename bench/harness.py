@@ -38,7 +38,7 @@ def parser_for(module: ModuleType) -> argparse.ArgumentParser:
                         help="the smallest run that exercises every part (what CI runs)")
     parser.add_argument("--json", type=Path, default=None,
                         help=f"write the result here (default: bench/results/{module.NAME}"
-                        ".json, none for --smoke)")
+                        ".json, none for --smoke or a part of the run, --only)")
     module.add_arguments(parser)
     return parser
 
@@ -59,7 +59,8 @@ def main(module: ModuleType, argv: list[str] | None = None) -> int:
     result["measured"] = {**machine(), "smoke": args.smoke,
                           "command": " ".join(["python -m bench." + module.NAME,
                                                *(argv if argv is not None else sys.argv[1:])])}
-    target = args.json or (None if args.smoke else RESULTS / f"{module.NAME}.json")
+    partial = args.smoke or getattr(args, "only", None)   # never over the whole run's result
+    target = args.json or (None if partial else RESULTS / f"{module.NAME}.json")
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(result, indent=2) + "\n")

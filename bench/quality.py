@@ -168,6 +168,9 @@ FULL = [
          subgroups=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]),
     case("alltoall-late", "an MoE layer's two ncclAlltoAll a step; rank 11 60 ms late from "
          "step 10", 4, 4, [delay(11, 60, 10)], extra_collectives=["alltoall"]),
+    case("alltoallv-late", "an all-to-all with uneven splits a step (grouped Send/Recv with every "
+         "peer, as PyTorch makes it); rank 13 60 ms late into it only, from step 10", 4, 4,
+         [{**delay(13, 60, 10), "before": "alltoallv"}], extra_collectives=["alltoallv"]),
     case("graphs-late", "each step a CUDA graph's replay from step 20; rank 4 60 ms late on "
          "the host from step 30", 2, 4, [delay(4, 60, 30)], graphs={"from_step": 20}),
     case("graphs-hang", "each step a CUDA graph's replay from step 20; rank 7 hangs at step 40, "

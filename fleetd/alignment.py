@@ -41,7 +41,31 @@ class Pair(NamedTuple):
             f"{self.receiver})"
 
 
-CommKey = str | Pair      # a window's key: its communicator's hash, or a Send/Recv pair in it
+class Exchange(NamedTuple):
+    """The all-to-alls a communicator's ranks make of grouped Send/Recv (``EXCHANGE``), as a
+    window beside its communicator's: they keep a sequence of their own."""
+
+    comm: str
+
+    def __str__(self) -> str:
+        return f"{self.comm}>all"
+
+    def words(self) -> str:
+        return f"communicator {self.comm} (its ranks' grouped Send/Recv with every peer)"
+
+
+# A window's key: its communicator's hash, a Send/Recv pair in it, or its exchanges.
+CommKey = str | Pair | Exchange
+
+
+def comm_of(key: CommKey) -> str:
+    """The hash of the communicator a window is on."""
+    return key if isinstance(key, str) else key.comm
+
+
+def words_of(key: CommKey) -> str:
+    """The window, in words."""
+    return f"communicator {key}" if isinstance(key, str) else key.words()
 
 
 @dataclass(frozen=True)

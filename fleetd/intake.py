@@ -3,8 +3,8 @@
 The events that make up nearly all of a push (collectives on a known communicator, syncs,
 allocations, frees, copies) are grouped with numpy, by run and then by communicator or rank, and
 handed over as arrays: a Python step per group, never per event. The rest (an exit, a split, a
-collective on a communicator the agent did not see made, a Send/Recv, preemption and block I/O
-evidence) are few, and go through the same per-event code as a push of maps, first.
+collective on a communicator the agent did not see made, a Send/Recv or an exchange,
+preemption and block I/O evidence) are few, and go through the same per-event code as a push of maps, first.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from ingero.analysis.segments import group_rows, grouped
 from ingero.columns import EventColumns
-from ingero.vocabulary import POINT_TO_POINT, UNKNOWN_COMM
+from ingero.vocabulary import OWN_SEQUENCE, UNKNOWN_COMM
 
 from .rankstate import RUN_TAGS, JobState
 
@@ -32,9 +32,9 @@ class ColumnIntake:
         comm, comms = cols.codes("comm_hash")
         unknown = [k for k, c in enumerate(comms) if c == UNKNOWN_COMM]
         op, ops = cols.codes("op")
-        p2p = [k for k, name in enumerate(ops) if name in POINT_TO_POINT]
+        own = [k for k, name in enumerate(ops) if name in OWN_SEQUENCE]
         placed = (comm >= 0) & ~np.isin(comm, unknown) & (cols.ints("nranks") >= 1) \
-            & (cols.ints("comm_rank") >= 0) & ~np.isin(op, p2p)
+            & (cols.ints("comm_rank") >= 0) & ~np.isin(op, own)
         return kind_bulk & (placed | ~cols.of_kind("collective"))
 
     def runs(self, push, cols: EventColumns, now: float,

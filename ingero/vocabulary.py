@@ -33,6 +33,12 @@ COPY_DIRECTIONS = ("host_to_host", "host_to_device", "device_to_host", "device_t
 # NCCL calls that move data between two ranks only: they have their own order per peer pair
 # and are not aligned with the collectives.
 POINT_TO_POINT = ("ncclSend", "ncclRecv")
+# A group of Send/Recv in which a rank sent to and received from every peer (PyTorch's
+# all_to_all_single with uneven splits): ingerod tells each as one entry, numbered among the
+# communicator's groups of Send/Recv, and fleetd judges it as a collective of its own.
+EXCHANGE = "alltoallv"
+# What keeps a sequence of its own on a communicator, apart from its collectives'.
+OWN_SEQUENCE = POINT_TO_POINT + (EXCHANGE,)
 # The communicator hash of a collective whose communicator the agent did not see created.
 UNKNOWN_COMM = "0" * 16
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ingero.vocabulary import COPY_DIRECTIONS
+from ingero.vocabulary import COPY_DIRECTIONS, EXCHANGE
 
 KINDS = {1: "collective", 2: "comm_init", 3: "comm_destroy", 4: "sync", 5: "alloc", 6: "free",
          7: "memcpy", 8: "process_exit"}
@@ -16,7 +16,7 @@ KINDS = {1: "collective", 2: "comm_init", 3: "comm_destroy", 4: "sync", 5: "allo
 OPS = {
     1: "ncclAllReduce", 2: "ncclAllGather", 3: "ncclReduceScatter", 4: "ncclReduce",
     5: "ncclBroadcast", 6: "ncclBcast", 7: "ncclSend", 8: "ncclRecv", 9: "ncclAlltoAll",
-    10: "ncclGather", 11: "ncclScatter",
+    10: "ncclGather", 11: "ncclScatter", 12: EXCHANGE,
     20: "ncclCommInitRank", 21: "ncclCommInitRankConfig", 22: "ncclCommInitAll",
     23: "ncclCommSplit", 24: "ncclCommDestroy", 25: "ncclCommAbort",
     26: "ncclCommInitRankScalable", 27: "ncclCommShrink", 28: "ncclCommFinalize",

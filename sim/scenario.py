@@ -33,9 +33,9 @@ NCCL_INITS = ("config", "scalable", "nonblocking")
 # The training loop: the sim's own (one stream, a loss read on the rank's own kernels) or
 # PyTorch DDP's (an NCCL stream of its own, buckets, one .item() sync every sync_every steps).
 LOOPS = ("sim", "pytorch")
-# Where a host_delay or hiccup sleeps: before the gradient all-reduce, or before the rank's
-# subgroups' all-reduces (after the world's).
-DELAY_PLACES = ("allreduce", "subgroup")
+# Where a host_delay or hiccup sleeps: before the gradient all-reduce, before the rank's
+# subgroups' all-reduces (after the world's), or before its uneven all-to-all (alltoallv).
+DELAY_PLACES = ("allreduce", "subgroup", "alltoallv")
 RENDEZVOUS = ("shm", "tcp")
 # How the ranks are started (sim.cluster): srun, one task per rank; torchrun under srun, one
 # launcher task per node spawning its ranks; torchrun in the batch script (every process sees
@@ -292,6 +292,8 @@ def _straggler(data: Any, where: str, job: Job) -> Straggler:
         raise ScenarioError(f"{where}.at_step: must be below job.steps ({job.steps})")
     if values.get("before") == "subgroup" and not any(head["rank"] in g for g in job.subgroups):
         raise ScenarioError(f"{where}.before: rank {head['rank']} is in no job.subgroups")
+    if values.get("before") == "alltoallv" and "alltoallv" not in job.extra_collectives:
+        raise ScenarioError(f"{where}.before: alltoallv is not in job.extra_collectives")
     if head["kind"] == "slow_input" and not job.workers:
         raise ScenarioError(f"{where}: slow_input slows the rank's data-loader workers: "
                             f"set job.workers")

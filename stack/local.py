@@ -17,7 +17,7 @@ from pathlib import Path
 from ingero.command.client import EchodClient
 from ingero.errors import ApiCallError
 from stack.launch import Daemon, KeyRing, free_port, stop_all, wait_for
-from ingero.vocabulary import POINT_TO_POINT
+from ingero.vocabulary import OWN_SEQUENCE
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine
@@ -344,7 +344,7 @@ def last_instances(records: list[Path]) -> dict[str, int]:
     for path in records:
         last: dict[str, int] = {}
         for c in read_record(path).collectives:
-            if c["op"] not in POINT_TO_POINT:
+            if c["op"] not in OWN_SEQUENCE:
                 comm = f"{c['comm_id_hash']:016x}"
                 last[comm] = max(last.get(comm, -1), c["seq"])
         for comm, seq in last.items():

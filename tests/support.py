@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingero.command.words import verdict_summary
 from stack.launch import wait_for
 from stack.local import Echod, Stack
-from ingero.vocabulary import POINT_TO_POINT
+from ingero.vocabulary import OWN_SEQUENCE
 
 
 def have_bcc() -> bool:
@@ -285,7 +285,7 @@ def lag_quartiles(stack, job: str) -> dict[tuple, tuple[float, float]]:
     step = dict(found["rows"])
     entries: dict[tuple, dict[int, float]] = defaultdict(dict)
     for s in timeline["slices"]:
-        if s["kind"] == "collective" and s["op"] not in POINT_TO_POINT:
+        if s["kind"] == "collective" and s["op"] not in OWN_SEQUENCE:
             entries[(s["comm_hash"], s["seq"])][s["rank"]] = s["t"] * 1e3
     width: dict[str, int] = defaultdict(int)
     for (comm, _), entered in entries.items():

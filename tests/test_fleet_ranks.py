@@ -21,6 +21,7 @@ from fleetd.ranks.common import Onset, heard_through, waits_around
 from fleetd.rankstate import RankFacts
 from ingero.analysis.cost import exposure, waits_grew
 from ingero import columns, wire
+from ingero.vocabulary import EXCHANGE
 
 T0 = 1_800_000_000.0
 STEP = 0.05
@@ -463,6 +464,35 @@ def test_a_rank_that_never_sends_its_activations_is_named_from_its_pairs():
     ra.observe(push("node", []), T0 + 3.0)
     hung = [v for v in ra.tick(T0 + 3.5) if v.kind == "hang"]
     assert [v.rank for v in hung] == [2] and "ncclSend #12" in hung[0].findings[0]
+
+
+def test_an_all_to_all_of_grouped_send_recv_is_judged_apart_from_the_collectives():
+    """ingerod tells a group of Send/Recv with every peer as one entry (op alltoallv),
+    numbered among the communicator's groups: fleetd judges those in a window of their own,
+    beside the all-reduces numbered alike (step for step here), and names the rank late into
+    them on the communicator. A rank absent from one because it sent to fewer peers then (a
+    zero split skipped) went on to the next: it is no hang."""
+    ra = analysis()
+    late = lambda r, s: 0.1 if r == 3 and s >= 10 else 0.0             # noqa: E731
+    for node, ranks in (("n0", range(4)), ("n1", range(4, 8))):
+        exchanged(ra, node, 0.0)
+    changed = []
+    for first in range(0, 60, 10):
+        now = T0 + (first + 10) * STEP + 0.3
+        for node, ranks in (("n0", range(4)), ("n1", range(4, 8))):
+            exchanges = [e for e in steps(ranks, first, first + 10, late, op=EXCHANGE)
+                         if (e["attrs"]["rank"], e["attrs"]["seq"]) != (5, 7)]
+            for e in exchanges:
+                e["id"] += "x"
+                e["t"] += STEP / 2
+            ra.observe(push(node, steps(ranks, first, first + 10) + exchanges), now)
+        changed += ra.tick(now)
+    named = {v.rank: v for v in ra.active()}
+    assert set(named) == {3}, distinct(changed)
+    assert (named[3].kind, named[3].op, named[3].comm_hash) == ("persistent", EXCHANGE, COMM)
+    assert not [v for v in changed if v.kind in ("hang", "died")]
+    (job,) = ra.jobs.values()
+    assert set(map(str, job.comms)) == {COMM, f"{COMM}>all"}
 
 
 def test_a_slow_gpu_is_named_by_its_self_work():

@@ -371,8 +371,10 @@ def test_worlds_made_as_pytorch_makes_them_their_nocolor_splits_and_all_to_all_a
     all-reduce only: every split resolves, and rank 5 is named there, for its host work. Its
     group then comes late to the next world all-reduce, waiting on it: not named. A world made
     non-blocking, with an MoE layer's two all-to-alls a step and rank 9 late on the host: named
-    at ncclAlltoAll. Before, neither world was seen made, no NOCOLOR split was told, and
-    all-to-all was not probed: nobody could be named in either job."""
+    at ncclAlltoAll. An all-to-all with uneven splits (a group of Send/Recv with every peer,
+    as PyTorch makes it) and rank 6 late into it only: named at that exchange, on the world.
+    Before, neither world was seen made, no NOCOLOR split was told, all-to-all was not
+    probed, and sends and receives were never judged for lag: nobody could be named."""
     unaligned = metric(stack.fleet_port, "ingero_fleet_unaligned_collectives_total")
     run(stack, "3101", "torchrun", [{"rank": 5, "kind": "host_delay", "delay_ms": 30,
                                      "from_step": 5, "before": "subgroup"}],
@@ -390,6 +392,14 @@ def test_worlds_made_as_pytorch_makes_them_their_nocolor_splits_and_all_to_all_a
     late = verdicts(stack, "3102")
     assert {r: (v["cause"], v["op"]) for r, v in late.items()} == {
         9: ("host_work", "ncclAlltoAll")}, why(described(late), stack.logs())
+    run(stack, "3103", "srun", [{"rank": 6, "kind": "host_delay", "delay_ms": 30,
+                                 "from_step": 5, "before": "alltoallv"}],
+        extra_collectives=["alltoallv"], steps=40)
+    late = verdicts(stack, "3103")
+    assert {r: (v["cause"], v["op"]) for r, v in late.items()} == {
+        6: ("host_work", "alltoallv")}, why(described(late), stack.logs())
+    world = read_record(stack.root / "job-3103" / "rank-6.jsonl").summary["comm_id_hash"]
+    assert late[6]["comm_hash"] == f"{world:016x}", late[6]
     assert metric(stack.fleet_port, "ingero_fleet_unaligned_collectives_total") == unaligned
 
 

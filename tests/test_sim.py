@@ -582,6 +582,9 @@ def test_every_example_scenario_validates():
         {"rank": 2, "kind": "host_delay", "delay_ms": 5, "before": "subgroup"}]},
      "stragglers[0].before: rank 2 is in no job.subgroups"),
     ({"name": "x", "job": {"extra_collectives": ["alltoallw"]}}, "must be one of"),
+    ({"name": "x", "stragglers": [
+        {"rank": 2, "kind": "host_delay", "delay_ms": 5, "before": "alltoallv"}]},
+     "stragglers[0].before: alltoallv is not in job.extra_collectives"),
     ({"name": "x", "job": {"graphs": {"from_step": 20}}}, "job.graphs.from_step: must be below"),
     ({"name": "x", "job": {"graphs": {"from": 2}}}, "job.graphs: must be a mapping with from_step"),
     ({"name": "x", "job": {"loop": "pytorch", "graphs": {"from_step": 2}}},

@@ -538,6 +538,15 @@ assert nccl.ncclGetUniqueId(byref(ids[0])) == 0 and nccl.ncclGetUniqueId(byref(i
 other = UniqueId()
 assert nccl.ncclGetUniqueId(byref(other)) == 0
 nccl.ncclCommInitRankConfig.argtypes = [POINTER(c_void_p), c_int, UniqueId, c_int, POINTER(Config)]
+def exchange(r, comm, buf, stream, skip=()):
+    # all_to_all_single with uneven splits, as PyTorch makes it; no call for a zero split
+    assert nccl.ncclGroupStart() == 0
+    for peer in range(N):
+        if (r, peer) not in skip:
+            assert nccl.ncclSend(buf, c_size_t(8), 7, peer, comm, stream) == 0
+        if (peer, r) not in skip:
+            assert nccl.ncclRecv(buf, c_size_t(8), 7, peer, comm, stream) == 0
+    assert nccl.ncclGroupEnd() == 0
 def rank(r):
     world, nb, sub, shrunk, buf, stream = (c_void_p() for _ in range(6))
     cfg = config(1)
@@ -553,6 +562,12 @@ def rank(r):
     assert nccl.ncclCommSplit(world, 5 if r < 2 else -1, r, byref(sub), None) == 0
     assert (sub.value is None) == (r >= 2)
     assert nccl.ncclAlltoAll(buf, buf, c_size_t(64), 7, world, stream) == 0
+    exchange(r, world, buf, stream, skip={(0, 2), (0, 3)})
+    assert nccl.ncclGroupStart() == 0     # a pipeline's: a send on, a receive from behind
+    assert nccl.ncclSend(buf, c_size_t(8), 7, (r + 1) % N, world, stream) == 0
+    assert nccl.ncclRecv(buf, c_size_t(8), 7, (r - 1) % N, world, stream) == 0
+    assert nccl.ncclGroupEnd() == 0
+    exchange(r, world, buf, stream)
     assert nccl.ncclGather(buf, buf, c_size_t(64), 7, 1, nb, stream) == 0
     assert nccl.ncclScatter(buf, buf, c_size_t(64), 7, 2, nb, stream) == 0
     if r < 2:
@@ -575,8 +590,9 @@ threads = [threading.Thread(target=rank, args=(r,)) for r in range(N)]
 def test_scalable_nonblocking_nocolor_shrink_and_all_to_all_are_traced(tmp_path):
     """Each of these used to be invisible: the scalable world never registered (its
     collectives carried no communicator), the non-blocking one neither (registered on a 0
-    return only), a NOCOLOR rank's split was never told (fleetd waited for it for ever), and
-    all-to-all, gather, scatter, shrink and finalize were not probed."""
+    return only), a NOCOLOR rank's split was never told (fleetd waited for it for ever),
+    all-to-all, gather, scatter, shrink and finalize were not probed, and an all-to-all of
+    grouped Send/Recv (uneven splits) was only its sends and receives."""
     trace = Trace(tmp_path, "trace", "--libraries", sim_libraries())
     job = subprocess.run([sys.executable, "-c", NCCL_228_JOB, str(sim.lib_dir())],
                          capture_output=True, text=True, timeout=60,
@@ -605,7 +621,17 @@ def test_scalable_nonblocking_nocolor_shrink_and_all_to_all_are_traced(tmp_path)
     ops = collections.Counter((e["op"], e["comm_hash"] in world, e["comm_hash"] in other)
                               for e in mine if e["kind"] == "collective")
     assert ops == {("ncclAlltoAll", True, False): 4, ("ncclGather", False, True): 4,
-                   ("ncclScatter", False, True): 4, ("ncclAllReduce", False, False): 5}, ops
+                   ("ncclScatter", False, True): 4, ("ncclAllReduce", False, False): 5,
+                   ("ncclSend", True, False): 34, ("ncclRecv", True, False): 34,
+                   ("alltoallv", True, False): 7}, ops
+    # each group of Send/Recv on the world counts; one with every peer (all but one at
+    # least) is told as an exchange: rank 0's first sent to two peers only, and the
+    # pipeline's group between them is none
+    exchanges = sorted((e["seq"], e["comm_rank"], e["count"], e["bytes"], e["datatype"])
+                       for e in mine if e.get("op") == "alltoallv")
+    assert exchanges == [(0, 1, 64, 256, "float32"), (0, 2, 56, 224, "float32"),
+                         (0, 3, 56, 224, "float32"), *((2, r, 64, 256, "float32")
+                                                       for r in range(4))], exchanges
     rooted = {(e["op"], e.get("root")) for e in mine if e["op"] in ("ncclGather", "ncclScatter")}
     assert rooted == {("ncclGather", 1), ("ncclScatter", 2)}
     gone = collections.Counter(e["op"] for e in mine if e["kind"] == "comm_destroy")

@@ -18,7 +18,7 @@ from datetime import datetime
 import numpy as np
 from sqlalchemy import Connection, text
 
-from ingero.vocabulary import POINT_TO_POINT
+from ingero.vocabulary import OWN_SEQUENCE
 
 from .calltotals import call_totals
 from .selection import Selection, Where, rows, storable
@@ -183,7 +183,7 @@ def read_entries(conn: Connection, sel: Selection, comms: list[Communicator], st
             continue
         packed = conn.execute(text(entries_statement(window, collectives_only)), {
             **window.params, **comm_arrays([comms[i] for i in part]), "stride": stride,
-            "p2p": list(POINT_TO_POINT)}).scalar()
+            "p2p": list(OWN_SEQUENCE)}).scalar()
         entries = np.frombuffer(packed or b"", ENTRY)
         read.append((np.asarray(part, np.int64)[entries["comm"].astype(np.int64)],
                      *(entries[name].astype(np.int64) for name in ENTRY.names[1:])))
@@ -217,7 +217,7 @@ def without_point_to_point(conn: Connection, comms: list[Communicator]
     arrays = comm_arrays(comms)
     mixed = {(cluster, job, comm): ranks for cluster, job, comm, ranks in rows(
         conn, POINT_TO_POINT_COMMS, {"clusters": arrays["clusters"], "jobs": arrays["jobs"],
-                                     "comms": arrays["comms"], "p2p": list(POINT_TO_POINT)})}
+                                     "comms": arrays["comms"], "p2p": list(OWN_SEQUENCE)})}
     kept = [replace(c, ranks=mixed[c.key]) if c.key in mixed else c
             for c in comms if mixed.get(c.key, 1)]
     return kept, frozenset(mixed)

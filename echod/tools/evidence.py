@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from ingero.analysis.causes import HEAVY_BLOCKIO_BYTES, HEAVY_BLOCKIO_REQUESTS, PREEMPTED_MORE
 from ingero.vocabulary import SIGNALS

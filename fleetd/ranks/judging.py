@@ -18,7 +18,7 @@ from ingero.analysis.lag import peer_lag
 from ingero.analysis.propagation import after_first_sync, drift_seen, inherited, runs_ahead
 from ingero.analysis.stragglers import judge, quiet, slow_workers
 
-from ..alignment import CommKey, CommWindow, Pair
+from ..alignment import CommKey, CommWindow, Pair, comm_of, words_of
 from ..rankstate import JobState, PeerFacts, RankFacts, Verdict
 from .common import (HARMLESS_GROWTH, HOST_FACTS_S, HOST_SETTLE, NOTES, PASSED_DOWN,
                      Onset, RankSyncs, by_program, heard_through, own_growth, peer_syncs,
@@ -96,7 +96,7 @@ class Judging:
                                   over if exposed is None else min(over, exposed),
                                   judgement.step_s and judgement.step_s * (f.period or 1)),
                               fix=diagnosis.fix, findings=diagnosis.findings,
-                              op=self.ops.names[op], comm_hash=comm,
+                              op=self.ops.names[op], comm_hash=comm_of(comm),
                               step=int(steps[f.onset]),
                               onset=float(np.nanmedian(entries[f.onset])),
                               lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s,
@@ -172,41 +172,39 @@ class Judging:
                onset: float, lag: np.ndarray, entries: np.ndarray,
                late: frozenset[int] = frozenset(), warming: int = 0, seq: int = -1,
                per_step: float = 1.0) -> bool | None:
-        """Whether the rank's lateness delays its peers: whether their waits at collectives
-        grew from its onset on (``at``: the instance its lateness reached its level, see
-        ``level_onset``; ``onset``: when, on fleetd's clock; ``seq``: its seq on ``comm``,
-        which places the waits at syncs there, see ``waits_around``; ``per_step``: the
-        communicator's collectives a step), beyond what a later rank explains (``lag``: every column's, at each instance judged, at ``entries``; see
-        ``waits_grew``; a rank later by no more than ``k`` times the swing of the on-time
-        peers' lags is late with it, not later: a node's four ranks, 28 to 31 ms late, their
-        peers waiting 11 ms more, were each weighed less up to 3 ms of the others' lags, no
-        more than their jitter). The peers weighed are those on time: the columns ``late`` with it
-        (a node's ranks, late together) wait less as the others wait more, and pooled with
-        them the growth looked a third of what it was (a node's four ranks 30 ms late, the
-        twelve others waiting 14 ms more a step: shown harmless). How much the waits grew at
-        each instance is kept as what its lateness costs (``exposure``). A lateness that
-        costs is named only once its lag stands out of the swing of its on-time peers' lags
-        (``stands_out``) past the communicator's first ``warming`` instances (where enough
-        are left): ranks that jitter and drift between syncs are each late by ms over a few
-        steps now and then, and their peers' waits grow and shrink with whatever delays the
-        job (a healthy pipeline job's rank 4 ms late over 16 instances after its data-loader
-        workers' respawn, against a swing of 3 ms, was named critical); a job's first steps
-        swing far more (in a node's late ranks' first ten, beside a busy loop, two of the four
-        did not stand out of them, and were never named). A rank
-        late from the first instances judged has no before to weigh them against: it is
-        taken to cost (its own waits cannot tell: every rank's sync ends with the collective,
-        so its peers wait longer than it by its lateness whether its GPU absorbed it or not)
-        once its lag stands out of the swing of its peers' (``stands_out``: a healthy tp/pp
-        job's rank 9.7 ms late in a pair whose lags swing by 5 ms was named critical), and
-        until then it is not known yet; where the hosts run ahead of their GPUs, or none has
-        synced yet (``runs_ahead``), over enough instances to show that swing
-        (``drift_seen``). A rank once named stays so while it is late: weighed again on the
-        waits since its onset, a growth its peers' shorter steps later hid read as none (CI:
-        a late node's four ranks named, then each noted as costing nobody).
-        There, only its instances since its peers' first sync count (``after_first_sync``):
-        a host that starts its loop a few ms late while its GPU queue is empty is late at
-        every step it enqueues before the first sync, which realigns the hosts (CI: a rank
-        7 ms late over a job's first steps named beside the straggler)."""
+        """Whether the rank's lateness delays its peers: whether their waits at collectives grew
+        from its onset on (``at``: the instance its lateness reached its level, see ``level_onset``;
+        ``onset``: when, on fleetd's clock; ``seq``: its seq on ``comm``, which places the waits at
+        syncs there, see ``waits_around``; ``per_step``: the communicator's collectives a step),
+        beyond what a later rank explains (``lag``: every column's, at each instance judged, at
+        ``entries``; see ``waits_grew``; a rank later by no more than ``k`` times the swing of the
+        on-time peers' lags is late with it, not later: a node's four ranks, 28 to 31 ms late, their
+        peers waiting 11 ms more, were each weighed less up to 3 ms of the others' lags, no more
+        than their jitter). The peers weighed are those on time: the columns ``late`` with it (a
+        node's ranks, late together) wait less as the others wait more, and pooled with them the
+        growth looked a third of what it was (a node's four ranks 30 ms late, the twelve others
+        waiting 14 ms more a step: shown harmless). How much the waits grew at each instance is kept
+        as what its lateness costs (``exposure``). A lateness that costs is named only once its lag
+        stands out of the swing of its on-time peers' lags (``stands_out``) past the communicator's
+        first ``warming`` instances (where enough are left): ranks that jitter and drift between
+        syncs are each late by ms over a few steps now and then, and their peers' waits grow and
+        shrink with whatever delays the job (a healthy pipeline job's rank 4 ms late over 16
+        instances after its data-loader workers' respawn, against a swing of 3 ms, was named
+        critical); a job's first steps swing far more (in a node's late ranks' first ten, beside a
+        busy loop, two of the four did not stand out of them, and were never named). A rank late
+        from the first instances judged has no before to weigh them against: it is taken to cost
+        (its own waits cannot tell: every rank's sync ends with the collective, so its peers wait
+        longer than it by its lateness whether its GPU absorbed it or not) once its lag stands out
+        of the swing of its peers' (``stands_out``: a healthy tp/pp job's rank 9.7 ms late in a pair
+        whose lags swing by 5 ms was named critical), and until then it is not known yet; where the
+        hosts run ahead of their GPUs, or none has synced yet (``runs_ahead``), over enough
+        instances to show that swing (``drift_seen``). A rank once named stays so while it is late:
+        weighed again on the waits since its onset, a growth its peers' shorter steps later hid read
+        as none (CI: a late node's four ranks named, then each noted as costing nobody). There, only
+        its instances since its peers' first sync count (``after_first_sync``): a host that starts
+        its loop a few ms late while its GPU queue is empty is late at every step it enqueues before
+        the first sync, which realigns the hosts (CI: a rank 7 ms late over a job's first steps
+        named beside the straggler)."""
         named = job.verdicts.get((ranks[f.column], "lag"))
         still = named is not None and named.cleared is None and named.kind != "slow_gpu"
         others = late - {f.column}
@@ -279,7 +277,7 @@ class Judging:
         words = NOTES[kind].format(lag=f.lag_p50_s * 1e3)
         log.info("job %s rank %d %s", job.job, rank, words)
         note = Verdict(job.cluster, job.job, rank, job.facts[rank].node, kind, "none",
-                       severity="info", findings=[words], op=op, comm_hash=comm, step=step,
+                       severity="info", findings=[words], op=op, comm_hash=comm_of(comm), step=step,
                        onset=onset, first_seen=now, last_seen=now, cleared=now,
                        lag_p50_s=f.lag_p50_s, lag_p99_s=f.lag_p99_s, last_share=f.last_share)
         if any(value is not None for value in job.run):
@@ -409,8 +407,7 @@ class Judging:
         facts = job.facts[rank]
         waited = (gave_up if gave_up is not None else now) - began
         pair = comm if isinstance(comm, Pair) else None
-        where = pair.words() if pair else f"communicator {comm}"
-        why = (f"never entered {self.ops.names[op]} #{seq} on {where}; its peers "
+        why = (f"never entered {self.ops.names[op]} #{seq} on {words_of(comm)}; its peers "
                + (f"gave up after waiting {waited:.1f} s (NCCL failed or timed out in them)"
                   if gave_up is not None else f"have waited {waited:.1f} s")
                + (" and its process exited" if facts.exited_at is not None else "")
@@ -423,7 +420,7 @@ class Judging:
                        severity="critical",
                        fix=causes.FIXES[kind].format(node=facts.node or "its node"),
                        findings=[why], op=self.ops.names[op],
-                       comm_hash=pair.comm if pair else comm, onset=began,
+                       comm_hash=comm_of(comm), onset=began,
                        lag_p50_s=waited, cost_gpu_s=waited * waiting,
                        evidence={"seq": seq, "waited_s": round(waited, 3),
                                  **({"pair": f"{pair.sender}>{pair.receiver}"} if pair

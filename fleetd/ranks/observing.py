@@ -10,10 +10,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from ingero.vocabulary import POINT_TO_POINT, UNKNOWN_COMM
+from ingero.vocabulary import EXCHANGE, POINT_TO_POINT, UNKNOWN_COMM
 from ingero.wire import Push
 
-from ..alignment import CommWindow, Entries
+from ..alignment import CommWindow, Entries, Exchange
 from ..rankstate import RUN_TAGS, JobState
 from .common import MAX_UNRESOLVED, RESUMED_AFTER, foreign, pair_of
 
@@ -221,7 +221,8 @@ class Observing:
         op. A collective on a communicator made by a split waits until the split is resolved
         (up to ``MAX_UNRESOLVED`` of them); one whose communicator the agent did not see made
         is counted as unaligned, and its rank marked blind from then; a Send or Recv goes to
-        the window of its peer pair (``pair_of``). A new process of a rank clears its exit."""
+        the window of its peer pair (``pair_of``), an exchange (``EXCHANGE``) to its
+        communicator's exchanges'. A new process of a rank clears its exit."""
         comm, nranks, column = a.get("comm_hash"), a.get("nranks"), a.get("comm_rank")
         if comm and comm != UNKNOWN_COMM and (column is None or column < 0) \
                 and a.get("rank") is not None:         # on a communicator made by a split
@@ -246,6 +247,8 @@ class Observing:
                 self.unaligned += 1
                 return
             comm, column, nranks = pair_of(comm, column, a["peer"], a["op"])
+        elif a.get("op") == EXCHANGE:
+            comm = Exchange(comm)
         job.columns.setdefault(comm, {})[column] = rank
         facts = job.facts[rank]
         if facts.pid is not None and a.get("pid") not in (None, facts.pid):

@@ -13,7 +13,7 @@ from ingero.analysis.cost import excess
 from ingero.analysis.lag import peer_lag
 from ingero.analysis.stragglers import arrivals
 
-from ..alignment import CommKey, CommWindow, Pair
+from ..alignment import CommKey, CommWindow
 from ..rankstate import JobState, RankFacts, Verdict
 from .common import UNCOVERED_AFTER, UNCOVERED_AFTER_S, WINDOW_IDLE_INTERVALS, WINDOW_IDLE_S
 
@@ -113,8 +113,8 @@ class Settling:
         lag = peer_lag(entries)      # complete, but NaN where a node's clock is not known yet
         self._charge(job, comm, window, ranks, entries, lag)
         known = np.isfinite(lag).all(axis=0)
-        if known.sum() < 2 or isinstance(comm, Pair):
-            return True
+        if known.sum() < 2 or not isinstance(comm, str):
+            return True   # no summary of a pair's or the exchanges': echod's are per communicator
         # The rank's lag summary for echod, which answers from these where the raw
         # collectives are not kept (or too many to read): its lag on the clocks known; who
         # came last and who waited only where every rank's clock is known (among a part of

@@ -30,7 +30,7 @@ struct comm_info {
     s32 rank;
     s32 nranks;
     u32 splits;      /* ncclCommSplit calls made on it so far */
-    u32 pad;
+    u32 exchanges;   /* groups of Send/Recv on it so far (see group_end) */
 };
 
 struct init_args {
@@ -63,8 +63,23 @@ BPF_HASH(comms, struct comm_key, struct comm_info, MAX_COMMS);
 BPF_TABLE("lru_hash", struct p2p_key, u64, p2p_seqs, MAX_COMMS);
 /* pid_tgid → arguments of an init call, between entry and return. */
 BPF_HASH(inits, u64, struct init_args, MAX_INFLIGHT);
-/* pid_tgid → ncclGroupStart nesting depth. */
-BPF_HASH(group_depth, u64, u32, MAX_INFLIGHT);
+/* An ncclGroupStart … ncclGroupEnd of one thread: how deep, and its Send/Recv. */
+struct group {
+    u64 ts;          /* its first Send or Recv's entry */
+    u64 handle;      /* the communicator of its Send/Recv */
+    u64 count;       /* elements sent and received */
+    u64 bytes;
+    u64 stream;
+    u32 depth;       /* ncclGroupStart nesting */
+    u32 sends;
+    u32 recvs;
+    u32 mixed;       /* Send/Recv on more than one communicator */
+    u32 datatype;    /* its first Send or Recv's */
+    u32 pad;
+};
+
+/* pid_tgid → the group it is in. */
+BPF_HASH(groups, u64, struct group, MAX_INFLIGHT);
 struct unique_id {
     u64 words[UNIQUE_ID_WORDS];
 };
@@ -300,27 +315,86 @@ int nccl_comm_finalize(struct pt_regs *ctx)
 int nccl_group_start(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 one = 1, *depth;
+    struct group *group, first = {.depth = 1};
     if (!is_target(id >> 32))
         return 0;
-    depth = group_depth.lookup(&id);
-    if (depth)
-        (*depth)++;
+    group = groups.lookup(&id);
+    if (group)
+        group->depth++;
     else
-        group_depth.update(&id, &one);
+        groups.update(&id, &first);
     return 0;
+}
+
+/* A Send or Recv (``ev``) issued inside ``group``. */
+static __always_inline void join_group(struct group *group, struct event *ev)
+{
+    if (!group->handle) {
+        group->handle = ev->addr;
+        group->ts = ev->ts;
+        group->stream = ev->stream;
+        group->datatype = ev->datatype;
+    } else if (group->handle != ev->addr) {
+        group->mixed = 1;
+    }
+    if (ev->op == OP_SEND)
+        group->sends++;
+    else
+        group->recvs++;
+    group->count += ev->count;
+    group->bytes += ev->bytes;
+}
+
+/* A finished group of Send/Recv on one communicator. Every such group counts in the
+ * communicator's own sequence of them; one that sent to and received from every peer (each
+ * but one at least: PyTorch skips a zero-size split, and counts the rank itself) is an
+ * all-to-all with uneven splits, all_to_all_single as PyTorch makes it, and is told as one
+ * entry at that number, every rank waiting on every other like a collective. A pipeline's
+ * groups (a send to the next stage, a receive from the previous) are not, and a 2-rank
+ * communicator's are never told: its pair windows judge it. A rank skipping more peers
+ * than that in one exchange is absent from it, its later ones still in step. */
+static __always_inline void exchange(u64 id, struct group *group)
+{
+    struct comm_key key = {.tgid = id >> 32, .handle = group->handle};
+    struct comm_info *info = comms.lookup(&key);
+    u64 seq;
+    if (!info || info->nranks < 3)
+        return;
+    seq = info->exchanges++;
+    if (group->sends + 1 < (u32)info->nranks || group->recvs + 1 < (u32)info->nranks)
+        return;
+    struct event ev = {.flags = EVF_IN_GROUP};
+    fill_ids(&ev);
+    ev.ts = group->ts;
+    ev.kind = EV_COLLECTIVE;
+    ev.op = OP_EXCHANGE;
+    ev.count = group->count;
+    ev.datatype = group->datatype;
+    ev.bytes = group->bytes;
+    ev.peer = -1;
+    ev.stream = group->stream;
+    ev.addr = group->handle;
+    ev.comm_hash = info->hash;
+    ev.seq = seq;
+    ev.rank = info->rank;
+    ev.nranks = info->nranks;
+    submit(&ev);
 }
 
 int nccl_group_end(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 *depth = group_depth.lookup(&id);
-    if (!depth)
+    struct group *group = groups.lookup(&id), done;
+    if (!group)
         return 0;
-    if (*depth <= 1)
-        group_depth.delete(&id);
-    else
-        (*depth)--;
+    if (group->depth > 1) {
+        group->depth--;
+        return 0;
+    }
+    done = *group;
+    groups.delete(&id);
+    if (done.handle && !done.mixed)
+        exchange(id, &done);
     return 0;
 }
 
@@ -374,8 +448,12 @@ static __always_inline void emit_collective(u32 op, u64 count, u32 datatype, u32
         ev.rank = info->rank;
         ev.nranks = info->nranks;
     }
-    if (group_depth.lookup(&id))
+    struct group *group = groups.lookup(&id);
+    if (group) {
         ev.flags |= EVF_IN_GROUP;
+        if (op == OP_SEND || op == OP_RECV)
+            join_group(group, &ev);
+    }
     struct pending_collective pending = {.ts = ev.ts, .comm_hash = ev.comm_hash, .seq = ev.seq};
     struct stream_key skey = {.tgid = key.tgid, .stream = stream};
     pending_on_stream.update(&skey, &pending);

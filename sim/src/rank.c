@@ -257,6 +257,9 @@ static int all_to_all_v(struct training *t, int step)
 {
     int n = t->cfg->world_size, me = t->cfg->rank, failed = 0;
     size_t share = per_rank_elements(t);
+    int64_t delay = rank_delay_ns(t->cfg, step, BEFORE_ALLTOALLV);
+    if (delay > 0)
+        sleep_for_ns(delay);
     if (!t->a2a_sent && !(t->a2a_sent = calloc((size_t)n, sizeof *t->a2a_sent)))
         return nccl_failed(t, "alltoallv", ncclSystemError);
     if (!t->a2a_received && !(t->a2a_received = calloc((size_t)n, sizeof *t->a2a_received)))

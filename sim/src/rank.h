@@ -49,7 +49,7 @@ enum nccl_init {
 enum loop { LOOP_SIM = 0, LOOP_PYTORCH };
 
 /* Where a --delay sleeps: before the gradient all-reduce, or before the rank's subgroups'. */
-enum delay_place { BEFORE_ALLREDUCE = 0, BEFORE_SUBGROUP };
+enum delay_place { BEFORE_ALLREDUCE = 0, BEFORE_SUBGROUP, BEFORE_ALLTOALLV };
 
 /* Host-side sleep before the gradient all-reduce on steps from, from+every, … until. */
 struct delay_rule {

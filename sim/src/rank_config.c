@@ -32,7 +32,8 @@ static const char usage_text[] =
     "                          may repeat (8 at most)\n"
     "  --host-work-ms MS       CPU time of host work (data loading) per step (default 0.5)\n"
     "  --delay SPEC            host delay before the all-reduce, SPEC = ms=M[,from=F]\n"
-    "                          [,every=E][,until=U][,before=allreduce|subgroup]; may repeat\n"
+    "                          [,every=E][,until=U][,before=allreduce|subgroup|\n"
+    "                          alltoallv]; may repeat\n"
     "  --die-at N              exit 1 without cleanup at the start of step N\n"
     "  --hang-at N             stop calling anything at the start of step N\n"
     "  --restart-at N          exit 4 at the start of step N, for an elastic restart\n"
@@ -198,6 +199,8 @@ static int parse_delay_field(struct delay_rule *rule, const char *name, const ch
         rule->before = BEFORE_ALLREDUCE;
     else if (strcmp(name, "before") == 0 && strcmp(value, "subgroup") == 0)
         rule->before = BEFORE_SUBGROUP;
+    else if (strcmp(name, "before") == 0 && strcmp(value, "alltoallv") == 0)
+        rule->before = BEFORE_ALLTOALLV;
     else
         return -1;
     return 0;
