@@ -241,13 +241,20 @@ def nvidia_library(package: str, name: str) -> Path:
     return Path(list(module.__path__)[0]) / "lib" / name
 
 
-def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path):
+@pytest.mark.parametrize("runtime", [("nvidia.cuda_runtime", "libcudart.so.12"),
+                                     ("nvidia.cu13", "libcudart.so.13")], ids=["cuda12", "cuda13"])
+def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path, runtime):
+    """NVIDIA's own CUDA runtimes (12, and 13 as PyTorch 2.11's cu130 wheels ship it) and
+    NCCL 2.28.9 (what REAL-GPU.md ran): every probe of each attaches, NCCL 2.28's inits,
+    shrink, finalize and all-to-all included, and real calls (failing: no driver) are seen."""
     from ingerod.discovery import library_file
     from ingerod.events import decode
     from ingerod.probes import Tracer, probes_for
 
-    cudart = nvidia_library("nvidia.cuda_runtime", "libcudart.so.12")
+    cudart = nvidia_library(*runtime)
     nccl = nvidia_library("nvidia.nccl", "libnccl.so.2")
+    assert {"ncclCommInitRankScalable", "ncclCommShrink", "ncclAlltoAll"} <= {
+        p.symbol for p in probes_for(library_file(str(nccl)))}
     seen = []
     tracer = Tracer(lambda raw: seen.append(decode(raw)))
     try:
