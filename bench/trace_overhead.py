@@ -41,7 +41,7 @@ NOOP = "int noop(struct pt_regs *ctx) { return 0; }"
 
 def libraries() -> dict[str, str]:
     """Discovery kind → the sim's library file of that kind."""
-    names = {"cudart": "libcudart.so.12", "nccl": "libnccl.so.2", "cuda": "libcuda.so.1"}
+    names = {"cudart": "libcudart.so.13", "nccl": "libnccl.so.2", "cuda": "libcuda.so.1"}
     return {kind: str(sim.lib_dir() / name) for kind, name in names.items()}
 
 

@@ -1,8 +1,8 @@
 """A GPU cluster without GPUs.
 
-The C half (built by `make -C sim` into sim/build/) provides libcudart.so.12, libcuda.so.1 and
-libnccl.so.2 with NVIDIA's symbol names and prototypes over a virtual GPU, a rank driver that
-trains through them, and a CPU hog. This package loads scenarios (sim.scenario), runs them as
+The C half (built by `make -C sim` into sim/build/) provides libcudart.so.13 and .so.12,
+libcuda.so.1 and libnccl.so.2 with NVIDIA's symbol names and prototypes over one virtual GPU,
+a rank driver that trains through them (linked to either runtime), and a CPU hog. This package loads scenarios (sim.scenario), runs them as
 real processes (sim.cluster), serves the TCP rendezvous (sim.rendezvous) and reads the ranks'
 ground-truth records (sim.records).
 """
@@ -28,8 +28,13 @@ def build_dir() -> Path:
 
 
 def lib_dir() -> Path:
-    """The directory holding libcudart.so.12, libcuda.so.1 and libnccl.so.2."""
+    """The directory holding libcudart.so.13 and .so.12, libcuda.so.1 and libnccl.so.2 (and
+    libingero-sim-vgpu.so, the virtual GPU they drive)."""
     return build_dir() / "lib"
+
+
+# The virtual GPU every sim library drives, found next to them (a copy of one needs a copy of it).
+VGPU_LIBRARY = "libingero-sim-vgpu.so"
 
 
 def bin_dir() -> Path:
@@ -41,8 +46,9 @@ def nvml_library() -> Path:
     return build_dir() / "nvml" / "libnvidia-ml.so.1"
 
 
-def rank_binary() -> Path:
-    return bin_dir() / "ingero-sim-rank"
+def rank_binary(cuda: int = 13) -> Path:
+    """The rank driver linked to CUDA ``cuda``'s runtime (libcudart.so.13 or .so.12)."""
+    return bin_dir() / ("ingero-sim-rank" if cuda == 13 else f"ingero-sim-rank-cuda{cuda}")
 
 
 def hog_binary() -> Path:
@@ -76,5 +82,5 @@ def comm_id_hash(unique_id: bytes) -> int:
     return h
 
 
-__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "rank_binary", "hog_binary",
+__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "VGPU_LIBRARY", "rank_binary", "hog_binary",
            "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES", "KERNEL_MAGIC"]

@@ -73,7 +73,7 @@ class Cluster:
         self.stop()
 
     def start(self) -> "Cluster":
-        for binary in (sim.rank_binary(), sim.hog_binary()):
+        for binary in (sim.rank_binary(self.scenario.job.cuda), sim.hog_binary()):
             if not os.access(binary, os.X_OK):
                 raise LaunchError(f"{binary} is missing: run `make -C sim` first")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ class Cluster:
 
     def _rank_argv(self, rank: int, record_path: Path, generation: int = 0) -> list[str]:
         job = self.scenario.job
-        argv = [str(sim.rank_binary()), "--steps", str(job.steps), "--step-ms", f"{job.step_ms:g}",
+        argv = [str(sim.rank_binary(job.cuda)), "--steps", str(job.steps), "--step-ms", f"{job.step_ms:g}",
                 "--kernels", str(job.kernels), "--bytes", str(job.allreduce_bytes),
                 "--dtype", job.dtype, "--host-work-ms", f"{job.host_work_ms:g}",
                 "--memcpy-every", str(job.memcpy_every),
@@ -313,7 +313,7 @@ class Cluster:
         status.unlink(missing_ok=True)
         # torchrun's agent imports torch, which maps libcudart; Open MPI's orted maps none
         load = None if self.scenario.job.launcher == "mpirun" \
-            else str(sim.lib_dir() / "libcudart.so.12")
+            else str(sim.lib_dir() / f"libcudart.so.{self.scenario.job.cuda}")
         restarts = self.scenario.job.restart_at is not None
         plan.write_text(json.dumps({
             "cwd": str(self.workdir), "status": str(status), "load": load,

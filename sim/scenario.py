@@ -30,6 +30,11 @@ EXTRA_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "sendr
 # ncclCommInitRankScalable with a unique id per node (PyTorch over TORCH_NCCL_RANKS_PER_ROOT
 # ranks), or non-blocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1: ncclInProgress, then polled).
 NCCL_INITS = ("config", "scalable", "nonblocking")
+# Ranks of one job at most (SIM_MAX_RANKS in sim/src/rdv.h): 64 nodes of 8 GPUs.
+MAX_WORLD = 512
+# The CUDA runtimes the sim builds (libcudart.so.12 and .so.13; PyTorch 2.11's cu130 wheels
+# ship 13), one rank binary linked to each.
+CUDA_VERSIONS = (13, 12)
 # The training loop: the sim's own (one stream, a loss read on the rank's own kernels) or
 # PyTorch DDP's (an NCCL stream of its own, buckets, one .item() sync every sync_every steps).
 LOOPS = ("sim", "pytorch")
@@ -73,6 +78,7 @@ class Job:
     netns: bool = False              # each node in its own network namespace (needs tcp, root)
     timeout_s: float = 60.0          # how long a rank waits for a peer before erroring out
     nccl_init: str = "config"        # how the world communicator is made (NCCL_INITS)
+    cuda: int = 13                   # the CUDA runtime the ranks link: libcudart.so.13 or .so.12
     # groups split from the world (PyTorch's new_group), non-members passing NCCL_SPLIT_NOCOLOR;
     # each all-reduces among its members every step, after the world's all-reduce
     subgroups: tuple[tuple[int, ...], ...] = ()
@@ -157,6 +163,14 @@ def _choice(options: tuple[str, ...]) -> Check:
     return check
 
 
+def _integer_choice(options: tuple[int, ...]) -> Check:
+    def check(value):
+        if isinstance(value, bool) or value not in options:
+            raise ValueError(f"must be one of {', '.join(map(str, options))}, got {value!r}")
+        return value
+    return check
+
+
 def _boolean(value):
     if not isinstance(value, bool):
         raise ValueError(f"must be true or false, got {value!r}")
@@ -229,6 +243,7 @@ JOB_FIELDS: dict[str, Check] = {
     "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
     "nccl_init": _choice(NCCL_INITS), "subgroups": _subgroups, "loop": _choice(LOOPS),
     "buckets": _integer(1, 64), "gemm_share": _share, "graphs": _graphs,
+    "cuda": _integer_choice(CUDA_VERSIONS),
 }
 
 HARDWARE_FIELDS: dict[str, Check] = {
@@ -322,6 +337,9 @@ def _check_parallel(job: Job, source: str) -> None:
 
 def _check_job(job: Job, source: str) -> Job:
     _check_parallel(job, source)
+    if job.world_size > MAX_WORLD:
+        raise ScenarioError(f"{source}: job: {job.nodes} nodes of {job.ranks_per_node} ranks "
+                            f"make {job.world_size}; the sim's NCCL takes {MAX_WORLD} at most")
     if job.loop == "pytorch" and (job.parallel != (1, 1) or job.subgroups
                                   or job.extra_collectives or job.graphs is not None):
         raise ScenarioError(f"{source}: job.loop: pytorch takes no job.parallel, "
@@ -409,4 +427,4 @@ def with_job(scenario: Scenario, **changes) -> Scenario:
 
 __all__ = ["Scenario", "Job", "Hardware", "Straggler", "parse", "load", "with_job",
            "scenarios_dir", "DATATYPES", "DELAY_PLACES", "EXTRA_COLLECTIVES", "LAUNCHERS",
-           "LOOPS", "NCCL_INITS", "STRAGGLER_KINDS"]
+           "LOOPS", "NCCL_INITS", "STRAGGLER_KINDS", "CUDA_VERSIONS"]

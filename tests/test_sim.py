@@ -80,28 +80,47 @@ def dynamic_section(library: Path) -> str:
 
 # --- the libraries look like NVIDIA's ------------------------------------------------------
 
-def test_libcudart_exports_the_runtime_api_versioned_like_nvidias():
-    library = sim.lib_dir() / "libcudart.so.12"
+@pytest.mark.parametrize("version", [12, 13])
+def test_libcudart_exports_the_runtime_api_versioned_like_nvidias(version):
+    soname = f"libcudart.so.{version}"
+    library = sim.lib_dir() / soname
     symbols = dyn_symbols(library)
     for name in CUDART_API:
-        assert f"{name}@@libcudart.so.12" in symbols, name
-    assert "SONAME" in dynamic_section(library) and "[libcudart.so.12]" in dynamic_section(library)
-    assert os.readlink(sim.lib_dir() / "libcudart.so") == "libcudart.so.12"
-    assert not [s for s in symbols if s.startswith(("vgpu_", "sim_"))], "internals leaked"
+        assert f"{name}@@{soname}" in symbols, name
+    assert "SONAME" in dynamic_section(library) and f"[{soname}]" in dynamic_section(library)
+    assert os.readlink(sim.lib_dir() / "libcudart.so") == "libcudart.so.13"
+    assert not [s for s in symbols if s.startswith(("vgpu_", "sim_", "ingero_sim_"))], \
+        "internals leaked"
 
 
-def test_libnccl_and_libcuda_export_their_apis_and_share_libcudarts_gpu():
+def test_the_libraries_export_their_apis_and_share_one_gpu_whichever_runtime_is_loaded():
     nccl, cuda = sim.lib_dir() / "libnccl.so.2", sim.lib_dir() / "libcuda.so.1"
     assert set(NCCL_API) <= set(dyn_symbols(nccl))
     assert set(CUDA_API) <= set(dyn_symbols(cuda))
     for library, soname in ((nccl, "libnccl.so.2"), (cuda, "libcuda.so.1")):
         section = dynamic_section(library)
         assert f"Library soname: [{soname}]" in section
-        assert "Shared library: [libcudart.so.12]" in section
-    rank = dynamic_section(sim.rank_binary())
-    for soname in ("libcudart.so.12", "libnccl.so.2", "libcuda.so.1"):
-        assert f"Shared library: [{soname}]" in rank
-    assert "$ORIGIN/../lib" in rank
+        assert "Shared library: [libingero-sim-vgpu.so]" in section
+        assert "libcudart" not in section     # NCCL reaches the GPU without the app's runtime
+    for version in (13, 12):
+        rank = dynamic_section(sim.rank_binary(version))
+        for soname in (f"libcudart.so.{version}", "libnccl.so.2", "libcuda.so.1"):
+            assert f"Shared library: [{soname}]" in rank
+        assert "$ORIGIN/../lib" in rank
+
+
+@pytest.mark.parametrize("cuda", [13, 12])
+def test_jobs_beyond_64_ranks_run_on_either_runtime(tmp_path, cuda):
+    """72 ranks (the sim's NCCL took 64 at most), an all-to-all of grouped Send/Recv with every
+    peer each step, the ranks linked to CUDA 13's runtime or 12's, one virtual GPU each."""
+    scenario = job_scenario(nodes=2, ranks_per_node=36, steps=3, step_ms=5,
+                            allreduce_bytes=1 << 12, extra_collectives=["alltoallv"], cuda=cuda)
+    cluster, result = run_job(tmp_path, scenario)
+    assert result.ok, result.describe()
+    assert {r.popen.args[0] for r in cluster.ranks} == {str(sim.rank_binary(cuda))}
+    truth = records(result)
+    assert len(truth) == 72 and all(r.summary["nranks"] == 72 for r in truth.values())
+    assert all(len(r.ops("ncclSend")) == 72 * 3 for r in truth.values())
 
 
 def test_make_is_up_to_date_after_a_build():
@@ -463,7 +482,7 @@ def test_every_launcher_starts_its_ranks_as_it_does_for_real(tmp_path, launcher)
         assert parent == os.getpid(), "srun: the rank is a task of its own"
     else:
         assert parent != os.getpid(), "the rank is its node launcher's child"
-        assert ("libcudart.so.12" in parent_maps) == maps_cudart
+        assert ("libcudart.so.13" in parent_maps) == maps_cudart
     truth = records(result)
     assert all(r.summary["rank"] == n and r.summary["nranks"] == 8 for n, r in truth.items())
     assert truth[5].summary["job_id"] == "61" and truth[5].summary["node"] == 1
@@ -507,7 +526,7 @@ def test_data_loader_workers_are_forked_each_epoch_map_libcudart_and_exit(tmp_pa
                 except OSError:
                     continue            # gone meanwhile
                 if maps:                # not exiting
-                    assert "libcudart.so.12" in maps and same
+                    assert "libcudart.so.13" in maps and same
                     looked += 1
             time.sleep(0.05)
         result = cluster.wait()
@@ -590,6 +609,9 @@ def test_every_example_scenario_validates():
     ({"name": "x", "job": {"loop": "pytorch", "graphs": {"from_step": 2}}},
      "job.loop: pytorch takes no"),
     ({"name": "x", "job": {"loop": "jax"}}, "job.loop: must be one of sim, pytorch"),
+    ({"name": "x", "job": {"cuda": 11}}, "job.cuda: must be one of 13, 12, got 11"),
+    ({"name": "x", "job": {"nodes": 64, "ranks_per_node": 9}},
+     "64 nodes of 9 ranks make 576; the sim's NCCL takes 512 at most"),
     ({"name": "x", "job": {"gemm_share": 1.5}}, "job.gemm_share: must be a share from 0 to 1"),
 ])
 def test_bad_scenarios_are_rejected_with_the_field_named(data, complaint):

@@ -496,7 +496,7 @@ def test_nccl_inside_libtorch_cuda_and_split_communicators(tmp_path):
 
     lib = tmp_path / "lib"
     lib.mkdir()
-    for name in ("libcudart.so.12", "libcuda.so.1"):
+    for name in ("libcudart.so.12", "libcuda.so.1", sim.VGPU_LIBRARY):
         shutil.copy(sim.lib_dir() / name, lib / name)
     shutil.copy(sim.lib_dir() / "libnccl.so.2", lib / "libtorch_cuda.so")
     trace = Trace(tmp_path, "trace")

@@ -17,7 +17,9 @@
 
 #define HIDDEN __attribute__((visibility("hidden")))
 
-#define SIM_MAX_RANKS 64
+/* A communicator's ranks at most (sim/scenario.py MAX_WORLD): a 64-node job of 8 GPUs. The shm
+ * rendezvous' tables are sized by it; only the cells of pairs that exchange are ever touched. */
+#define SIM_MAX_RANKS 512
 
 enum rdv_status { RDV_FAILED = -1, RDV_PENDING = 0, RDV_DONE = 1 };
 

@@ -1,8 +1,9 @@
 /*
- * Inside the virtual GPU (libcudart only). A stream is a FIFO of items; the device thread runs
- * the item at each stream's head in real time: work (kernels, copies) ends at start + duration,
- * an event record completes at once, an event wait completes when the event does, and a remote
- * item (a collective) completes when every rank has reached it plus the transfer time.
+ * Inside the virtual GPU (libingero-sim-vgpu.so, and the runtimes that drive it). A stream is
+ * a FIFO of items; the device thread runs the item at each stream's head in real time: work
+ * (kernels, copies) ends at start + duration, an event record completes at once, an event
+ * wait completes when the event does, and a remote item (a collective) completes when every
+ * rank has reached it plus the transfer time.
  *
  * Times: "virtual" times are CLOCK_MONOTONIC ns at which the modelled GPU did something; the
  * device thread sleeps until real time catches up with them, so syncs block for real.
@@ -17,6 +18,10 @@
 #include "cuda_runtime_api.h"
 #include "vgpu.h"
 
+/* The model lives in libingero-sim-vgpu.so; the runtimes (libcudart.so.12 and .so.13) drive it
+ * through these, exported under the private version node only (src/libingero-sim-vgpu.map). */
+#define SHARED __attribute__((visibility("default")))
+/* Within one library. */
 #define HIDDEN __attribute__((visibility("hidden")))
 
 #define STREAM_MAGIC 0x5354524dU
@@ -59,70 +64,70 @@ struct vgpu_knobs {
 };
 
 /* vgpu_device.c: global state, the device thread, host-side waiting. */
-HIDDEN void vgpu_init(void);
-HIDDEN const struct vgpu_knobs *vgpu_knobs(void);
-HIDDEN void vgpu_lock(void);
-HIDDEN void vgpu_unlock(void);
-HIDDEN struct CUstream_st *vgpu_default_stream(void);
-HIDDEN void vgpu_add_stream(struct CUstream_st *s);
-HIDDEN cudaError_t vgpu_sticky_error(void);
-HIDDEN void vgpu_poke(void);
-HIDDEN cudaError_t vgpu_wait(int (*done)(void *arg), void *arg);
-HIDDEN void vgpu_sleep_until(int64_t until);
-HIDDEN void vgpu_catch_up(void);
-HIDDEN int64_t vgpu_known_end(const struct CUstream_st *s);
-HIDDEN cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item);
-HIDDEN struct vgpu_item *vgpu_item_work(int64_t duration_ns);
-HIDDEN struct vgpu_item *vgpu_item_event(int wait, struct CUevent_st *ev, uint64_t record);
-HIDDEN struct vgpu_item *vgpu_item_remote(const struct ingero_sim_remote_ops *ops,
+SHARED void vgpu_init(void);
+SHARED const struct vgpu_knobs *vgpu_knobs(void);
+SHARED void vgpu_lock(void);
+SHARED void vgpu_unlock(void);
+SHARED struct CUstream_st *vgpu_default_stream(void);
+SHARED void vgpu_add_stream(struct CUstream_st *s);
+SHARED cudaError_t vgpu_sticky_error(void);
+SHARED void vgpu_poke(void);
+SHARED cudaError_t vgpu_wait(int (*done)(void *arg), void *arg);
+SHARED void vgpu_sleep_until(int64_t until);
+SHARED void vgpu_catch_up(void);
+SHARED int64_t vgpu_known_end(const struct CUstream_st *s);
+SHARED cudaError_t vgpu_enqueue(struct CUstream_st *s, struct vgpu_item *item);
+SHARED struct vgpu_item *vgpu_item_work(int64_t duration_ns);
+SHARED struct vgpu_item *vgpu_item_event(int wait, struct CUevent_st *ev, uint64_t record);
+SHARED struct vgpu_item *vgpu_item_remote(const struct ingero_sim_remote_ops *ops,
                                           void *const *parts, int nparts);
-HIDDEN int vgpu_for_each_stream(int (*visit)(struct CUstream_st *s, void *arg), void *arg);
+SHARED int vgpu_for_each_stream(int (*visit)(struct CUstream_st *s, void *arg), void *arg);
 /* A graph capture: the items enqueued on a capturing stream, kept instead of run (kernels and
  * copies as work, collectives as template parts); a replay enqueues them again, each
  * collective's parts renewed. */
 struct vgpu_capture;
-HIDDEN struct vgpu_capture *vgpu_capture_new(void);
-HIDDEN void vgpu_capture_free(struct vgpu_capture *c);
-HIDDEN cudaError_t vgpu_capture_replay(const struct vgpu_capture *c, struct CUstream_st *s);
+SHARED struct vgpu_capture *vgpu_capture_new(void);
+SHARED void vgpu_capture_free(struct vgpu_capture *c);
+SHARED cudaError_t vgpu_capture_replay(const struct vgpu_capture *c, struct CUstream_st *s);
 
 /* vgpu_stream.c: streams, events, durations, synchronisation. */
-HIDDEN struct CUstream_st *vgpu_stream(cudaStream_t handle);
-HIDDEN struct CUevent_st *vgpu_event(cudaEvent_t handle);
-HIDDEN int64_t vgpu_kernel_ns(const void *func);
-HIDDEN int64_t vgpu_copy_ns(size_t bytes, enum cudaMemcpyKind kind);
-HIDDEN cudaError_t vgpu_launch(cudaStream_t stream, const void *func);
-HIDDEN cudaError_t vgpu_work(cudaStream_t stream, int64_t duration_ns);
-HIDDEN cudaError_t vgpu_stream_create(cudaStream_t *out, unsigned int flags);
-HIDDEN cudaError_t vgpu_stream_destroy(cudaStream_t stream);
-HIDDEN cudaError_t vgpu_stream_query(cudaStream_t stream);
-HIDDEN cudaError_t vgpu_stream_sync(cudaStream_t stream);
-HIDDEN cudaError_t vgpu_device_sync(int blocking_streams_only);
-HIDDEN cudaError_t vgpu_stream_wait_event(cudaStream_t stream, cudaEvent_t event);
-HIDDEN int vgpu_capturing(cudaStream_t stream);
-HIDDEN cudaError_t vgpu_event_create(cudaEvent_t *out, unsigned int flags);
-HIDDEN cudaError_t vgpu_event_record(cudaEvent_t event, cudaStream_t stream);
-HIDDEN cudaError_t vgpu_event_query(cudaEvent_t event);
-HIDDEN cudaError_t vgpu_event_sync(cudaEvent_t event);
-HIDDEN cudaError_t vgpu_event_elapsed(float *ms, cudaEvent_t start, cudaEvent_t end);
-HIDDEN cudaError_t vgpu_event_destroy(cudaEvent_t event);
-HIDDEN void vgpu_event_release(struct CUevent_st *ev);
+SHARED struct CUstream_st *vgpu_stream(cudaStream_t handle);
+SHARED struct CUevent_st *vgpu_event(cudaEvent_t handle);
+SHARED int64_t vgpu_kernel_ns(const void *func);
+SHARED int64_t vgpu_copy_ns(size_t bytes, enum cudaMemcpyKind kind);
+SHARED cudaError_t vgpu_launch(cudaStream_t stream, const void *func);
+SHARED cudaError_t vgpu_work(cudaStream_t stream, int64_t duration_ns);
+SHARED cudaError_t vgpu_stream_create(cudaStream_t *out, unsigned int flags);
+SHARED cudaError_t vgpu_stream_destroy(cudaStream_t stream);
+SHARED cudaError_t vgpu_stream_query(cudaStream_t stream);
+SHARED cudaError_t vgpu_stream_sync(cudaStream_t stream);
+SHARED cudaError_t vgpu_device_sync(int blocking_streams_only);
+SHARED cudaError_t vgpu_stream_wait_event(cudaStream_t stream, cudaEvent_t event);
+SHARED int vgpu_capturing(cudaStream_t stream);
+SHARED cudaError_t vgpu_event_create(cudaEvent_t *out, unsigned int flags);
+SHARED cudaError_t vgpu_event_record(cudaEvent_t event, cudaStream_t stream);
+SHARED cudaError_t vgpu_event_query(cudaEvent_t event);
+SHARED cudaError_t vgpu_event_sync(cudaEvent_t event);
+SHARED cudaError_t vgpu_event_elapsed(float *ms, cudaEvent_t start, cudaEvent_t end);
+SHARED cudaError_t vgpu_event_destroy(cudaEvent_t event);
+SHARED void vgpu_event_release(struct CUevent_st *ev);
 
 /* vgpu_graph.c: capture, instantiation and replay. */
-HIDDEN cudaError_t vgpu_begin_capture(cudaStream_t stream);
-HIDDEN cudaError_t vgpu_end_capture(cudaStream_t stream, cudaGraph_t *graph);
-HIDDEN cudaError_t vgpu_graph_instantiate(cudaGraphExec_t *exec, cudaGraph_t graph);
-HIDDEN cudaError_t vgpu_graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
-HIDDEN cudaError_t vgpu_graph_exec_destroy(cudaGraphExec_t exec);
-HIDDEN cudaError_t vgpu_graph_destroy(cudaGraph_t graph);
+SHARED cudaError_t vgpu_begin_capture(cudaStream_t stream);
+SHARED cudaError_t vgpu_end_capture(cudaStream_t stream, cudaGraph_t *graph);
+SHARED cudaError_t vgpu_graph_instantiate(cudaGraphExec_t *exec, cudaGraph_t graph);
+SHARED cudaError_t vgpu_graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
+SHARED cudaError_t vgpu_graph_exec_destroy(cudaGraphExec_t exec);
+SHARED cudaError_t vgpu_graph_destroy(cudaGraph_t graph);
 
 /* vgpu_mem.c: allocations and copies. */
 enum vgpu_mem_kind { MEM_HOST_PAGEABLE, MEM_DEVICE, MEM_MANAGED, MEM_HOST_PINNED };
-HIDDEN cudaError_t vgpu_alloc(void **ptr, size_t bytes, enum vgpu_mem_kind kind);
-HIDDEN cudaError_t vgpu_release(void *ptr, enum vgpu_mem_kind kind);
-HIDDEN void vgpu_mem_info(size_t *free_bytes, size_t *total_bytes);
-HIDDEN void vgpu_set_device(int device);
-HIDDEN cudaError_t vgpu_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+SHARED cudaError_t vgpu_alloc(void **ptr, size_t bytes, enum vgpu_mem_kind kind);
+SHARED cudaError_t vgpu_release(void *ptr, enum vgpu_mem_kind kind);
+SHARED void vgpu_mem_info(size_t *free_bytes, size_t *total_bytes);
+SHARED void vgpu_set_device(int device);
+SHARED cudaError_t vgpu_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                              cudaStream_t stream, int blocking);
-HIDDEN cudaError_t vgpu_memset(void *dst, int value, size_t bytes, cudaStream_t stream);
+SHARED cudaError_t vgpu_memset(void *dst, int value, size_t bytes, cudaStream_t stream);
 
 #endif
