@@ -4,6 +4,7 @@ assuming 80 GiB; the setting still wins, and without NVML the default stands."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,6 +13,8 @@ import pytest
 
 import sim
 from ingerod.ebpf_source import DEFAULT_GPU_MEMORY, gpu_memory
+
+from .support import needs_ebpf
 
 
 def ask(library: str, **env: str) -> str:
@@ -85,3 +88,44 @@ def test_the_memory_signal_is_what_the_gpus_say_they_use_not_what_a_job_allocate
     assert used_share(library, INGERO_SIM_NODE=label) == 0.0
     assert used_share("/nonexistent/libnvidia-ml.so.1") is None
     assert memory_signal(None, 20 * 2**30, 80 * 2**30) == pytest.approx(0.75)
+
+
+@needs_ebpf
+def test_a_node_s_agent_reads_its_memory_signal_from_nvml(spawn, keys, endpoint, tmp_path):
+    """The agent as the shipped unit runs it (node-wide, NVML found by name; here the sim's,
+    named by --nvml-library): a process of its node that reserved 72 GiB of an 80 GiB GPU
+    through the sim's CUDA 13 runtime before the agent started (as PyTorch's caching
+    allocator reserves most of a GPU once, or maps it through the driver's VMM calls, which
+    no probe sees) takes the node's memory signal to 0.1 (headroom): counting the
+    allocations the agent saw, it read 1. Once the process exits the GPU is empty again."""
+    from stack.launch import free_port, wait_for
+
+    from .support import metric
+
+    fleet_port, agent_port = free_port(), free_port()
+    label = {"INGERO_SIM_NODE": "5", "INGERO_SIM_GPU_MEM_GB": "80"}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.replace("so.12", "so.13"),
+                               str(sim.lib_dir()), "0", str(72 * 2**30)],
+                              stdout=subprocess.PIPE, text=True,
+                              env={"PATH": "/usr/bin:/bin", **label})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        spawn("fleetd", "fleetd", ["--bind", endpoint, "--metrics-addr",
+                                   f"127.0.0.1:{fleet_port}", *keys.fleetd_flags()])
+        agent = spawn("ingerod", "ingerod", [
+            "--source", "ebpf", "--fleet", endpoint, "--push-interval", "0.5",
+            "--nvml-library", str(sim.nvml_library()),
+            "--metrics-addr", f"127.0.0.1:{agent_port}", *keys.ingerod_flags()],
+            env={**os.environ, **label})
+
+        def memory() -> float:
+            return metric(agent_port, "ingero_agent_signal", signal="memory")
+
+        assert wait_for(lambda: metric(fleet_port, "ingero_fleet_batches_accepted_total") > 0,
+                        60), agent.log()
+        assert wait_for(lambda: memory() == pytest.approx(0.1, abs=0.01), 10), \
+            (memory(), agent.log())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert wait_for(lambda: memory() == pytest.approx(1.0), 10), (memory(), agent.log())
