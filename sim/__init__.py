@@ -37,6 +37,14 @@ def lib_dir() -> Path:
 VGPU_LIBRARY = "libingero-sim-vgpu.so"
 
 
+def traced_libraries(cuda: int = 13, directory: Path | None = None) -> str:
+    """The sim's libraries a rank linked to CUDA ``cuda``'s runtime maps, as ``--libraries``
+    takes them (attached up front: each probe attached is another to take off at the end,
+    ~0.1 s apiece here)."""
+    names = ("libcuda.so.1", f"libcudart.so.{cuda}", "libnccl.so.2")
+    return ",".join(str((directory or lib_dir()) / name) for name in names)
+
+
 def bin_dir() -> Path:
     return build_dir() / "bin"
 
@@ -82,5 +90,5 @@ def comm_id_hash(unique_id: bytes) -> int:
     return h
 
 
-__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "VGPU_LIBRARY", "rank_binary", "hog_binary",
+__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "VGPU_LIBRARY", "traced_libraries", "rank_binary", "hog_binary",
            "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES", "KERNEL_MAGIC"]

@@ -175,7 +175,7 @@ class Stack:
         return daemon
 
     def _agent(self, node: int, skew_s: float | None, sim) -> Daemon:
-        libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+        libraries = sim.traced_libraries()
         env = {**({} if not skew_s else {"LD_PRELOAD": str(FAKETIME), "FAKETIME": f"+{skew_s}",
                                          "FAKETIME_DONT_FAKE_MONOTONIC": "1"}),
                **self.node_env.get(node, {})} or None

@@ -347,8 +347,7 @@ def stack_beside(cluster: SlurmCluster, **kw):
     (root / "stack").mkdir(mode=0o755)
     stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, names=(cluster.host,),
                   agent_flags=("--jobs-dir", str(spool), "--control-socket", str(sock),
-                               "--libraries", ",".join(str(p) for p in sorted(
-                                   sim.lib_dir().glob("lib*.so.[0-9]*")))), **kw)
+                               "--libraries", sim.traced_libraries()), **kw)
     if not wait_for(sock.exists, 60):
         stack.stop()
         raise RuntimeError(f"ingerod's control socket did not come up:\n{stack.logs()}")

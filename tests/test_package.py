@@ -109,7 +109,7 @@ def test_ingerod_trace_from_the_installed_venv_attaches_its_probes(venv):
                             env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        libraries = ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+        libraries = sim.traced_libraries()
         done = outside(venv, "ingerod", "trace", "--json", "--duration", "4", "-p",
                        str(rank.pid), "--libraries", libraries, timeout=240)
     finally:

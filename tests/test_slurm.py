@@ -109,8 +109,7 @@ def test_jobs_run_with_ingero_down_then_are_traced_and_recorded_when_it_is_up(cl
     (root / "stack").mkdir(mode=0o755)
     stack = Stack(root / "stack", 1, push_s=0.5, sim_hosts=False, names=(cluster.host,),
                   agent_flags=("--jobs-dir", str(spool), "--control-socket", str(sock),
-                               "--libraries", ",".join(str(p) for p in sorted(
-                                   sim.lib_dir().glob("lib*.so.[0-9]*")))))
+                               "--libraries", sim.traced_libraries()))
     try:
         assert wait_for(lambda: not any(spool.iterdir()), 30), list(spool.iterdir())
         up_job, done = sim_job(cluster, "while-up", "acct-up")

@@ -447,8 +447,7 @@ def test_a_prolog_while_the_agent_compiles_its_probes_starts_no_second_agent(spa
     settings(tmp_path, **base(tmp_path, INGERO_CONTROL_SOCKET=sock, INGERO_HOOK_AGENT="auto",
                               INGERO_INGEROD="/bin/false", INGERO_RUN_DIR=run))
     agent = spawn("ingerod", "ingerod", [
-        "--config", "/dev/null", "--source", "ebpf", "--libraries", ",".join(
-            str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*"))),
+        "--config", "/dev/null", "--source", "ebpf", "--libraries", sim.traced_libraries(),
         "--insecure-plaintext-zmq", "--fleet", "tcp://127.0.0.1:9", "--metrics-addr", "none",
         "--jobs-dir", str(jobs), "--control-socket", str(sock)])
     assert wait_until(sock.exists, 60), agent.log()

@@ -241,7 +241,7 @@ def test_ingerods_capabilities_are_enough_to_trace_another_users_job(dropped):
     try:            # the rank runs until the trace is done (killed then)
         time.sleep(0.5)
         caps = without(capabilities("ingerod.service"), dropped)
-        libraries = ",".join(str(p) for p in sorted((site / "lib").glob("lib*.so.[0-9]*")))
+        libraries = sim.traced_libraries(directory=site / "lib")
         done = subprocess.run(
             ["setpriv", f"--bounding-set={caps}", "--", sys.executable, "-m", "ingerod",
              "trace", "--json", "--duration", "4", "-p", str(rank.pid), "--libraries",

@@ -35,7 +35,7 @@ def built():
 
 
 def sim_libraries() -> str:
-    return ",".join(str(p) for p in sorted(sim.lib_dir().glob("lib*.so.[0-9]*")))
+    return sim.traced_libraries()
 
 
 class Trace:
@@ -302,7 +302,7 @@ def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_pat
 LAUNCHES = """
 import ctypes, sys
 from ctypes import Structure, byref, c_size_t, c_uint, c_uint64, c_void_p
-cudart = ctypes.CDLL(sys.argv[1] + "/libcudart.so.12")
+cudart = ctypes.CDLL(sys.argv[1] + "/libcudart.so.13")
 cuda = ctypes.CDLL(sys.argv[1] + "/libcuda.so.1")
 class Dim3(Structure):
     _fields_ = [("x", c_uint), ("y", c_uint), ("z", c_uint)]
@@ -492,6 +492,8 @@ threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
 
 
 def test_nccl_inside_libtorch_cuda_and_split_communicators(tmp_path):
+    """NCCL linked into libtorch_cuda.so, beside CUDA 12's runtime, both found by rescanning
+    /proc (nothing attached up front)."""
     import shutil
 
     lib = tmp_path / "lib"
@@ -528,7 +530,7 @@ NCCL_228_JOB = """
 import ctypes, sys, threading
 from ctypes import Structure, byref, c_char, c_int, c_size_t, c_void_p, POINTER
 lib = sys.argv[1]
-cudart = ctypes.CDLL(lib + "/libcudart.so.12")
+cudart = ctypes.CDLL(lib + "/libcudart.so.13")
 nccl = ctypes.CDLL(lib + "/libnccl.so.2")
 class UniqueId(Structure):
     _fields_ = [("internal", c_char * 128)]
