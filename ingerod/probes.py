@@ -17,6 +17,7 @@ from pathlib import Path
 from .discovery import LibraryFile
 from .errors import TracingError
 from .events import RawEvent
+from .uprobes import Uprobes
 
 log = logging.getLogger("ingerod")
 
@@ -129,6 +130,7 @@ class Tracer:
         self.hot_attached: set[tuple[str, str]] = set()
         self.cuda_texts: dict[int, tuple[tuple[int, int], ...]] = {}
         self._on_event = on_event
+        self.uprobes = Uprobes(self.bpf)
         self.bpf["events"].open_ring_buffer(self._receive)
 
     def _receive(self, _ctx, data, size) -> None:
@@ -158,18 +160,17 @@ class Tracer:
 
     def _attach_one(self, path: str, probe: Probe) -> None:
         if probe.entry:
-            self.bpf.attach_uprobe(name=path.encode(), sym=probe.symbol.encode(),
-                                   fn_name=probe.entry.encode())
+            self.uprobes.attach(path, probe.symbol, probe.entry)
             if probe.hot:
                 self.hot_attached.add((path, probe.symbol))
         if probe.ret:
-            self.bpf.attach_uretprobe(name=path.encode(), sym=probe.symbol.encode(),
-                                      fn_name=probe.ret.encode())
+            self.uprobes.attach(path, probe.symbol, probe.ret, ret=True)
 
     def detach(self, library: LibraryFile) -> None:
         """Mark a file's probes to come off (no traced process maps it any more): one at a
-        time, by ``detach_next``, for each takes ~0.1 s here (a file's ~16, 1.6 s, more on a
-        busy machine), and the agent must go on reading events between them."""
+        time, by ``detach_next``, for each may take ~0.1 s (as perf events, on kernels without
+        uprobe_multi links: a file's ~16, 1.6 s, more on a busy machine), and the agent must
+        go on reading events between them."""
         probes = self.attached.pop(library, None)
         if probes is not None:
             self.detaching[library] = list(probes)
@@ -190,12 +191,11 @@ class Tracer:
             log.info("%s: detached (no traced process maps it)", library.path)
 
     def _detach_one(self, path: str, probe: Probe) -> None:
-        name, sym = path.encode(), probe.symbol.encode()
         try:
             if probe.entry and (not probe.hot or (path, probe.symbol) in self.hot_attached):
-                self.bpf.detach_uprobe(name=name, sym=sym)
+                self.uprobes.detach(path, probe.symbol)
             if probe.ret:
-                self.bpf.detach_uretprobe(name=name, sym=sym)
+                self.uprobes.detach(path, probe.symbol, ret=True)
         except Exception:   # bcc raises plain Exception; the file may be gone
             log.debug("%s: could not detach %s", path, probe.symbol)
         self.hot_attached.discard((path, probe.symbol))
@@ -206,11 +206,10 @@ class Tracer:
             for probe in (p for p in probes if p.hot):
                 key = (library.path, probe.symbol)
                 if enabled and key not in self.hot_attached:
-                    self.bpf.attach_uprobe(name=library.path.encode(),
-                                           sym=probe.symbol.encode(), fn_name=probe.entry.encode())
+                    self.uprobes.attach(library.path, probe.symbol, probe.entry)
                     self.hot_attached.add(key)
                 elif not enabled and key in self.hot_attached:
-                    self.bpf.detach_uprobe(name=library.path.encode(), sym=probe.symbol.encode())
+                    self.uprobes.detach(library.path, probe.symbol)
                     self.hot_attached.discard(key)
 
     def set_pids(self, table: str, pids: set[int]) -> None:
@@ -256,4 +255,5 @@ class Tracer:
         return list(self.bpf[name].items_lookup_and_delete_batch())
 
     def close(self) -> None:
+        self.uprobes.close()
         self.bpf.cleanup()

@@ -22,7 +22,7 @@ from ingero.vocabulary import OWN_SEQUENCE
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 START_TIMEOUT_S = 180          # bcc compiles the probes of every agent on a 2-core machine
 JUDGED_TIMEOUT_S = 90          # from a sim job's end until fleetd's word on all of it is stored
-AGENT_STOP_S = 120             # drained, then its probes detached (0.1 s each, serially)
+AGENT_STOP_S = 120             # drained, then its probes detached (0.1 s each on kernels < 6.6)
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -305,8 +305,8 @@ class Stack:
         """Agents, fleetd, then echod: the exit status of each, in that order. fleetd stops
         once every agent has drained what it had for it (said "stopping:"), echod once fleetd
         has forwarded what it held; the agents meanwhile detach their probes, which need
-        neither (the kernel takes about 0.1 s a uprobe here, one after another: some 10 s for
-        the sim's libraries, and a user who maps libraries_per_user copies adds 26 s)."""
+        neither (as uprobe_multi links, at once; as perf events, on kernels older than 6.6,
+        the kernel takes about 0.1 s a uprobe, one after another)."""
         fleet = len(self.fleetds)
         agents = self.daemons[fleet:]
         said = [agent.log().count("stopping:") for agent in agents]   # a restart's log goes on

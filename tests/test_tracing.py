@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import signal
@@ -275,6 +276,49 @@ def test_nvidia_binaries_attach_and_real_calls_are_seen(tmp_path, runtime):
                  "cudaFree"):
         assert name in ops, f"{name} not observed in {ops}"
     assert all(e["result"] != 0 for e in seen if "result" in e)
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["uprobe_multi", "perf_events"])
+def test_probes_attach_as_links_or_as_perf_events_and_see_the_same_calls(monkeypatch, links):
+    """Where the kernel has uprobe_multi links (6.6 on: this one) each probe is a link, and
+    they all come off at once when the tracer closes (as perf events each waits out kernel
+    grace periods, ~0.1 s apiece); where the kernel refuses them (older kernels: the refusal
+    stood in for here), bcc's perf-event uprobes see the same calls."""
+    import ingerod.uprobes
+    from ingerod.discovery import library_file
+    from ingerod.events import decode
+    from ingerod.probes import Tracer, probes_for
+
+    if not links:
+        def refused(*_args):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        monkeypatch.setattr(ingerod.uprobes, "link_uprobe", refused)
+    cudart = sim.lib_dir() / "libcudart.so.13"
+    seen = []
+    tracer = Tracer(lambda raw: seen.append(decode(raw)))
+    try:
+        library = library_file(str(cudart))
+        assert [p.symbol for p in tracer.attach(library)] == [
+            p.symbol for p in probes_for(library)]
+        assert tracer.uprobes.as_links is links
+        assert bool(tracer.uprobes.links) is links and bool(tracer.bpf.uprobe_fds) is not links
+        call = subprocess.run([sys.executable, "-c", NVIDIA_CALLS, str(cudart)],
+                              capture_output=True, text=True, timeout=60)
+        assert call.returncode == 0, call.stderr
+        assert json.loads(call.stdout) == [0] * 5, "the sim's calls succeed"
+        tracer.poll()
+    finally:
+        tracer.close()
+    assert not tracer.uprobes.links and not tracer.bpf.uprobe_fds
+    ops = collections.Counter(e["op"] for e in seen if e["pid"] == call_pid(seen, "cudaFree"))
+    assert ops == {"cudaMalloc": 1, "cudaMemcpy": 1, "cudaStreamSynchronize": 1,
+                   "cudaDeviceSynchronize": 1, "cudaFree": 1}, ops
+
+
+def call_pid(events: list[dict], op: str) -> int:
+    """The process that made the one ``op`` among ``events``."""
+    (pid,) = {e["pid"] for e in events if e.get("op") == op}
+    return pid
 
 
 def test_the_agent_pushes_traced_events_to_fleetd(spawn, keys, endpoint, tmp_path):
