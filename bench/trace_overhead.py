@@ -99,6 +99,7 @@ class Ingerod:
         self.out.close()
         self.err.seek(0)
         self.summary = self.err.read().decode().strip().splitlines()[-1]
+        self.lost = int(self.summary.replace(",", "").split()[3])   # "N events shown, M lost"
         self.kinds = Counter(json.loads(line)["kind"]
                              for line in self.out_path.read_text().splitlines())
 
@@ -177,6 +178,7 @@ def measure(args, name: str, job: dict, env: dict, tmp: Path) -> dict:
     return {
         "job": {**job, "ranks": args.ranks, "steps": args.steps}, "ingerod_env": env,
         "events_per_rank_second": per_rank_s,
+        "events_lost": sum(a.lost for a in agent),
         "median_step_ms": {m: round(v, 3) for m, v in median.items()},
         "slowdown_vs_none": {m: round(v / base, 4) for m, v in median.items()},
         "ingerod_over_noop": round(median["ingerod"] / median["noop"], 4),
@@ -243,7 +245,42 @@ def section(result: dict) -> str:
         "most 15%. When the GPU is the bottleneck the host runs ahead and the traps hide "
         "behind GPU time; when the host is the bottleneck every launch trap lands on the "
         "critical path, and duty-cycling the launch counters is the lever.",
-        harness.measured_line(result)])
+        verdicts(result), volume(result), harness.measured_line(result)])
+
+
+def verdicts(result: dict) -> str:
+    """Each target, met or missed (and by how much), on every workload it applies to."""
+    missed = []
+    for name, w in result["workloads"].items():
+        slower = w["slowdown_vs_none"]["ingerod"] - 1
+        over = w["ingerod_over_noop"] - 1
+        if name == "gpu-bound" and slower > 0.01:
+            missed.append(f"{name} {slower:+.1%} slower (target 1%)")
+        if over > 0.15:
+            missed.append(f"{name}: ingerod {over:+.1%} over the bare traps (target 15%)")
+    return ("Targets met on every workload." if not missed else
+            "Targets missed: " + "; ".join(missed) + ". Runs of one invocation, on a shared "
+            "2-CPU machine whose ranks, agent and load share the same cores.")
+
+
+EVENTS_TARGET = 300     # events a second per GPU at the PyTorch mix (issue 39)
+
+
+def volume(result: dict) -> str:
+    """What the capacity model's reference mix makes per GPU, against the target."""
+    name, w = next(iter(result["workloads"].items()))
+    mix = w["events_per_rank_second"]
+    total = sum(mix.values())
+    lost = w.get("events_lost")
+    top = max(mix, key=mix.get)
+    return (f"Event volume: {name} makes {total:,} events a second per GPU "
+            f"({mix[top]:,} of them {top}), "
+            + (f"{lost} lost; " if lost is not None else "")
+            + f"the target is {EVENTS_TARGET:,}, "
+            + ("met." if total <= EVENTS_TARGET else
+               f"missed by {total - EVENTS_TARGET:,}: every bucket's all-reduce is an event, "
+               "for fleetd aligns each instance; telling fewer of them needs all ranks to "
+               "keep the same ones and hangs judged from each rank's progress instead."))
 
 
 if __name__ == "__main__":
