@@ -4,7 +4,8 @@ The events that make up nearly all of a push (collectives on a known communicato
 allocations, frees, copies) are grouped with numpy, by run and then by communicator or rank, and
 handed over as arrays: a Python step per group, never per event. The rest (an exit, a split, a
 collective on a communicator the agent did not see made, a Send/Recv or an exchange,
-preemption and block I/O evidence) are few, and go through the same per-event code as a push of maps, first.
+preemption and block I/O evidence) are few, and go through the same per-event code as a push
+of maps, first.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The C half (built by `make -C sim` into sim/build/) provides libcudart.so.13 and .so.12,
 libcuda.so.1 and libnccl.so.2 with NVIDIA's symbol names and prototypes over one virtual GPU,
-a rank driver that trains through them (linked to either runtime), and a CPU hog. This package loads scenarios (sim.scenario), runs them as
-real processes (sim.cluster), serves the TCP rendezvous (sim.rendezvous) and reads the ranks'
-ground-truth records (sim.records).
+a rank driver that trains through them (linked to either runtime), and a CPU hog. This
+package loads scenarios (sim.scenario), runs them as real processes (sim.cluster), serves the
+TCP rendezvous (sim.rendezvous) and reads the ranks' ground-truth records (sim.records).
 """
 
 from __future__ import annotations
@@ -90,5 +90,5 @@ def comm_id_hash(unique_id: bytes) -> int:
     return h
 
 
-__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "VGPU_LIBRARY", "traced_libraries", "rank_binary", "hog_binary",
-           "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES", "KERNEL_MAGIC"]
+__all__ = ["build", "build_dir", "lib_dir", "bin_dir", "VGPU_LIBRARY", "traced_libraries",
+           "rank_binary", "hog_binary", "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES", "KERNEL_MAGIC"]

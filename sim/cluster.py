@@ -214,7 +214,8 @@ class Cluster:
 
     def _rank_argv(self, rank: int, record_path: Path, generation: int = 0) -> list[str]:
         job = self.scenario.job
-        argv = [str(sim.rank_binary(job.cuda)), "--steps", str(job.steps), "--step-ms", f"{job.step_ms:g}",
+        argv = [str(sim.rank_binary(job.cuda)), "--steps", str(job.steps),
+                "--step-ms", f"{job.step_ms:g}",
                 "--kernels", str(job.kernels), "--bytes", str(job.allreduce_bytes),
                 "--dtype", job.dtype, "--host-work-ms", f"{job.host_work_ms:g}",
                 "--memcpy-every", str(job.memcpy_every),

@@ -362,7 +362,8 @@ def _check_stragglers(stragglers: tuple[Straggler, ...], source: str) -> None:
     if len(fatal) != len(set(fatal)):
         raise ScenarioError(f"{source}: stragglers: a rank can die or hang only once")
     for s in stragglers:
-        if s.kind == "cpu_contention" and s.cpu is not None and s.cpu not in os.sched_getaffinity(0):
+        if s.kind == "cpu_contention" and s.cpu is not None \
+                and s.cpu not in os.sched_getaffinity(0):
             raise ScenarioError(f"{source}: stragglers: cpu {s.cpu} is not one this machine "
                                 f"lets us use ({sorted(os.sched_getaffinity(0))})")
 

@@ -93,7 +93,8 @@ class Echod:
 class Stack:
     """echod, fleetd and ``nodes`` node-wide ingerods (as the shipped unit runs them: no
     --job), the agents told apart by the sim's host label (INGERO_SIM_NODE, whatever the
-    launcher), each with a job spool and control socket of its own under ``root`` (``agent_flags`` come after, and may name others).
+    launcher), each with a job spool and control socket of its own under ``root``
+    (``agent_flags`` come after, and may name others).
     ``skew`` puts a node's wall clock that many seconds ahead (faketime), as a real host's may
     be; ``agent_prefix`` runs a node's agent behind a command (``nsenter --net=…``), and
     fleetd listens on ``fleet_host``; ``node_flags`` are a node's agent's own flags (after the

@@ -345,7 +345,8 @@ def test_steps_a_requeue_and_a_bare_metal_job_on_the_same_nodes_are_runs_of_thei
     assert runs == [(1, {"step": "0"}), (1, {"step": "1"}), (3, {"step": "0", "requeue": 1})], \
         why(runs, stack.logs())
     steps = [v["cost_gpu_seconds"] for v in found[:2]]
-    assert all(0 < cost < 1.5 * min(steps) for cost in steps), ("no run carries another's cost", found)
+    assert all(0 < cost < 1.5 * min(steps) for cost in steps), \
+        ("no run carries another's cost", found)
     bare = stack.tool("find_stragglers", job="exp-2601")["verdicts"]
     assert [(v["rank"], v["evidence"].get("run")) for v in bare] == [(5, {"restart": 0})]
     # job_report: a row per rank of each step, each with its own step's verdict, from the raw

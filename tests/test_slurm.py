@@ -34,7 +34,8 @@ def cluster():
     yield from cluster_for_module("ingero-slurm-")
 
 
-def sim_job(slurm: SlurmCluster, name: str, account: str) -> tuple[str, subprocess.CompletedProcess]:
+def sim_job(slurm: SlurmCluster, name: str,
+            account: str) -> tuple[str, subprocess.CompletedProcess]:
     """`srun -n 4` of the sim's rank driver; returns (job id, srun's result)."""
     import sim
 

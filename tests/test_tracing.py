@@ -47,7 +47,8 @@ class Trace:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ingerod", "trace", "--json", *args], cwd=REPO,
             stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
-            env={**os.environ, "INGEROD_RESCAN_INTERVAL": "0.2", "INGEROD_LOG_LEVEL": "debug", **(env or {})})
+            env={**os.environ, "INGEROD_RESCAN_INTERVAL": "0.2", "INGEROD_LOG_LEVEL": "debug",
+                 **(env or {})})
         ready = wait_for(lambda: "tracing;" in self.err_path.read_text()
                          or self.process.poll() is not None, 60)
         assert ready and self.process.poll() is None, self.err_path.read_text()
