@@ -91,4 +91,5 @@ def comm_id_hash(unique_id: bytes) -> int:
 
 
 __all__ = ["build", "build_dir", "lib_dir", "bin_dir", "VGPU_LIBRARY", "traced_libraries",
-           "rank_binary", "hog_binary", "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES", "KERNEL_MAGIC"]
+           "rank_binary", "hog_binary", "splitmix64", "comm_id_hash", "UNIQUE_ID_BYTES",
+           "KERNEL_MAGIC"]
