@@ -155,17 +155,9 @@ def _number(minimum: float = 0.0, exclusive: bool = False) -> Check:
     return check
 
 
-def _choice(options: tuple[str, ...]) -> Check:
+def _choice(options: tuple) -> Check:
     def check(value):
-        if value not in options:
-            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
-        return value
-    return check
-
-
-def _integer_choice(options: tuple[int, ...]) -> Check:
-    def check(value):
-        if isinstance(value, bool) or value not in options:
+        if isinstance(value, bool) or value not in options:   # True == 1: no choice of ints
             raise ValueError(f"must be one of {', '.join(map(str, options))}, got {value!r}")
         return value
     return check
@@ -243,7 +235,7 @@ JOB_FIELDS: dict[str, Check] = {
     "rendezvous": _choice(RENDEZVOUS), "netns": _boolean, "timeout_s": _number(0, True),
     "nccl_init": _choice(NCCL_INITS), "subgroups": _subgroups, "loop": _choice(LOOPS),
     "buckets": _integer(1, 64), "gemm_share": _share, "graphs": _graphs,
-    "cuda": _integer_choice(CUDA_VERSIONS),
+    "cuda": _choice(CUDA_VERSIONS),
 }
 
 HARDWARE_FIELDS: dict[str, Check] = {

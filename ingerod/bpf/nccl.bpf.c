@@ -78,8 +78,9 @@ struct group {
     u32 pad;
 };
 
-/* pid_tgid → the group it is in. */
-BPF_HASH(groups, u64, struct group, MAX_INFLIGHT);
+/* pid_tgid → the group it is in. LRU: a thread that starts a group and never ends it (a
+ * user's process may) leaves no entry that others' groups could not take the place of. */
+BPF_TABLE("lru_hash", u64, struct group, groups, MAX_INFLIGHT);
 struct unique_id {
     u64 words[UNIQUE_ID_WORDS];
 };
