@@ -11,9 +11,11 @@ by at most half the round trip when they do not. So the samples with the smalles
 are trusted, and half the longest of those trusted is the estimate's uncertainty.
 
 Clocks drift (tens of ppm without NTP: 20 ppm is 12 ms in ten minutes), so an offset is a
-line in fleetd's time, fitted through the best exchange of each stretch of the samples kept;
-what it says of a time outside the span it was fitted over is looser by how far a clock may
-drift meanwhile (``DRIFT_BOUND``).
+line in fleetd's time, fitted through the best exchange of each stretch of the samples kept.
+The fitted drift is itself only as good as those exchanges (a few lopsided ones over half a
+minute can tilt the line by hundreds of ppm), so what the line says of a time away from the
+latest sample is looser by how far that drift may be off; and outside the span it was fitted
+over, looser again by how far a clock may drift meanwhile (``DRIFT_BOUND``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ MIN_SPAN_S = 20.0            # a drift is fitted only over samples this far apar
 @dataclass(frozen=True)
 class Offset:
     """A node's clock minus the reference clock, in seconds, give or take ``uncertainty``, at
-    reference time ``at``; drifting by ``drift`` seconds a second, as fitted over the samples
-    taken from ``first`` to ``at``."""
+    reference time ``at``; drifting by ``drift`` seconds a second, give or take
+    ``drift_uncertainty``, as fitted over the samples taken from ``first`` to ``at``."""
 
     offset: float
     uncertainty: float
@@ -40,17 +42,20 @@ class Offset:
     drift: float = 0.0
     at: float = 0.0
     first: float = 0.0
+    drift_uncertainty: float = 0.0
 
     def offset_at(self, t):
         """The offset at reference time ``t`` (a number or an array)."""
         return self.offset + self.drift * (np.asarray(t, float) - self.at)
 
     def uncertainty_at(self, t):
-        """How far ``offset_at(t)`` may be off: as at the samples within their span, and
-        looser by the drift bound the further outside it."""
+        """How far ``offset_at(t)`` may be off: as at ``at``, looser by how far the fitted drift
+        may be off over the distance from ``at``, and by the drift bound outside the span of
+        the samples."""
         t = np.asarray(t, float)
         outside = np.maximum(self.first - t, 0.0) + np.maximum(t - self.at, 0.0)
-        return self.uncertainty + DRIFT_BOUND * outside
+        return (self.uncertainty + self.drift_uncertainty * np.abs(t - self.at)
+                + DRIFT_BOUND * outside)
 
 
 def exchange(t0: float, t1: float, t2: float, t3: float) -> tuple[float, float]:
@@ -79,13 +84,19 @@ def fit_offset(times: np.ndarray, offsets: np.ndarray, round_trips: np.ndarray
     exchange with the smallest round trip of each of STRETCHES stretches, fitted by least
     squares weighted by how tight each is. Over less than MIN_SPAN_S, no drift can be told
     from noise: the offset is ``best_offset``'s, as loose as a clock may drift over the span.
-    The uncertainty is half the longest round trip fitted plus the fit's residual. A stretch
-    whose best exchange took over LOOSE_STRETCH times the stretches' median (an agent starved
-    of CPU for its half minute) is left out where three others remain: it weighs next to
-    nothing in the line, and fitted, it set the uncertainty alone (beside a busy loop one such
-    stretch kept a node's clock known to ±28 ms for the four minutes it was remembered, its
-    other stretches' best exchanges 1 ms long, and the least-lag rule named no rank of the
-    job 23 ms late)."""
+    Each fitted exchange's offset is off by at most half its round trip, and the line is a
+    weighted sum of those offsets: the uncertainty (at the latest sample) is half the longest
+    round trip fitted, or the most those errors can move the line there where that is more,
+    plus the fit's residual; the drift's uncertainty is the
+    most they can tilt it, so that ``uncertainty_at`` widens with the distance from the latest
+    sample (sixteen exchanges over half a minute, a few of them 10 ms lopsided, fit a drift of
+    hundreds of ppm that is all noise, and extrapolated half a minute back it went 6 ms off
+    where the uncertainty claimed ±5.8). A stretch whose best exchange took over
+    LOOSE_STRETCH times the stretches' median (an agent starved of CPU for its half minute)
+    is left out where three others remain: it weighs next to nothing in the line, and
+    fitted, it set the uncertainty alone (beside a busy loop one such stretch kept a node's
+    clock known to ±28 ms for the four minutes it was remembered, its other stretches' best
+    exchanges 1 ms long, and the least-lag rule named no rank of the job 23 ms late)."""
     times, offsets, trips = (np.asarray(a, float) for a in (times, offsets, round_trips))
     if not len(times):
         return None
@@ -105,7 +116,14 @@ def fit_offset(times: np.ndarray, offsets: np.ndarray, round_trips: np.ndarray
     weight = 1.0 / (half + 1e-4) ** 2
     centre = float(np.average(t, weights=weight))
     mean = float(np.average(o, weights=weight))
-    drift = float(np.sum(weight * (t - centre) * (o - mean)) / np.sum(weight * (t - centre) ** 2))
+    # the line at time x is sum((level + (x - centre) * tilt) * o): each sample's error, at
+    # most its ``half``, moves it by at most that times the sample's coefficient there
+    level = weight / np.sum(weight)
+    tilt = weight * (t - centre) / np.sum(weight * (t - centre) ** 2)
+    drift = float(np.sum(tilt * (o - mean)))
     residual = o - (mean + drift * (t - centre))
-    uncertainty = float(half.max() + np.sqrt(np.average(residual ** 2, weights=weight)))
-    return Offset(mean + drift * (last - centre), uncertainty, len(times), drift, last, first)
+    moved = float(np.sum(np.abs(level + (last - centre) * tilt) * half))
+    uncertainty = max(float(half.max()), moved) + float(
+        np.sqrt(np.average(residual ** 2, weights=weight)))
+    return Offset(mean + drift * (last - centre), uncertainty, len(times), drift, last, first,
+                  float(np.sum(np.abs(tilt) * half)))
