@@ -87,9 +87,8 @@ def fit_offset(times: np.ndarray, offsets: np.ndarray, round_trips: np.ndarray
     Each fitted exchange's offset is off by at most half its round trip, and the line is a
     weighted sum of those offsets: the uncertainty (at the latest sample) is half the longest
     round trip fitted, or the most those errors can move the line there where that is more,
-    plus the fit's residual; the drift's uncertainty is the
-    most they can tilt it, so that ``uncertainty_at`` widens with the distance from the latest
-    sample (sixteen exchanges over half a minute, a few of them 10 ms lopsided, fit a drift of
+    plus the fit's residual; the drift's uncertainty is the most they can tilt it, so that
+    ``uncertainty_at`` widens with the distance from the latest sample (sixteen exchanges over half a minute, a few of them 10 ms lopsided, fit a drift of
     hundreds of ppm that is all noise, and extrapolated half a minute back it went 6 ms off
     where the uncertainty claimed ±5.8). A stretch whose best exchange took over
     LOOSE_STRETCH times the stretches' median (an agent starved of CPU for its half minute)
